@@ -1,0 +1,1 @@
+"""Transactional outbox: publish events with your writes, dispatch them exactly once."""

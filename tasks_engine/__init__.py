@@ -1,0 +1,67 @@
+"""UMT durable tasks: durable workflows for Django on PostgreSQL (and SQLite).
+
+Import-safe before apps load: the engine API is imported lazily.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .definitions import RetryPolicy, Workflow, workflow
+from .exceptions import (
+    DeadlineExceededError,
+    FactTimeoutError,
+    FencingError,
+    IdempotencyConflict,
+    LeaseLostError,
+    NonDeterminismError,
+    NonRetryableError,
+    StepFailedError,
+    TaskCanceledError,
+    UnknownRunError,
+    UnknownTaskError,
+)
+
+__all__ = [
+    "DeadlineExceededError",
+    "Enqueued",
+    "FactTimeoutError",
+    "FencingError",
+    "IdempotencyConflict",
+    "LeaseLostError",
+    "NonDeterminismError",
+    "NonRetryableError",
+    "RetryPolicy",
+    "RunView",
+    "Signaled",
+    "StepFailedError",
+    "TaskCanceledError",
+    "TaskContext",
+    "UnknownRunError",
+    "UnknownTaskError",
+    "Workflow",
+    "cancel",
+    "enqueue",
+    "get_run",
+    "list_runs",
+    "signal",
+    "workflow",
+]
+
+_ENGINE = {"enqueue", "signal", "cancel", "get_run", "list_runs", "Enqueued", "Signaled", "RunView"}
+
+if TYPE_CHECKING:
+    from .context import TaskContext
+    from .engine import Enqueued, RunView, Signaled, cancel, enqueue, get_run, list_runs, signal
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENGINE:
+        from . import engine
+
+        return getattr(engine, name)
+    if name == "TaskContext":
+        from .context import TaskContext
+
+        return TaskContext
+    raise AttributeError(f"module 'tasks_engine' has no attribute {name!r}")

@@ -1,0 +1,29 @@
+"""TASKS_ENGINE settings with typed defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float | None = None  # None: lease / 3
+    poll_interval: float = 1.0
+    max_step_attempts_per_run: int = 1000
+
+    @property
+    def heartbeat(self) -> float:
+        return self.heartbeat_seconds or self.lease_seconds / 3
+
+
+def engine_settings() -> EngineSettings:
+    raw = getattr(settings, "TASKS_ENGINE", {}) or {}
+    return EngineSettings(
+        lease_seconds=float(raw.get("LEASE_SECONDS", 30)),
+        heartbeat_seconds=raw.get("HEARTBEAT_SECONDS"),
+        poll_interval=float(raw.get("POLL_INTERVAL", 1.0)),
+        max_step_attempts_per_run=int(raw.get("MAX_STEP_ATTEMPTS_PER_RUN", 1000)),
+    )

@@ -1,0 +1,314 @@
+"""What a workflow sees: TaskContext, its abort signal, and the step API that replays history."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+
+from . import clock, transitions
+from .exceptions import (
+    LeaseLostError,
+    MaxStepAttemptsExceeded,
+    NonDeterminismError,
+    StepFailedError,
+    Suspend,
+    TaskCanceledError,
+)
+from .serialization import encode_error, rebuild_error, to_jsonable
+from .states import StepKind, StepStatus
+
+if TYPE_CHECKING:
+    from .definitions import RetryPolicy, Workflow
+
+
+class AbortSignal:
+    """Set when the run must stop: canceled, lease lost, deadline passed or worker stopping."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason: BaseException | None = None
+
+    @property
+    def aborted(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)
+
+    def abort(self, reason: BaseException) -> None:
+        if not self._event.is_set():
+            self.reason = reason
+            self._event.set()
+
+
+@dataclass
+class Attempt:
+    id: int
+    status: str
+    run_pass: int
+    counted: bool
+    output: Any
+    error: dict[str, Any] | None
+    wake_at: datetime | None
+
+
+@dataclass
+class StepRecord:
+    name: str
+    kind: str
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def completed(self) -> Attempt | None:
+        return next((a for a in self.attempts if a.status == StepStatus.COMPLETED), None)
+
+    @property
+    def armed(self) -> Attempt | None:
+        """A timer or wait that was started and not yet resolved."""
+        return next((a for a in self.attempts if a.status == StepStatus.RUNNING), None)
+
+    def counted_failures(self, run_pass: int) -> int:
+        return sum(
+            1
+            for a in self.attempts
+            if a.run_pass == run_pass
+            and (a.status == StepStatus.FAILED or (a.status == StepStatus.ABANDONED and a.counted))
+        )
+
+    def terminal_error(self, run_pass: int) -> dict[str, Any] | None:
+        for a in reversed(self.attempts):
+            if a.run_pass == run_pass and a.status == StepStatus.FAILED and a.error:
+                return a.error if a.error.get("terminal") else None
+        return None
+
+
+@dataclass
+class RunState:
+    """Mutable state of one execution pass, shared by the context and the executor."""
+
+    lease: transitions.Lease
+    workflow: Workflow
+    run_pass: int
+    deadline_at: datetime | None
+    history: dict[str, StepRecord]
+    attempts_made: int
+    max_attempts_per_run: int
+    draining: threading.Event
+    seen: set[str] = field(default_factory=set)
+    name_counts: dict[str, int] = field(default_factory=dict)
+    fatal: BaseException | None = None
+    cancel_requested: bool = False
+    progress: dict[str, Any] | None = None
+    progress_dirty: bool = False
+
+
+class TaskContext:
+    def __init__(
+        self,
+        *,
+        input: Any,
+        run_id: uuid.UUID,
+        task_name: str,
+        version: int,
+        queue: str,
+        trace_id: str,
+        priority: int,
+        attempt: int,
+        state: RunState,
+        logger: Any,
+    ) -> None:
+        self.input = input
+        self.run_id = run_id
+        self.task_name = task_name
+        self.version = version
+        self.queue = queue
+        self.trace_id = trace_id
+        self.priority = priority
+        self.attempt = attempt
+        self.attempt_token = state.lease.token
+        self.abort_signal = AbortSignal()
+        self.logger = logger
+        self._state = state
+        self.step = StepAPI(self)
+
+    def raise_if_canceled(self) -> None:
+        """Raise the abort reason (TaskCanceledError, LeaseLostError, ...) once aborted."""
+        reason = self.abort_signal.reason
+        if reason is not None:
+            raise reason
+        if self._state.cancel_requested:
+            raise TaskCanceledError(f"run {self.run_id} was canceled")
+
+    def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
+        """Record progress; the worker persists it at most about once a second, off this thread."""
+        self._state.progress = {"done": done, "total": total, "message": message}
+        self._state.progress_dirty = True
+
+    def with_attempt_token(
+        self, op_key: str, fn: Callable[[Any], Any], *, commit: Callable[[Any], Any] | None = None
+    ) -> Any:
+        from .fencing import with_attempt_token
+
+        return with_attempt_token(self, op_key, fn, commit=commit)
+
+
+class StepAPI:
+    def __init__(self, ctx: TaskContext) -> None:
+        self._ctx = ctx
+        self._s = ctx._state
+
+    # -- bookkeeping --------------------------------------------------------------------------
+
+    def _key(self, name: str) -> str:
+        if not name or "#" in name:
+            raise ValueError(f"invalid step name {name!r} (non-empty, no '#')")
+        n = self._s.name_counts.get(name, 0) + 1
+        self._s.name_counts[name] = n
+        key = name if n == 1 else f"{name}#{n}"
+        self._s.seen.add(key)
+        return key
+
+    def _record(self, key: str, kind: str) -> StepRecord | None:
+        rec = self._s.history.get(key)
+        if rec is not None and rec.kind != kind:
+            err = NonDeterminismError(
+                f"step {key!r} was recorded as {rec.kind!r} but replay called it as {kind!r}"
+            )
+            self._s.fatal = err
+            raise err
+        return rec
+
+    def _guard(self) -> None:
+        """Before any new work: stop on abort or cancel, hand back when the worker drains."""
+        self._ctx.raise_if_canceled()
+        if self._s.draining.is_set():
+            transitions.requeue_run(self._s.lease, clock.now())
+            raise Suspend("handed back: worker stopping")
+        if self._s.attempts_made >= self._s.max_attempts_per_run:
+            err = MaxStepAttemptsExceeded(
+                f"run made {self._s.attempts_made} step attempts (limit "
+                f"{self._s.max_attempts_per_run})"
+            )
+            self._s.fatal = err
+            raise err
+        self._s.attempts_made += 1
+
+    def _remember(self, key: str, kind: str, attempt: Attempt) -> None:
+        self._s.history.setdefault(key, StepRecord(key, kind)).attempts.append(attempt)
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def run(
+        self,
+        name: str,
+        fn: Callable[[], Any],
+        *,
+        retry: RetryPolicy | None = None,
+        atomic: bool = False,
+    ) -> Any:
+        key = self._key(name)
+        rec = self._record(key, StepKind.FUNCTION)
+        if rec is not None and (done := rec.completed) is not None:
+            return done.output
+        run_pass = self._s.run_pass
+        if rec is not None and (terminal := rec.terminal_error(run_pass)) is not None:
+            raise rebuild_error(terminal)
+        policy = retry or self._s.workflow.step_retry
+        failures = rec.counted_failures(run_pass) if rec else 0
+        self._guard()
+        lease = self._s.lease
+        attempt_no = len(rec.attempts) + 1 if rec else 1
+        if failures >= policy.max_attempts:
+            # Every earlier attempt died with its worker: fail for good instead of looping.
+            exc = StepFailedError(
+                f"step {key!r} was interrupted {failures} times without finishing"
+            )
+            error = {**encode_error(exc), "terminal": True}
+            transitions.start_step(
+                lease, key, StepKind.FUNCTION, attempt_no, run_pass, status="failed"
+            )
+            self._remember(key, StepKind.FUNCTION, _att(0, "failed", run_pass, error=error))
+            raise exc
+        step_id = transitions.start_step(lease, key, StepKind.FUNCTION, attempt_no, run_pass)
+        try:
+            if atomic:
+                with transaction.atomic():
+                    output = to_jsonable(fn())
+                    transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
+            else:
+                output = to_jsonable(fn())
+        except (Suspend, LeaseLostError):
+            raise
+        except Exception as exc:
+            if self._ctx.abort_signal.aborted or isinstance(exc, TaskCanceledError):
+                raise  # the executor closes the attempt as the abort reason says
+            self._step_failed(key, step_id, exc, policy, failures + 1)
+            raise
+        if not atomic:
+            transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
+        self._remember(key, StepKind.FUNCTION, _att(step_id, "completed", run_pass, output))
+        return output
+
+    def _step_failed(
+        self, key: str, step_id: int, exc: Exception, policy: RetryPolicy, failures: int
+    ) -> None:
+        error = encode_error(exc)
+        run_pass = self._s.run_pass
+        if not policy.is_retryable(exc) or failures >= policy.max_attempts:
+            error["terminal"] = True
+            transitions.finish_step(self._s.lease, step_id, StepStatus.FAILED, error=error)
+            self._remember(key, StepKind.FUNCTION, _att(step_id, "failed", run_pass, error=error))
+            return  # the caller re-raises the original exception into the workflow
+        delay = policy.delay(failures)
+        self._ctx.logger.warning(
+            "step failed, retrying", step=key, attempt=failures, retry_in=delay, error=str(exc)
+        )
+        transitions.requeue_run(
+            self._s.lease,
+            clock.now() + timedelta(seconds=delay),
+            failed_step=(step_id, error),
+        )
+        raise Suspend(f"step {key} retry in {delay}s") from exc
+
+    def sleep(self, name: str, duration: timedelta | float) -> None:
+        """Durable timer: the run parks as `waiting` and holds no worker until it is due."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
+        key = self._key(name)
+        rec = self._record(key, StepKind.SLEEP)
+        if rec is not None and rec.completed is not None:
+            return
+        lease = self._s.lease
+        armed = rec.armed if rec is not None else None
+        if armed is None:
+            self._guard()
+            wake_at = clock.now() + timedelta(seconds=max(seconds, 0))
+            step_id = transitions.start_step(
+                lease, key, StepKind.SLEEP, 1, self._s.run_pass, wake_at=wake_at
+            )
+            armed = _att(step_id, "running", self._s.run_pass, wake_at=wake_at)
+            self._remember(key, StepKind.SLEEP, armed)
+        assert armed.wake_at is not None
+        if clock.now() >= armed.wake_at:
+            transitions.finish_step(lease, armed.id, StepStatus.COMPLETED)
+            armed.status = StepStatus.COMPLETED
+            return
+        self._ctx.raise_if_canceled()
+        transitions.park_run(lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at)
+        raise Suspend(f"sleeping until {armed.wake_at.isoformat()}")
+
+
+def _att(
+    step_id: int,
+    status: str,
+    run_pass: int,
+    output: Any = None,
+    error: dict[str, Any] | None = None,
+    wake_at: datetime | None = None,
+) -> Attempt:
+    return Attempt(step_id, status, run_pass, True, output, error, wake_at)

@@ -1,0 +1,168 @@
+"""The definition API: @workflow, RetryPolicy, and the registry keyed by (name, version)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+from pydantic import BaseModel
+
+from .exceptions import NonRetryableError, UnknownTaskError
+
+if TYPE_CHECKING:
+    from .context import TaskContext
+    from .engine import Enqueued
+
+DEFAULT_QUEUE = "default"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    max_attempts: int = 3
+    initial_interval: float = 1.0
+    backoff_coefficient: float = 2.0
+    max_interval: float = 60.0
+    non_retryable: tuple[type[BaseException], ...] = ()
+    jitter: float = 0.0  # fraction of the delay added at random, 0 = deterministic
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+        if self.initial_interval < 0 or self.max_interval < 0 or self.backoff_coefficient < 1:
+            raise ValueError("RetryPolicy intervals must be >= 0 and the coefficient >= 1")
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after the `failures`-th failure (1-based)."""
+        base = self.initial_interval * self.backoff_coefficient ** max(failures - 1, 0)
+        delay = min(base, self.max_interval)
+        return delay + (random.random() * delay * self.jitter if self.jitter else 0.0)  # noqa: S311
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return not isinstance(exc, (NonRetryableError, *self.non_retryable))
+
+
+DEFAULT_STEP_RETRY = RetryPolicy()
+DEFAULT_WORKFLOW_RETRY = RetryPolicy(max_attempts=1)
+
+
+@dataclass(eq=False)
+class Workflow:
+    fn: Callable[[TaskContext], Any]
+    name: str
+    version: int = 1
+    input_model: type[BaseModel] | None = None
+    queue: str = DEFAULT_QUEUE
+    retry: RetryPolicy = DEFAULT_WORKFLOW_RETRY
+    step_retry: RetryPolicy = DEFAULT_STEP_RETRY
+    priority: int = 0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def validate_input(self, data: Any) -> Any:
+        """Validated input as stored (JSON). Raises pydantic.ValidationError."""
+        if self.input_model is None:
+            from .serialization import to_jsonable
+
+            return to_jsonable(data if data is not None else {})
+        if isinstance(data, self.input_model):
+            model = self.input_model.model_validate(data.model_dump())
+        else:
+            model = self.input_model.model_validate(data if data is not None else {})
+        return model.model_dump(mode="json")
+
+    def load_input(self, stored: Any) -> Any:
+        if self.input_model is None:
+            return stored
+        return self.input_model.model_validate(stored)
+
+    def enqueue(self, input: Any = None, **kwargs: Any) -> Enqueued:
+        from .engine import enqueue
+
+        kwargs.setdefault("version", self.version)
+        return enqueue(self.name, input, **kwargs)
+
+    def __call__(self, ctx: TaskContext) -> Any:
+        return self.fn(ctx)
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.key}>"
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, int], Workflow] = {}
+
+    def register(self, wf: Workflow) -> Workflow:
+        existing = self._by_key.get((wf.name, wf.version))
+        if existing is not None and _origin(existing.fn) != _origin(wf.fn):
+            raise ImproperlyConfigured(
+                f"workflow {wf.key} is defined twice: {_origin(existing.fn)} and {_origin(wf.fn)}"
+            )
+        self._by_key[(wf.name, wf.version)] = wf
+        return wf
+
+    def get(self, name: str, version: int | None = None) -> Workflow:
+        if version is None:
+            versions = [v for (n, v) in self._by_key if n == name]
+            if not versions:
+                raise UnknownTaskError(f"unknown task {name!r}")
+            version = max(versions)
+        try:
+            return self._by_key[(name, version)]
+        except KeyError:
+            raise UnknownTaskError(f"unknown task {name}@{version}") from None
+
+    def find(self, name: str, version: int) -> Workflow | None:
+        return self._by_key.get((name, version))
+
+    def keys(self) -> list[tuple[str, int]]:
+        return sorted(self._by_key)
+
+    def unregister(self, name: str, version: int) -> None:
+        self._by_key.pop((name, version), None)
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+registry = Registry()
+
+
+def workflow(
+    fn: Callable[[TaskContext], Any] | None = None,
+    *,
+    name: str | None = None,
+    version: int = 1,
+    input: type[BaseModel] | None = None,
+    queue: str = DEFAULT_QUEUE,
+    retry: RetryPolicy | None = None,
+    step_retry: RetryPolicy | None = None,
+    priority: int = 0,
+) -> Any:
+    """Register a workflow. Usable bare (`@workflow`) or with arguments."""
+    if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
+        raise TypeError("workflow input must be a pydantic BaseModel subclass")
+    if version < 1:
+        raise ValueError("workflow version must be >= 1")
+
+    def wrap(f: Callable[[TaskContext], Any]) -> Workflow:
+        wf = Workflow(
+            fn=f,
+            name=name or f.__name__,
+            version=version,
+            input_model=input,
+            queue=queue,
+            retry=retry or DEFAULT_WORKFLOW_RETRY,
+            step_retry=step_retry or DEFAULT_STEP_RETRY,
+            priority=priority,
+        )
+        return registry.register(wf)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,63 @@
+"""Every error the engine raises, and the suspension signals that unwind a handler."""
+
+from __future__ import annotations
+
+
+class TasksEngineError(Exception):
+    """Base class of the engine's errors."""
+
+
+class UnknownTaskError(TasksEngineError, LookupError):
+    """No workflow is registered under that name (and version)."""
+
+
+class UnknownRunError(TasksEngineError, LookupError):
+    """No run has that id."""
+
+
+class IdempotencyConflict(TasksEngineError):
+    """The idempotency key is taken by a run with a different input."""
+
+
+class NonRetryableError(TasksEngineError):
+    """Raise (or subclass) to fail a step or workflow at once, without retries."""
+
+
+class TaskCanceledError(TasksEngineError):
+    """Cancel was requested for the run."""
+
+
+class LeaseLostError(TasksEngineError):
+    """This attempt no longer holds the run's lease; it may not write anything."""
+
+
+class DeadlineExceededError(NonRetryableError):
+    """The run's deadline passed."""
+
+
+class FencingError(LeaseLostError):
+    """A fenced write was refused because the attempt lost its lease."""
+
+
+class StepFailedError(TasksEngineError):
+    """A step failed for good and its original exception class cannot be rebuilt."""
+
+
+class FactTimeoutError(TasksEngineError):
+    """`wait_for_fact` timed out before a fact arrived."""
+
+
+class NonDeterminismError(NonRetryableError):
+    """Replay met a recorded step of a different kind under the same name."""
+
+
+class MaxStepAttemptsExceeded(NonRetryableError):
+    """The run made more step attempts than MAX_STEP_ATTEMPTS_PER_RUN allows."""
+
+
+class Suspend(BaseException):  # noqa: N818 - a control-flow signal, not an error
+    """Unwinds the handler when the run parks. BaseException: `except Exception` can't eat it."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why

@@ -1,0 +1,138 @@
+"""Run one claimed run: replay its history, call the handler, record the outcome."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+from . import clock, transitions
+from .conf import engine_settings
+from .context import Attempt, RunState, StepRecord, TaskContext
+from .definitions import Workflow, registry
+from .exceptions import (
+    DeadlineExceededError,
+    LeaseLostError,
+    Suspend,
+    TaskCanceledError,
+    UnknownTaskError,
+)
+from .logs import run_logger
+from .models import StepAttempt, WorkflowRun
+from .serialization import encode_error, to_jsonable
+
+
+def load_history(run_id: Any) -> tuple[dict[str, StepRecord], int]:
+    history: dict[str, StepRecord] = {}
+    count = 0
+    rows = StepAttempt.objects.filter(run_id=run_id).order_by("id").values_list(
+        "id", "name", "kind", "status", "run_pass", "counted", "output", "error", "wake_at"
+    )
+    for sid, name, kind, status, run_pass, counted, output, error, wake_at in rows:
+        count += 1
+        rec = history.setdefault(name, StepRecord(name, kind))
+        rec.attempts.append(Attempt(sid, status, run_pass, counted, output, error, wake_at))
+    return history, count
+
+
+def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threading.Event):
+    wf = registry.find(run.task_name, run.version)
+    if wf is None:
+        raise UnknownTaskError(f"unknown task {run.task_name}@{run.version}")
+    if run.attempts > 1:
+        transitions.close_interrupted_attempts(lease)
+        history, count = load_history(run.pk)
+    else:
+        history, count = {}, 0
+    state = RunState(
+        lease=lease,
+        workflow=wf,
+        run_pass=run.failures + 1,
+        deadline_at=run.deadline_at,
+        history=history,
+        attempts_made=count,
+        max_attempts_per_run=engine_settings().max_step_attempts_per_run,
+        draining=draining,
+        cancel_requested=run.cancel_requested_at is not None,
+    )
+    ctx = TaskContext(
+        input=None,
+        run_id=run.pk,
+        task_name=run.task_name,
+        version=run.version,
+        queue=run.queue,
+        trace_id=run.trace_id,
+        priority=run.priority,
+        attempt=run.attempts,
+        state=state,
+        logger=run_logger(run),
+    )
+    return wf, ctx
+
+
+def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
+    """Drive the handler once and write the outcome. Returns what happened, for logs and tests."""
+    state = ctx._state
+    lease = state.lease
+    if state.cancel_requested:
+        transitions.cancel_running_run(lease)
+        return "canceled"
+    if run.deadline_at is not None and clock.now() >= run.deadline_at:
+        transitions.fail_run(lease, encode_error(DeadlineExceededError("deadline passed")))
+        return "failed"
+    try:
+        ctx.input = wf.load_input(run.input)
+        output = to_jsonable(wf.fn(ctx))
+    except Suspend:
+        return "suspended"
+    except BaseException as exc:  # noqa: BLE001 - every outcome of user code is recorded
+        return _after_exception(run, wf, ctx, exc)
+    if ctx.abort_signal.aborted or state.fatal is not None:
+        return _after_exception(run, wf, ctx, state.fatal or ctx.abort_signal.reason)
+    unreached = sorted(
+        key
+        for key, rec in state.history.items()
+        if key not in state.seen and rec.completed is not None
+    )
+    transitions.complete_run(lease, output, unreached)
+    if unreached:
+        ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
+    return "completed"
+
+
+def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any) -> str:
+    state = ctx._state
+    lease = state.lease
+    reason = ctx.abort_signal.reason
+    if isinstance(reason, LeaseLostError) or isinstance(exc, LeaseLostError):
+        ctx.logger.warning("lease lost; dropping the run", error=str(reason or exc))
+        return "lease-lost"
+    if isinstance(reason, TaskCanceledError) or (
+        state.cancel_requested and isinstance(exc, TaskCanceledError)
+    ):
+        transitions.cancel_running_run(lease)
+        ctx.logger.info("run canceled")
+        return "canceled"
+    if isinstance(reason, DeadlineExceededError):
+        exc = reason
+    if state.fatal is not None:
+        exc = state.fatal
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(str(exc))
+    error = encode_error(exc)
+    failures = run.failures + 1
+    if (
+        state.fatal is None
+        and not isinstance(exc, DeadlineExceededError)
+        and wf.retry.is_retryable(exc)
+        and failures < wf.retry.max_attempts
+    ):
+        delay = wf.retry.delay(failures)
+        transitions.requeue_run(
+            lease, clock.now() + timedelta(seconds=delay), error=error, count_failure=True
+        )
+        ctx.logger.warning("workflow failed, retrying", failures=failures, error=str(exc))
+        return "retrying"
+    transitions.fail_run(lease, error)
+    ctx.logger.error("run failed", error=error["type"], message=error["message"])
+    return "failed"

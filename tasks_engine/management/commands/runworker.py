@@ -1,0 +1,65 @@
+"""manage.py runworker: execute durable runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from tasks_engine.conf import engine_settings
+from tasks_engine.definitions import registry
+from tasks_engine.worker import Worker, WorkerConfig
+
+from ._args import OneLineErrors, non_negative_float, positive_float, positive_int, task_ref
+
+
+class Command(OneLineErrors, BaseCommand):
+    help = "Run a worker that claims and executes durable workflow runs."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        s = engine_settings()
+        parser.add_argument("--concurrency", type=positive_int, default=4,
+                            help="runs executed at once (default: %(default)r)")
+        parser.add_argument("--queue", action="append", default=[], metavar="Q",
+                            help="serve only this queue; repeatable (default: every queue)")
+        parser.add_argument("--task", action="append", default=[], type=task_ref,
+                            metavar="NAME@VERSION",
+                            help="serve only this workflow version; repeatable (default: all)")
+        parser.add_argument("--lease-seconds", type=positive_float, default=s.lease_seconds,
+                            help="lease length (default: %(default)r)")
+        parser.add_argument("--poll-interval", type=positive_float, default=s.poll_interval,
+                            help="seconds between polls when idle (default: %(default)r)")
+        parser.add_argument("--grace-seconds", type=non_negative_float, default=30.0,
+                            help="on SIGTERM, time in-flight steps get to finish (default: %(default)r)")
+        parser.add_argument("--burst", action="store_true",
+                            help="exit 0 once nothing is due or in flight")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        workflows = []
+        if opts["task"]:
+            for name, version in opts["task"]:
+                wf = registry.find(name, version)
+                if wf is None:
+                    raise CommandError(f"unknown task {name}@{version}")
+                workflows.append(wf)
+        else:
+            workflows = [registry.get(n, v) for n, v in registry.keys()]
+        if not workflows:
+            raise CommandError("no workflows are registered; nothing to run")
+        lease = opts["lease_seconds"]
+        s = engine_settings()
+        heartbeat = s.heartbeat_seconds or lease / 3
+        heartbeat = min(heartbeat, lease / 2)
+        config = WorkerConfig(
+            workflows=tuple(workflows),
+            queues=tuple(opts["queue"]),
+            concurrency=opts["concurrency"],
+            lease_seconds=lease,
+            heartbeat_seconds=heartbeat,
+            poll_interval=opts["poll_interval"],
+            grace_seconds=opts["grace_seconds"],
+            burst=opts["burst"],
+        )
+        code = Worker(config).run()
+        if code:
+            raise SystemExit(code)

@@ -1,0 +1,140 @@
+"""manage.py tasks enqueue | signal | cancel | inspect | list | prune."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from pydantic import ValidationError
+
+from tasks_engine import engine
+from tasks_engine.exceptions import IdempotencyConflict, UnknownRunError, UnknownTaskError
+from tasks_engine.states import RunStatus
+
+from ._args import OneLineErrors, _one_line, json_value, non_negative_float, positive_int
+
+
+class Command(OneLineErrors, BaseCommand):
+    help = "Enqueue, signal, cancel, inspect, list and prune durable runs."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+        def add(name: str, help: str) -> argparse.ArgumentParser:
+            p = sub.add_parser(name, help=help, description=help)
+            _one_line(p)
+            return p
+
+        p = add("enqueue", "start a run of a workflow")
+        p.add_argument("name", help="workflow name (NAME or NAME@VERSION)")
+        p.add_argument("--input", type=json_value, default={}, help="input as JSON (default: {})")
+        p.add_argument("--queue", help="queue (default: the workflow's)")
+        p.add_argument("--idempotency-key", help="dedupe runs of this task by key")
+        p.add_argument("--priority", type=int, help="higher runs first (default: workflow's)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("signal", "deliver a fact to a run")
+        p.add_argument("run_id", help="run id (UUID)")
+        p.add_argument("name", help="fact name")
+        p.add_argument("--payload", type=json_value, default=None, help="payload as JSON")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("cancel", "cancel a run and its children")
+        p.add_argument("run_id", help="run id (UUID)")
+        p.add_argument("--reason", default="", help="why (stored and shown)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("inspect", "show a run with its steps")
+        p.add_argument("run_id", help="run id (UUID)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("list", "list recent runs")
+        p.add_argument("--status", choices=RunStatus.values, help="only runs in this status")
+        p.add_argument("--task", help="only runs of this workflow")
+        p.add_argument("--limit", type=positive_int, default=50, help="(default: %(default)r)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("prune", "delete finished runs (and dispatched outbox events) older than DAYS")
+        p.add_argument("--older-than", type=non_negative_float, required=True, metavar="DAYS",
+                       help="age in days")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        action = opts["action"]
+        try:
+            result = getattr(self, f"do_{action}")(opts)
+        except (UnknownRunError, UnknownTaskError, IdempotencyConflict) as exc:
+            raise CommandError(str(exc.args[0] if exc.args else exc)) from exc
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(x) for x in first.get("loc", ())) or "input"
+            raise CommandError(f"invalid input: {where}: {first.get('msg')}") from exc
+        if opts["json"]:
+            self.stdout.write(json.dumps(result["json"], indent=None, default=str))
+        else:
+            self.stdout.write(result["text"])
+
+    def do_enqueue(self, o: dict[str, Any]) -> dict[str, Any]:
+        name, _, version = o["name"].partition("@")
+        res = engine.enqueue(
+            name,
+            o["input"],
+            version=int(version) if version.isdigit() else None,
+            idempotency_key=o["idempotency_key"],
+            priority=o["priority"],
+            queue=o["queue"],
+        )
+        if version and not version.isdigit():
+            raise CommandError(f"expected NAME@VERSION, got {o['name']!r}")
+        text = f"{res.run_id}" + (" (deduplicated)" if res.deduplicated else "")
+        return {"json": {"run_id": str(res.run_id), "deduplicated": res.deduplicated}, "text": text}
+
+    def do_signal(self, o: dict[str, Any]) -> dict[str, Any]:
+        res = engine.signal(o["run_id"], o["name"], o["payload"])
+        text = ("delivered" if res.delivered else "not delivered") + f" (run is {res.status})"
+        return {"json": {"delivered": res.delivered, "status": res.status}, "text": text}
+
+    def do_cancel(self, o: dict[str, Any]) -> dict[str, Any]:
+        ok = engine.cancel(o["run_id"], o["reason"] or None)
+        text = "canceled" if ok else "not canceled: the run has already finished"
+        return {"json": {"canceled": ok}, "text": text}
+
+    def do_inspect(self, o: dict[str, Any]) -> dict[str, Any]:
+        engine._run_id(o["run_id"])
+        view = engine.get_run(o["run_id"])
+        if view is None:
+            raise UnknownRunError(f"no run with id {o['run_id']}")
+        data = view.to_dict()
+        lines = [
+            f"{view.task_name}@{view.version}  {view.run_id}  {view.status}",
+            f"  queue={view.queue} priority={view.priority} attempts={view.attempts}"
+            f" created={data['created_at']} finished={data['finished_at']}",
+        ]
+        if view.waiting_on:
+            lines.append(f"  waiting on {view.waiting_on} until {data['available_at']}")
+        if view.error:
+            lines.append(f"  error: {view.error.get('type')}: {view.error.get('message')}")
+        for s in data["steps"]:
+            err = f"  {s['error']['message']}" if s["error"] else ""
+            lines.append(f"  - {s['name']:<30} {s['kind']:<10} #{s['attempt']} {s['status']}{err}")
+        if view.output is not None:
+            lines.append(f"  output: {json.dumps(view.output)}")
+        return {"json": data, "text": "\n".join(lines)}
+
+    def do_list(self, o: dict[str, Any]) -> dict[str, Any]:
+        views = engine.list_runs(task=o["task"], status=o["status"], limit=o["limit"])
+        lines = [
+            f"{v.run_id}  {v.task_name}@{v.version:<3} {v.status:<10} {v.created_at:%Y-%m-%d %H:%M:%S}"
+            for v in views
+        ]
+        return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or "(no runs)"}
+
+    def do_prune(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine import maintenance
+
+        counts = maintenance.prune(timedelta(days=o["older_than"]))
+        text = ", ".join(f"{k}: {v}" for k, v in counts.items())
+        return {"json": counts, "text": f"pruned {text}"}

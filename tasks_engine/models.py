@@ -1,0 +1,158 @@
+"""The engine's tables. Only `transitions.py` and `engine.py` write them."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+
+from .states import RunStatus, StepKind, StepStatus
+
+
+class WorkflowRun(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    task_name = models.CharField(max_length=200)
+    version = models.PositiveIntegerField(default=1)
+    queue = models.CharField(max_length=100, default="default")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    priority = models.IntegerField(default=0)
+    input = models.JSONField(default=dict)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    input_hash = models.CharField(max_length=64, blank=True)
+    trace_id = models.CharField(max_length=64, blank=True)
+    attempts = models.PositiveIntegerField(default=0, help_text="Claims so far.")
+    failures = models.PositiveIntegerField(default=0, help_text="Failed passes so far.")
+    worker_id = models.CharField(max_length=200, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    # One column, three meanings by status: pending = due time, running = lease expiry,
+    # waiting = wake time (NULL: no timer). Each status has its own partial index on it.
+    available_at = models.DateTimeField(null=True, blank=True)
+    waiting_on = models.CharField(max_length=300, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.TextField(blank=True)
+    parent_run = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+    )
+    parent_step = models.CharField(max_length=300, blank=True)
+    progress = models.JSONField(null=True, blank=True)
+    unreached_steps = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        permissions = [("cancel_workflowrun", "Can cancel workflow runs")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task_name", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="run_idempotency_key_unique",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=RunStatus.values), name="run_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="running") | Q(lease_token__isnull=False),
+                name="run_running_has_lease",
+            ),
+        ]
+        indexes = [
+            # The claim reads only this index: finished and waiting rows are not in it.
+            models.Index(
+                fields=["-priority", "available_at"],
+                condition=Q(status="pending"),
+                name="run_claim_pending",
+            ),
+            models.Index(
+                fields=["available_at"], condition=Q(status="running"), name="run_lease_expiry"
+            ),
+            models.Index(
+                fields=["available_at"],
+                condition=Q(status="waiting", available_at__isnull=False),
+                name="run_wake_due",
+            ),
+            models.Index(fields=["status", "-created_at"], name="run_status_created"),
+            models.Index(fields=["task_name", "-created_at"], name="run_task_created"),
+            models.Index(
+                fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name}@{self.version} {self.id} ({self.status})"
+
+
+class StepAttempt(models.Model):
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="step_attempts")
+    name = models.CharField(max_length=300, help_text="Step key: name, or name#n for repeats.")
+    kind = models.CharField(max_length=16, choices=StepKind.choices, default=StepKind.FUNCTION)
+    status = models.CharField(max_length=16, choices=StepStatus.choices)
+    attempt = models.PositiveIntegerField(default=1)
+    run_pass = models.PositiveIntegerField(default=1, help_text="Workflow pass (retry) number.")
+    counted = models.BooleanField(default=True, help_text="Counts against the retry budget.")
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    worker_id = models.CharField(max_length=200, blank=True)
+    lease_token = models.UUIDField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "name"],
+                condition=Q(status="completed"),
+                name="step_completed_once",
+            ),
+            models.UniqueConstraint(fields=["run", "name", "attempt"], name="step_attempt_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.attempt} ({self.status})"
+
+
+class Fact(models.Model):
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="facts")
+    name = models.CharField(max_length=200)
+    payload = models.JSONField(null=True, blank=True)
+    consumed_by = models.CharField(max_length=300, blank=True, help_text="Step key that took it.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["run", "name", "id"], name="fact_run_name")]
+
+    def __str__(self) -> str:
+        return f"{self.name} for {self.run_id}"
+
+
+class OpLedger(models.Model):
+    class Status(models.TextChoices):
+        STARTED = "started"
+        DONE = "done"
+
+    op_key = models.CharField(max_length=300, unique=True)
+    run = models.ForeignKey(
+        WorkflowRun, null=True, blank=True, on_delete=models.SET_NULL, related_name="ops"
+    )
+    step_name = models.CharField(max_length=300, blank=True)
+    attempt_token = models.UUIDField()
+    status = models.CharField(max_length=16, choices=Status.choices)
+    result = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "op ledger entry"
+        verbose_name_plural = "op ledger"
+
+    def __str__(self) -> str:
+        return f"{self.op_key} ({self.status})"

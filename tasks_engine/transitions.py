@@ -1,0 +1,346 @@
+"""The only writer of run and step state.
+
+Every write an attempt makes is a compare-and-set on its lease token: a statement that matches
+no row means the attempt lost its lease, and raises `LeaseLostError`. On PostgreSQL the fence
+takes a share lock on the run row, so a concurrent reclaim either waits for the write or makes
+it fail; on SQLite each statement runs under the single writer lock.
+
+Lock order: the run row first, then its step attempts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from . import clock
+from .exceptions import LeaseLostError
+from .models import StepAttempt, WorkflowRun
+from .sql import (
+    execute,
+    fetchall,
+    new_token_sql,
+    p_dt,
+    p_json,
+    p_uuid,
+    placeholders,
+    r_uuid,
+    share_lock,
+    skip_locked,
+)
+
+RUN = WorkflowRun._meta.db_table
+STEP = StepAttempt._meta.db_table
+# Attempts that execute code; sleeps, fact waits and child waits are armed timers, not work.
+WORK_KINDS = "('function', 'op')"
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: uuid.UUID
+    token: uuid.UUID
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class Renewal:
+    cancel_requested: bool
+    deadline_passed: bool
+
+
+def _fence() -> str:
+    return (
+        f"EXISTS (SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s"
+        f" AND status = 'running'{share_lock()})"
+    )
+
+
+def _fence_params(lease: Lease) -> list[Any]:
+    return [p_uuid(lease.run_id), p_uuid(lease.token)]
+
+
+def _filters(pairs: list[tuple[str, int]], queues: list[str] | None) -> tuple[str, list[Any]]:
+    sql = " AND (task_name, version) IN (" + ", ".join(["(%s, %s)"] * len(pairs)) + ")"
+    params: list[Any] = [x for pair in pairs for x in pair]
+    if queues:
+        sql += f" AND queue IN ({placeholders(len(queues))})"
+        params += queues
+    return sql, params
+
+
+# -- claiming ---------------------------------------------------------------------------------
+
+
+def claim_runs(
+    worker_id: str,
+    pairs: list[tuple[str, int]],
+    queues: list[str] | None,
+    limit: int,
+    lease_seconds: float,
+) -> list[Lease]:
+    """Claim up to `limit` runs: expired leases first, then due timers, then pending by priority.
+
+    Each source reads its own partial index, so far-future sleepers and finished rows cost nothing.
+    """
+    if not pairs or limit <= 0:
+        return []
+    now = clock.now()
+    filt, fparams = _filters(pairs, queues)
+    lock = skip_locked()
+    sql = f"""
+        WITH expired AS (
+            SELECT id, 0 AS src, priority, available_at FROM {RUN}
+            WHERE status = 'running' AND available_at <= %s{filt}
+            ORDER BY available_at LIMIT %s{lock}
+        ), woken AS (
+            SELECT id, 1 AS src, priority, available_at FROM {RUN}
+            WHERE status = 'waiting' AND available_at <= %s{filt}
+            ORDER BY available_at LIMIT %s{lock}
+        ), due AS (
+            SELECT id, 2 AS src, priority, available_at FROM {RUN}
+            WHERE status = 'pending' AND available_at <= %s{filt}
+            ORDER BY priority DESC, available_at LIMIT %s{lock}
+        )
+        UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,
+            attempts = attempts + 1, available_at = %s, waiting_on = '',
+            started_at = COALESCE(started_at, %s), updated_at = %s
+        WHERE id IN (
+            SELECT id FROM (
+                SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
+            ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %s
+        )
+        RETURNING id, lease_token
+    """
+    t = p_dt(now)
+    params = [t, *fparams, limit, t, *fparams, limit, t, *fparams, limit]
+    params += [worker_id, p_dt(now + timedelta(seconds=lease_seconds)), t, t, limit]
+    rows = fetchall(sql, params)
+    return [Lease(r_uuid(rid), r_uuid(tok), worker_id) for rid, tok in rows]
+
+
+def anything_due_before(
+    pairs: list[tuple[str, int]], queues: list[str] | None, horizon: datetime
+) -> bool:
+    """Whether a run this worker could claim becomes due before `horizon` (for --burst)."""
+    if not pairs:
+        return False
+    filt, fparams = _filters(pairs, queues)
+    sql = (
+        f"SELECT 1 FROM {RUN} WHERE status IN ('pending', 'running', 'waiting')"
+        f" AND available_at <= %s{filt} LIMIT 1"
+    )
+    return bool(fetchall(sql, [p_dt(horizon), *fparams]))
+
+
+def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, Renewal]:
+    """One statement renews every lease a worker holds. Runs missing from the result are lost."""
+    if not leases:
+        return {}
+    now = clock.now()
+    n = len(leases)
+    sql = f"""
+        UPDATE {RUN} SET available_at = %s
+        WHERE status = 'running' AND id IN ({placeholders(n)})
+          AND lease_token IN ({placeholders(n)})
+        RETURNING id, cancel_requested_at IS NOT NULL,
+            CASE WHEN deadline_at IS NOT NULL AND deadline_at <= %s THEN 1 ELSE 0 END
+    """
+    params = [p_dt(now + timedelta(seconds=lease_seconds))]
+    params += [p_uuid(x.run_id) for x in leases] + [p_uuid(x.token) for x in leases]
+    params.append(p_dt(now))
+    return {
+        r_uuid(rid): Renewal(bool(cancel), bool(deadline))
+        for rid, cancel, deadline in fetchall(sql, params)
+    }
+
+
+# -- steps ------------------------------------------------------------------------------------
+
+
+def close_interrupted_attempts(lease: Lease) -> int:
+    """On reclaim: attempts a crashed holder left `running` become `abandoned` (and count)."""
+    sql = f"""
+        UPDATE {STEP} SET status = 'abandoned', counted = TRUE, finished_at = %s
+        WHERE run_id = %s AND status = 'running' AND kind IN {WORK_KINDS}
+          AND (lease_token IS NULL OR lease_token <> %s) AND {_fence()}
+    """
+    now = p_dt(clock.now())
+    return execute(sql, [now, p_uuid(lease.run_id), p_uuid(lease.token), *_fence_params(lease)])
+
+
+def start_step(
+    lease: Lease,
+    name: str,
+    kind: str,
+    attempt: int,
+    run_pass: int,
+    *,
+    status: str = "running",
+    output: Any = None,
+    wake_at: datetime | None = None,
+) -> int:
+    now = clock.now()
+    finished = p_dt(now) if status != "running" else None
+    sql = f"""
+        INSERT INTO {STEP} (run_id, name, kind, status, attempt, run_pass, counted, output,
+            error, worker_id, lease_token, wake_at, started_at, finished_at)
+        SELECT %s, %s, %s, %s, %s, %s, TRUE, %s, NULL, %s, %s, %s, %s, %s
+        WHERE {_fence()}
+        RETURNING id
+    """
+    params = [p_uuid(lease.run_id), name, kind, status, attempt, run_pass, p_json(output)]
+    params += [lease.worker_id, p_uuid(lease.token), p_dt(wake_at), p_dt(now), finished]
+    rows = fetchall(sql, params + _fence_params(lease))
+    if not rows:
+        raise LeaseLostError(f"run {lease.run_id}: lease lost before step {name!r} started")
+    return int(rows[0][0])
+
+
+def finish_step(
+    lease: Lease, step_id: int, status: str, *, output: Any = None, error: Any = None
+) -> None:
+    sql = f"""
+        UPDATE {STEP} SET status = %s, output = %s, error = %s, finished_at = %s
+        WHERE id = %s AND status = 'running' AND {_fence()}
+    """
+    params = [status, p_json(output), p_json(error), p_dt(clock.now()), step_id]
+    if not execute(sql, params + _fence_params(lease)):
+        raise LeaseLostError(f"run {lease.run_id}: lease lost before step {step_id} finished")
+
+
+def _close_running_attempts(lease: Lease, *, counted: bool, work_only: bool = False) -> None:
+    kinds = f" AND kind IN {WORK_KINDS}" if work_only else ""
+    execute(
+        f"UPDATE {STEP} SET status = 'abandoned', counted = %s, finished_at = %s"
+        f" WHERE run_id = %s AND status = 'running'{kinds}",
+        [counted, p_dt(clock.now()), p_uuid(lease.run_id)],
+    )
+
+
+# -- run outcomes -----------------------------------------------------------------------------
+
+
+def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
+    sql = (
+        f"UPDATE {RUN} SET {assignments}, updated_at = %s"
+        f" WHERE id = %s AND lease_token = %s AND status = 'running'"
+    )
+    full = [*params, p_dt(clock.now()), p_uuid(lease.run_id), p_uuid(lease.token)]
+    if not execute(sql, full):
+        raise LeaseLostError(f"run {lease.run_id}: lease lost")
+
+
+def complete_run(lease: Lease, output: Any, unreached: list[str]) -> None:
+    with transaction.atomic():
+        _cas_run(
+            lease,
+            "status = 'completed', output = %s, unreached_steps = %s, finished_at = %s,"
+            " lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL",
+            [p_json(output), p_json(unreached), p_dt(clock.now())],
+        )
+        _close_running_attempts(lease, counted=False)
+
+
+def fail_run(lease: Lease, error: dict[str, Any]) -> None:
+    with transaction.atomic():
+        _cas_run(
+            lease,
+            "status = 'failed', error = %s, failures = failures + 1, finished_at = %s,"
+            " lease_token = NULL, available_at = NULL, waiting_on = ''",
+            [p_json(error), p_dt(clock.now())],
+        )
+        _close_running_attempts(lease, counted=False)
+
+
+def requeue_run(
+    lease: Lease,
+    available_at: datetime,
+    *,
+    error: dict[str, Any] | None = None,
+    count_failure: bool = False,
+    interrupted_count: bool = False,
+    failed_step: tuple[int, dict[str, Any]] | None = None,
+) -> None:
+    """Back to `pending`: step retry backoff, workflow retry, or a graceful hand-back."""
+    with transaction.atomic():
+        _cas_run(
+            lease,
+            "status = 'pending', lease_token = NULL, available_at = %s, waiting_on = '',"
+            " failures = failures + %s, error = COALESCE(%s, error)",
+            [p_dt(available_at), 1 if count_failure else 0, p_json(error)],
+        )
+        if failed_step is not None:
+            step_id, step_error = failed_step
+            execute(
+                f"UPDATE {STEP} SET status = 'failed', error = %s, finished_at = %s"
+                f" WHERE id = %s AND status = 'running'",
+                [p_json(step_error), p_dt(clock.now()), step_id],
+            )
+        _close_running_attempts(lease, counted=interrupted_count, work_only=True)
+
+
+def park_run(lease: Lease, waiting_on: str, wake_at: datetime | None, deadline: datetime | None):
+    """Running -> waiting. The wake time is capped by the deadline so the run fails on time."""
+    if deadline is not None and (wake_at is None or deadline < wake_at):
+        wake_at = deadline
+    _cas_run(
+        lease,
+        "status = 'waiting', lease_token = NULL, available_at = %s, waiting_on = %s",
+        [p_dt(wake_at), waiting_on],
+    )
+
+
+def cancel_running_run(lease: Lease) -> None:
+    """The holder of a canceled run ends it and closes whatever attempt was in flight."""
+    with transaction.atomic():
+        _cas_run(
+            lease,
+            "status = 'canceled', finished_at = %s, lease_token = NULL, available_at = NULL,"
+            " waiting_on = ''",
+            [p_dt(clock.now())],
+        )
+        _close_running_attempts(lease, counted=False)
+
+
+def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
+    """Pending or waiting -> canceled. The caller holds the run's row lock."""
+    now = clock.now()
+    WorkflowRun.objects.filter(pk=run.pk, status__in=["pending", "waiting"]).update(
+        status="canceled",
+        cancel_requested_at=run.cancel_requested_at or now,
+        cancel_reason=reason,
+        finished_at=now,
+        updated_at=now,
+        available_at=None,
+        lease_token=None,
+        waiting_on="",
+    )
+    StepAttempt.objects.filter(run_id=run.pk, status="running").update(
+        status="abandoned", counted=False, finished_at=now
+    )
+
+
+def request_cancel(run: WorkflowRun, reason: str) -> None:
+    """Running: record the request; the holder sees it at its next heartbeat (or NOTIFY)."""
+    now = clock.now()
+    WorkflowRun.objects.filter(pk=run.pk, cancel_requested_at__isnull=True).update(
+        cancel_requested_at=now, cancel_reason=reason, updated_at=now
+    )
+
+
+def wake_run(run: WorkflowRun) -> None:
+    """Waiting -> pending, due now (a fact or child result arrived). Caller holds the row lock."""
+    now = clock.now()
+    WorkflowRun.objects.filter(pk=run.pk, status="waiting").update(
+        status="pending", available_at=now, waiting_on="", updated_at=now
+    )
+
+
+def set_progress(lease: Lease, progress: dict[str, Any]) -> None:
+    WorkflowRun.objects.filter(
+        pk=lease.run_id, lease_token=lease.token, status="running"
+    ).update(progress=progress)

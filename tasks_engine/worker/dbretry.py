@@ -1,0 +1,38 @@
+"""Database outages: close the thread's connection, log once per outage, back off."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import Error as DjangoDbError
+from django.db import connection
+
+DB_ERRORS: tuple[type[BaseException], ...] = (DjangoDbError,)
+
+
+class Outage:
+    """Per-thread outage state so a down database is logged once, not in a tight loop."""
+
+    def __init__(self, log: Any, what: str) -> None:
+        self.log = log
+        self.what = what
+        self.down = False
+        self.backoff = 0.5
+
+    def failed(self, exc: BaseException) -> float:
+        try:
+            connection.close()
+        except Exception:  # noqa: BLE001, S110 - the connection is already broken
+            pass
+        if not self.down:
+            self.log.warning("database unavailable", where=self.what, error=str(exc).strip())
+            self.down = True
+        delay = self.backoff
+        self.backoff = min(self.backoff * 2, 5.0)
+        return delay
+
+    def ok(self) -> None:
+        if self.down:
+            self.log.info("database reachable again", where=self.what)
+        self.down = False
+        self.backoff = 0.5

@@ -1,0 +1,79 @@
+"""One heartbeat thread renews every lease the worker holds and relays aborts to runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import connection
+
+from .. import transitions
+from ..exceptions import DeadlineExceededError, LeaseLostError, TaskCanceledError
+from ..models import WorkflowRun
+from .dbretry import DB_ERRORS, Outage
+
+if TYPE_CHECKING:
+    from .loop import Worker
+
+PROGRESS_FLUSH_SECONDS = 1.0
+
+
+class Heartbeat(threading.Thread):
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(name="tasks-heartbeat", daemon=True)
+        self.worker = worker
+        self.stop = threading.Event()
+        self.kick = threading.Event()  # renew now (a cancel NOTIFY arrived)
+
+    def run(self) -> None:
+        w = self.worker
+        outage = Outage(w.log, "heartbeat")
+        next_renew = time.monotonic() + w.config.heartbeat_seconds
+        try:
+            while not self.stop.is_set():
+                self.kick.wait(min(PROGRESS_FLUSH_SECONDS, w.config.heartbeat_seconds))
+                kicked = self.kick.is_set()
+                self.kick.clear()
+                try:
+                    self.flush_progress()
+                    if kicked or time.monotonic() >= next_renew:
+                        self.renew_once()
+                        next_renew = time.monotonic() + w.config.heartbeat_seconds
+                    outage.ok()
+                except DB_ERRORS as exc:
+                    self.stop.wait(outage.failed(exc))
+        except BaseException as exc:  # a dead heartbeat must stop the worker, not leave it blind
+            w.log.exception("heartbeat crashed; stopping the worker", error=str(exc))
+            w.request_stop()
+        finally:
+            connection.close()
+
+    def renew_once(self) -> dict:
+        w = self.worker
+        held = w.held()
+        if not held:
+            return {}
+        renewed = transitions.renew_leases([h.lease for h in held], w.config.lease_seconds)
+        for h in held:
+            r = renewed.get(h.lease.run_id)
+            if r is None:
+                w.lose(h, LeaseLostError(f"run {h.lease.run_id}: lease lost"))
+            elif r.cancel_requested:
+                reason = (
+                    WorkflowRun.objects.filter(pk=h.lease.run_id)
+                    .values_list("cancel_reason", flat=True)
+                    .first()
+                )
+                h.ctx._state.cancel_requested = True
+                h.ctx.abort_signal.abort(TaskCanceledError(reason or "canceled"))
+            elif r.deadline_passed:
+                h.ctx.abort_signal.abort(DeadlineExceededError("deadline passed"))
+        return renewed
+
+    def flush_progress(self) -> None:
+        for h in self.worker.held():
+            state = h.ctx._state
+            if state.progress_dirty:
+                state.progress_dirty = False
+                transitions.set_progress(h.lease, dict(state.progress or {}))

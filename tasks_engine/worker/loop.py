@@ -1,0 +1,226 @@
+"""The worker loop: claim -> hand to a slot -> execute -> free the slot. Reads top to bottom.
+
+Threads: the main loop (claims), `concurrency` slot threads (each keeps its own connection),
+one heartbeat, and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
+in-flight steps finish within the grace period, abort the rest, hand their runs back, exit.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection
+
+from .. import clock, executor, transitions
+from ..context import TaskContext
+from ..definitions import Workflow
+from ..exceptions import LeaseLostError
+from ..logs import get_logger
+from ..models import WorkflowRun
+from ..notify import Listener
+from .dbretry import DB_ERRORS, Outage
+from .heartbeat import Heartbeat
+
+BURST_HORIZON = timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    workflows: tuple[Workflow, ...]
+    queues: tuple[str, ...] = ()
+    concurrency: int = 4
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    poll_interval: float = 1.0
+    grace_seconds: float = 30.0
+    burst: bool = False
+
+
+@dataclass
+class Held:
+    lease: transitions.Lease
+    ctx: TaskContext
+    lost: bool = False
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.config = config
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.pairs = sorted({(w.name, w.version) for w in config.workflows})
+        self.queues = list(config.queues) or None
+        self.log = get_logger(worker_id=self.id)
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.draining = threading.Event()
+        self._lock = threading.Lock()
+        self._held: dict[uuid.UUID, Held] = {}
+        self._busy = 0  # slots executing a run (a slot stuck in user code stays busy)
+        self._jobs: queue.Queue[transitions.Lease | None] = queue.Queue()
+        self._slots: list[threading.Thread] = []
+        self._signals = 0
+        self.heartbeat = Heartbeat(self)
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._install_signal_handlers()
+        self.log.info("worker started", tasks=[f"{n}@{v}" for n, v in self.pairs],
+                      queues=self.queues or "all", concurrency=self.config.concurrency)
+        self._start_threads()
+        outage = Outage(self.log, "claim")
+        while not self.stopping.is_set():
+            free = self.config.concurrency - self._busy
+            claimed: list[transitions.Lease] = []
+            try:
+                if free > 0:
+                    claimed = transitions.claim_runs(
+                        self.id, self.pairs, self.queues, free, self.config.lease_seconds
+                    )
+                    for lease in claimed:
+                        self._dispatch(lease)
+                if self.config.burst and not claimed and self._busy == 0 and not self._due_soon():
+                    break
+                outage.ok()
+            except DB_ERRORS as exc:
+                self.stopping.wait(outage.failed(exc))
+                continue
+            if claimed and len(claimed) == free:
+                continue  # slots were all filled; claim again as soon as one frees
+            self.wake.wait(self.config.poll_interval)
+            self.wake.clear()
+        return self._shutdown()
+
+    def _due_soon(self) -> bool:
+        return transitions.anything_due_before(
+            self.pairs, self.queues, clock.now() + BURST_HORIZON
+        )
+
+    def _dispatch(self, lease: transitions.Lease) -> None:
+        with self._lock:
+            self._busy += 1
+        self._jobs.put(lease)
+
+    # -- slots --------------------------------------------------------------------------------
+
+    def _slot(self) -> None:
+        outage = Outage(self.log, "slot")
+        while True:
+            lease = self._jobs.get()
+            if lease is None:
+                break
+            try:
+                self._execute(lease)
+                outage.ok()
+            except DB_ERRORS as exc:
+                # The run keeps its lease until it expires; whoever claims it then replays it.
+                time.sleep(outage.failed(exc))
+            except Exception as exc:  # noqa: BLE001 - one bad run must not kill the slot
+                self.log.exception("run crashed the executor", run_id=str(lease.run_id),
+                                   error=str(exc))
+            finally:
+                with self._lock:
+                    self._held.pop(lease.run_id, None)
+                    self._busy -= 1
+                self.wake.set()
+        connection.close()
+
+    def _execute(self, lease: transitions.Lease) -> None:
+        run = WorkflowRun.objects.get(pk=lease.run_id)
+        wf, ctx = executor.build_context(run, lease, self.draining)
+        with self._lock:
+            self._held[lease.run_id] = Held(lease, ctx)
+        if self.draining.is_set():
+            transitions.requeue_run(lease, clock.now())
+            return
+        try:
+            outcome = executor.execute(run, wf, ctx)
+        except LeaseLostError as exc:
+            ctx.logger.warning("lease lost; dropping the run", error=str(exc))
+            return
+        ctx.logger.debug("run pass ended", outcome=outcome)
+
+    # -- shared state for the heartbeat -------------------------------------------------------
+
+    def held(self) -> list[Held]:
+        with self._lock:
+            return [h for h in self._held.values() if not h.lost]
+
+    def lose(self, held: Held, reason: BaseException) -> None:
+        held.lost = True
+        held.ctx.abort_signal.abort(reason)
+        held.ctx.logger.warning("lease lost; aborting the run", error=str(reason))
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    def on_notify(self, payloads: list[str]) -> None:
+        if any(p.startswith("cancel:") for p in payloads):
+            self.heartbeat.kick.set()
+        self.wake.set()
+
+    # -- start and stop -----------------------------------------------------------------------
+
+    def _start_threads(self) -> None:
+        for i in range(self.config.concurrency):
+            t = threading.Thread(target=self._slot, name=f"tasks-slot-{i}", daemon=True)
+            t.start()
+            self._slots.append(t)
+        self.heartbeat.start()
+        if connection.vendor == "postgresql":
+            self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
+            self.listener.start()
+
+    def _install_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            os._exit(1)  # second signal: exit at once
+        self.request_stop()
+
+    def _shutdown(self) -> int:
+        self.draining.set()  # no new step starts; each run hands itself back at its next step
+        self.log.info("worker stopping", in_flight=self._busy)
+        deadline = time.monotonic() + self.config.grace_seconds
+        while self._busy and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stuck = self.held()
+        if stuck:
+            for h in stuck:
+                h.ctx.abort_signal.abort(LeaseLostError("worker shutting down"))
+            end = time.monotonic() + 2.0
+            while self._busy and time.monotonic() < end:
+                time.sleep(0.05)
+            for h in self.held():
+                try:
+                    transitions.requeue_run(h.lease, clock.now())
+                    h.ctx.logger.info("run handed back")
+                except (LeaseLostError, *DB_ERRORS):
+                    pass
+        self.heartbeat.stop.set()
+        for _ in self._slots:
+            self._jobs.put(None)
+        connection.close()
+        self.log.info("worker stopped")
+        if self._busy:
+            # A thread stuck in user code would keep the process alive: exit explicitly.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+        return 0

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class UmtConfig(AppConfig):
+    name = "umt"
+    verbose_name = "UMT"

@@ -1,0 +1,99 @@
+"""UMT project settings. Everything that varies by deployment comes from the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+SECRET_KEY = env.str("SECRET_KEY", default="umt-dev-only-not-secret")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "tasks_engine",
+    "outbox",
+    "umt",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "umt.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "umt.wsgi.application"
+
+# Zero-setup default: an SQLite file next to manage.py. PostgreSQL for production.
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # select_for_update() is a no-op on SQLite: serialise writers with BEGIN IMMEDIATE,
+    # let readers run beside the writer (WAL) and wait for the write lock instead of failing.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+    # Tests use a file too, so that worker processes can share the test database.
+    _db.setdefault("TEST", {})["NAME"] = str(BASE_DIR / "test_db.sqlite3")
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+TASKS_ENGINE = {
+    "LEASE_SECONDS": env.float("TASKS_LEASE_SECONDS", default=30),
+    "HEARTBEAT_SECONDS": None,
+    "POLL_INTERVAL": env.float("TASKS_POLL_INTERVAL", default=1.0),
+    "MAX_STEP_ATTEMPTS_PER_RUN": 1000,
+}
+
+OUTBOX = {"MAX_ATTEMPTS": 10, "BACKOFF_BASE_SECONDS": 1.0, "BACKOFF_MAX_SECONDS": 300}
+
+TASKS = {"default": {"BACKEND": "tasks_engine.backends.DurableBackend"}}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
