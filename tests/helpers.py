@@ -1,0 +1,133 @@
+"""Test helpers: a controllable clock, an in-process drain, and real worker processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from tasks_engine import clock, executor, transitions
+from tasks_engine.definitions import registry
+from tasks_engine.models import WorkflowRun
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class FakeClock:
+    def __init__(self, start: datetime) -> None:
+        self.current = start
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float) -> None:
+        self.current += timedelta(seconds=seconds)
+
+
+def next_wake(pairs: list[tuple[str, int]]) -> datetime | None:
+    return (
+        WorkflowRun.objects.filter(status__in=["pending", "waiting"], available_at__isnull=False)
+        .order_by("available_at")
+        .values_list("available_at", flat=True)
+        .first()
+    )
+
+
+def drain(
+    fake: FakeClock | None = None,
+    *,
+    pairs: list[tuple[str, int]] | None = None,
+    horizon: float = 120.0,
+    limit: int = 500,
+    worker_id: str = "test-worker",
+) -> list[str]:
+    """Execute due runs in this thread until none is due. With a fake clock, jump to timers
+    due within `horizon` seconds (retry backoffs, short sleeps) instead of waiting for them."""
+    pairs = pairs or registry.keys()
+    outcomes: list[str] = []
+    for _ in range(limit):
+        leases = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
+        if not leases:
+            wake = next_wake(pairs) if fake is not None else None
+            if wake is None or wake > clock.now() + timedelta(seconds=horizon):
+                break
+            assert fake is not None
+            fake.current = max(fake.current, wake)
+            continue
+        run = WorkflowRun.objects.get(pk=leases[0].run_id)
+        wf, ctx = executor.build_context(run, leases[0], threading.Event())
+        outcomes.append(executor.execute(run, wf, ctx))
+    return outcomes
+
+
+# -- real processes ---------------------------------------------------------------------------
+
+
+def database_url() -> str:
+    s = connection.settings_dict
+    if connection.vendor == "postgresql":
+        return f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+    return f"sqlite:///{s['NAME']}"
+
+
+class WorkerProcess:
+    def __init__(self, args: list[str], log_dir: Path, tag: str, extra_env: dict[str, str]):
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "WORKER_TAG": tag,
+            "PYTHONUNBUFFERED": "1",
+            **extra_env,
+        }
+        self.tag = tag
+        self.log_path = log_dir / f"worker-{tag}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.send(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

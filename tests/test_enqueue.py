@@ -1,0 +1,126 @@
+"""enqueue, get_run, list_runs, cancel of idle runs: validation, idempotency, transactions."""
+
+from __future__ import annotations
+
+import uuid
+
+import pydantic
+import pytest
+from django.db import transaction
+
+import tasks_engine
+from tasks_engine import IdempotencyConflict, UnknownRunError, UnknownTaskError
+from tasks_engine.models import StepAttempt, WorkflowRun
+
+pytestmark = pytest.mark.django_db
+
+
+def counts() -> tuple[int, int]:
+    return WorkflowRun.objects.count(), StepAttempt.objects.count()
+
+
+def test_enqueue_creates_pending_run_with_validated_input() -> None:
+    res = tasks_engine.enqueue("noop", {"n": "7"}, trace_id="t-1", priority=5)
+    assert res.deduplicated is False
+    view = tasks_engine.get_run(str(res.run_id))
+    assert view is not None
+    assert view.status == "pending"
+    assert view.input == {"n": 7}  # validated and coerced, stored as JSON
+    assert (view.task_name, view.version, view.queue) == ("noop", 1, "default")
+    assert (view.priority, view.trace_id, view.attempts) == (5, "t-1", 0)
+    assert view.steps == []
+
+
+def test_workflow_object_enqueue_and_latest_version() -> None:
+    from tests.testapp.workflows import noop
+
+    res = noop.enqueue({"n": 1})
+    assert tasks_engine.get_run(res.run_id).task_name == "noop"
+    latest = tasks_engine.enqueue("a")
+    assert tasks_engine.get_run(latest.run_id).version == 2
+    pinned = tasks_engine.enqueue("a", version=1)
+    assert tasks_engine.get_run(pinned.run_id).version == 1
+
+
+def test_bad_input_raises_validation_error_and_writes_nothing() -> None:
+    before = counts()
+    with pytest.raises(pydantic.ValidationError):
+        tasks_engine.enqueue("noop", {"n": "not a number"})
+    assert counts() == before
+
+
+def test_unknown_task_and_version_write_nothing() -> None:
+    before = counts()
+    with pytest.raises(UnknownTaskError):
+        tasks_engine.enqueue("no-such-task", {})
+    with pytest.raises(UnknownTaskError):
+        tasks_engine.enqueue("a", {}, version=99)
+    assert counts() == before
+
+
+def test_idempotency_key_dedupes_same_input_after_validation() -> None:
+    first = tasks_engine.enqueue("noop", {"n": 1}, idempotency_key="k1")
+    again = tasks_engine.enqueue("noop", {"n": "1"}, idempotency_key="k1")
+    assert again == tasks_engine.Enqueued(first.run_id, True)
+    assert WorkflowRun.objects.count() == 1
+
+
+def test_idempotency_conflict_on_different_input_writes_nothing() -> None:
+    tasks_engine.enqueue("noop", {"n": 1}, idempotency_key="k1")
+    before = counts()
+    with pytest.raises(IdempotencyConflict):
+        tasks_engine.enqueue("noop", {"n": 2}, idempotency_key="k1")
+    assert counts() == before
+
+
+def test_idempotency_keys_are_scoped_to_the_task() -> None:
+    one = tasks_engine.enqueue("noop", {"n": 1}, idempotency_key="shared")
+    other = tasks_engine.enqueue("three_steps", {"n": 1}, idempotency_key="shared")
+    assert one.run_id != other.run_id
+
+
+def test_enqueue_rolls_back_with_the_callers_transaction() -> None:
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic():
+        tasks_engine.enqueue("noop", {"n": 1})
+        tasks_engine.enqueue("noop", {"n": 2}, idempotency_key="in-tx")
+        raise Boom
+    assert WorkflowRun.objects.count() == 0
+
+
+def test_get_run_of_unknown_id_is_none_and_list_filters() -> None:
+    assert tasks_engine.get_run(uuid.uuid4()) is None
+    assert tasks_engine.get_run("not-a-uuid") is None
+    tasks_engine.enqueue("noop", {"n": 1})
+    tasks_engine.enqueue("b")
+    assert [v.task_name for v in tasks_engine.list_runs(task="b")] == ["b"]
+    assert len(tasks_engine.list_runs(status="pending")) == 2
+    assert tasks_engine.list_runs(status="completed") == []
+    assert len(tasks_engine.list_runs(limit=1)) == 1
+    with pytest.raises(ValueError):
+        tasks_engine.list_runs(status="bogus")
+
+
+def test_cancel_pending_run_and_cancel_of_finished_or_unknown() -> None:
+    res = tasks_engine.enqueue("noop", {"n": 1})
+    assert tasks_engine.cancel(res.run_id, reason="not needed") is True
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == "canceled"
+    assert view.cancel_reason == "not needed"
+    assert view.cancel_requested_at is not None and view.finished_at is not None
+    assert tasks_engine.cancel(res.run_id) is False
+    with pytest.raises(UnknownRunError):
+        tasks_engine.cancel(uuid.uuid4())
+    with pytest.raises(UnknownRunError):
+        tasks_engine.cancel("garbage")
+
+
+def test_signal_to_unknown_or_finished_run() -> None:
+    with pytest.raises(UnknownRunError):
+        tasks_engine.signal(uuid.uuid4(), "x")
+    res = tasks_engine.enqueue("noop", {"n": 1})
+    tasks_engine.cancel(res.run_id)
+    out = tasks_engine.signal(res.run_id, "x", {"a": 1})
+    assert out == tasks_engine.Signaled(False, "canceled")
