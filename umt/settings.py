@@ -69,8 +69,10 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
-    # Tests use a file too, so that worker processes can share the test database.
-    _db.setdefault("TEST", {})["NAME"] = str(BASE_DIR / "test_db.sqlite3")
+    # Tests use a file too (test_<name> beside the database), so that worker processes can
+    # share the test database.
+    _name = Path(str(_db["NAME"]))
+    _db.setdefault("TEST", {})["NAME"] = str(_name.with_name(f"test_{_name.name}"))
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
