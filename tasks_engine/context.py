@@ -22,6 +22,7 @@ from .exceptions import (
 )
 from .serialization import encode_error, rebuild_error, to_jsonable
 from .states import StepKind, StepStatus
+from .waits import WaitSteps
 
 if TYPE_CHECKING:
     from .definitions import RetryPolicy, Workflow
@@ -104,6 +105,7 @@ class RunState:
     name_counts: dict[str, int] = field(default_factory=dict)
     fatal: BaseException | None = None
     cancel_requested: bool = False
+    has_parent: bool = False
     progress: dict[str, Any] | None = None
     progress_dirty: bool = False
 
@@ -158,7 +160,7 @@ class TaskContext:
         return with_attempt_token(self, op_key, fn, commit=commit)
 
 
-class StepAPI:
+class StepAPI(WaitSteps):
     def __init__(self, ctx: TaskContext) -> None:
         self._ctx = ctx
         self._s = ctx._state

@@ -54,6 +54,7 @@ def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threadin
         max_attempts_per_run=engine_settings().max_step_attempts_per_run,
         draining=draining,
         cancel_requested=run.cancel_requested_at is not None,
+        has_parent=run.parent_run_id is not None,
     )
     ctx = TaskContext(
         input=None,
@@ -75,10 +76,12 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     state = ctx._state
     lease = state.lease
     if state.cancel_requested:
-        transitions.cancel_running_run(lease)
+        transitions.cancel_running_run(lease, has_parent=state.has_parent)
         return "canceled"
     if run.deadline_at is not None and clock.now() >= run.deadline_at:
-        transitions.fail_run(lease, encode_error(DeadlineExceededError("deadline passed")))
+        transitions.fail_run(
+            lease, encode_error(DeadlineExceededError("deadline passed")), has_parent=state.has_parent
+        )
         return "failed"
     try:
         ctx.input = wf.load_input(run.input)
@@ -94,7 +97,7 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         for key, rec in state.history.items()
         if key not in state.seen and rec.completed is not None
     )
-    transitions.complete_run(lease, output, unreached)
+    transitions.complete_run(lease, output, unreached, has_parent=state.has_parent)
     if unreached:
         ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
     return "completed"
@@ -110,7 +113,7 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
     if isinstance(reason, TaskCanceledError) or (
         state.cancel_requested and isinstance(exc, TaskCanceledError)
     ):
-        transitions.cancel_running_run(lease)
+        transitions.cancel_running_run(lease, has_parent=state.has_parent)
         ctx.logger.info("run canceled")
         return "canceled"
     if isinstance(reason, DeadlineExceededError):
@@ -133,6 +136,6 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
         )
         ctx.logger.warning("workflow failed, retrying", failures=failures, error=str(exc))
         return "retrying"
-    transitions.fail_run(lease, error)
+    transitions.fail_run(lease, error, has_parent=state.has_parent)
     ctx.logger.error("run failed", error=error["type"], message=error["message"])
     return "failed"

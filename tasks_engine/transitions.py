@@ -11,18 +11,20 @@ Lock order: the run row first, then its step attempts.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 
-from . import clock
+from . import clock, notify
 from .exceptions import LeaseLostError
-from .models import StepAttempt, WorkflowRun
+from .models import Fact, StepAttempt, WorkflowRun
 from .sql import (
     execute,
     fetchall,
+    is_postgres,
     new_token_sql,
     p_dt,
     p_json,
@@ -234,7 +236,9 @@ def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
         raise LeaseLostError(f"run {lease.run_id}: lease lost")
 
 
-def complete_run(lease: Lease, output: Any, unreached: list[str]) -> None:
+def complete_run(
+    lease: Lease, output: Any, unreached: list[str], *, has_parent: bool = False
+) -> None:
     with transaction.atomic():
         _cas_run(
             lease,
@@ -243,9 +247,11 @@ def complete_run(lease: Lease, output: Any, unreached: list[str]) -> None:
             [p_json(output), p_json(unreached), p_dt(clock.now())],
         )
         _close_running_attempts(lease, counted=False)
+        if has_parent:
+            wake_parent(lease.run_id)
 
 
-def fail_run(lease: Lease, error: dict[str, Any]) -> None:
+def fail_run(lease: Lease, error: dict[str, Any], *, has_parent: bool = False) -> None:
     with transaction.atomic():
         _cas_run(
             lease,
@@ -254,6 +260,8 @@ def fail_run(lease: Lease, error: dict[str, Any]) -> None:
             [p_json(error), p_dt(clock.now())],
         )
         _close_running_attempts(lease, counted=False)
+        if has_parent:
+            wake_parent(lease.run_id)
 
 
 def requeue_run(
@@ -294,7 +302,7 @@ def park_run(lease: Lease, waiting_on: str, wake_at: datetime | None, deadline: 
     )
 
 
-def cancel_running_run(lease: Lease) -> None:
+def cancel_running_run(lease: Lease, *, has_parent: bool = False) -> None:
     """The holder of a canceled run ends it and closes whatever attempt was in flight."""
     with transaction.atomic():
         _cas_run(
@@ -304,6 +312,8 @@ def cancel_running_run(lease: Lease) -> None:
             [p_dt(clock.now())],
         )
         _close_running_attempts(lease, counted=False)
+        if has_parent:
+            wake_parent(lease.run_id)
 
 
 def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
@@ -322,6 +332,8 @@ def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
     StepAttempt.objects.filter(run_id=run.pk, status="running").update(
         status="abandoned", counted=False, finished_at=now
     )
+    if run.parent_run_id is not None:
+        wake_parent(run.pk)
 
 
 def request_cancel(run: WorkflowRun, reason: str) -> None:
@@ -344,3 +356,81 @@ def set_progress(lease: Lease, progress: dict[str, Any]) -> None:
     WorkflowRun.objects.filter(
         pk=lease.run_id, lease_token=lease.token, status="running"
     ).update(progress=progress)
+
+
+# -- waiting ----------------------------------------------------------------------------------
+
+
+def _lock_held_run(lease: Lease) -> bool:
+    """Lock the run row if this attempt still holds it. Inside a transaction."""
+    rows = fetchall(
+        f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s AND status = 'running'"
+        + (" FOR UPDATE" if is_postgres() else ""),
+        _fence_params(lease),
+    )
+    return bool(rows)
+
+
+def take_fact(lease: Lease, step_id: int, key: str, fact_name: str) -> tuple[bool, Any]:
+    """Consume the oldest fact of that name no earlier wait took, and complete the wait step.
+
+    Returns (found, payload). One transaction: the fact, the step and the fence move together.
+    """
+    with transaction.atomic():
+        if not _lock_held_run(lease):
+            raise LeaseLostError(f"run {lease.run_id}: lease lost while waiting for a fact")
+        fact = (
+            Fact.objects.filter(run_id=lease.run_id, name=fact_name, consumed_by="")
+            .order_by("id")
+            .values_list("id", "payload")
+            .first()
+        )
+        if fact is None:
+            return False, None
+        Fact.objects.filter(pk=fact[0]).update(consumed_by=key)
+        finish_step(lease, step_id, "completed", output=fact[1])
+        return True, fact[1]
+
+
+def park_run_unless(
+    lease: Lease,
+    waiting_on: str,
+    wake_at: datetime | None,
+    deadline: datetime | None,
+    arrived: Callable[[], bool],
+) -> bool:
+    """Running -> waiting, unless `arrived()` says the awaited thing came meanwhile.
+
+    `arrived` runs under the run's row lock: a fact or child result that committed after the
+    handler decided to park is seen here, and one that commits later finds the run waiting
+    (signal and child completion lock the same row), so no wake-up is lost.
+    """
+    with transaction.atomic():
+        if not _lock_held_run(lease):
+            raise LeaseLostError(f"run {lease.run_id}: lease lost before parking")
+        if arrived():
+            return False
+        park_run(lease, waiting_on, wake_at, deadline)
+        return True
+
+
+def wake_parent(child_id: uuid.UUID) -> None:
+    """A child finished: wake its parent if it waits on this child (same transaction)."""
+    now = clock.now()
+    rows = fetchall(
+        f"UPDATE {RUN} SET status = 'pending', available_at = %s, waiting_on = '', updated_at = %s"
+        f" WHERE id = (SELECT parent_run_id FROM {RUN} WHERE id = %s)"
+        f" AND status = 'waiting' AND waiting_on = %s RETURNING queue",
+        [p_dt(now), p_dt(now), p_uuid(child_id), f"child:{child_id}"],
+    )
+    for (queue,) in rows:
+        notify.wake_workers(queue)
+
+
+def fact_available(run_id: uuid.UUID, fact_name: str) -> bool:
+    return Fact.objects.filter(run_id=run_id, name=fact_name, consumed_by="").exists()
+
+
+def child_outcome(child_id: uuid.UUID) -> tuple[str, Any, Any]:
+    row = WorkflowRun.objects.filter(pk=child_id).values_list("status", "output", "error").get()
+    return row[0], row[1], row[2]

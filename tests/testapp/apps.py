@@ -5,3 +5,6 @@ class TestAppConfig(AppConfig):
     name = "tests.testapp"
     label = "testapp"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import wait_workflows  # noqa: F401 - more workflows, kept in their own module

@@ -1,0 +1,177 @@
+"""Steps that wait without holding a worker: facts and child runs (sleep lives in context.py).
+
+Each wait is a step attempt that is `running` while armed and `completed` (or `failed`) once
+resolved; the run parks as `waiting` in between and a fact, a child's end or a timer wakes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+
+from . import clock, transitions
+from .exceptions import FactTimeoutError, Suspend, TaskCanceledError
+from .serialization import encode_error, rebuild_error, to_jsonable
+from .states import FINISHED, RunStatus, StepKind, StepStatus
+
+if TYPE_CHECKING:
+    from .context import Attempt, RunState, StepRecord, TaskContext
+    from .definitions import Workflow
+
+
+class WaitSteps:
+    _ctx: TaskContext
+    _s: RunState
+
+    if TYPE_CHECKING:
+
+        def _key(self, name: str) -> str: ...
+        def _record(self, key: str, kind: str) -> StepRecord | None: ...
+        def _guard(self) -> None: ...
+        def _remember(self, key: str, kind: str, attempt: Attempt) -> None: ...
+
+    def _arm(
+        self, key: str, kind: str, rec: StepRecord | None, *, guarded: bool = False, **fields: Any
+    ) -> Attempt:
+        from .context import Attempt
+
+        armed = rec.armed if rec is not None else None
+        if armed is not None:
+            return armed
+        if not guarded:
+            self._guard()
+        attempt_no = len(rec.attempts) + 1 if rec else 1
+        step_id = transitions.start_step(
+            self._s.lease, key, kind, attempt_no, self._s.run_pass, **fields
+        )
+        armed = Attempt(step_id, StepStatus.RUNNING, self._s.run_pass, True,
+                        fields.get("output"), None, fields.get("wake_at"))
+        self._remember(key, kind, armed)
+        return armed
+
+    def _resolve(self, armed: Attempt, *, output: Any = None, error: BaseException | None = None):
+        lease = self._s.lease
+        if error is None:
+            transitions.finish_step(lease, armed.id, StepStatus.COMPLETED, output=output)
+            armed.status, armed.output = StepStatus.COMPLETED, output
+        else:
+            err = {**encode_error(error), "terminal": True}
+            transitions.finish_step(lease, armed.id, StepStatus.FAILED, error=err)
+            armed.status, armed.error = StepStatus.FAILED, err
+
+    def _replayed(self, rec: StepRecord | None) -> tuple[bool, Any]:
+        if rec is None:
+            return False, None
+        if (done := rec.completed) is not None:
+            return True, done.output
+        if (terminal := rec.terminal_error(self._s.run_pass)) is not None:
+            raise rebuild_error(terminal)
+        return False, None
+
+    # -- facts --------------------------------------------------------------------------------
+
+    def wait_for_fact(
+        self,
+        name: str,
+        *,
+        timeout: timedelta | float | None = None,
+        check: Callable[[], Any] | None = None,
+        check_interval: float = 30,
+    ) -> Any:
+        """Return the payload of the oldest fact `name` that no earlier wait of this run took."""
+        key = self._key(name)
+        rec = self._record(key, StepKind.FACT_WAIT)
+        found, value = self._replayed(rec)
+        if found:
+            return value
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        deadline = clock.now() + timedelta(seconds=seconds) if seconds is not None else None
+        armed = self._arm(key, StepKind.FACT_WAIT, rec, wake_at=deadline,
+                          output={"fact": name})
+        lease = self._s.lease
+        while True:
+            taken, payload = transitions.take_fact(lease, armed.id, key, name)
+            if taken:
+                armed.status, armed.output = StepStatus.COMPLETED, payload
+                return payload
+            if check is not None and (result := check()) is not None:
+                result = to_jsonable(result)
+                self._resolve(armed, output=result)
+                return result
+            if armed.wake_at is not None and clock.now() >= armed.wake_at:
+                err = FactTimeoutError(f"no fact {name!r} arrived within {seconds} seconds")
+                self._resolve(armed, error=err)
+                raise err
+            self._ctx.raise_if_canceled()
+            wake = armed.wake_at
+            if check is not None:
+                next_check = clock.now() + timedelta(seconds=check_interval)
+                wake = next_check if wake is None else min(wake, next_check)
+            if transitions.park_run_unless(
+                lease, f"fact:{name}", wake, self._s.deadline_at,
+                lambda: transitions.fact_available(lease.run_id, name),
+            ):
+                raise Suspend(f"waiting for fact {name}")
+
+    # -- child runs ---------------------------------------------------------------------------
+
+    def run_child(
+        self, workflow_or_name: Workflow | str, input: Any = None, *, name: str,
+        queue: str | None = None,
+    ) -> Any:
+        """Start a child run and wait for its output; its failure is raised here."""
+        from .engine import enqueue
+
+        key = self._key(name)
+        rec = self._record(key, StepKind.CHILD)
+        found, value = self._replayed(rec)
+        if found:
+            return value
+        lease = self._s.lease
+        armed = rec.armed if rec is not None else None
+        if armed is None:
+            self._guard()  # outside the transaction: a hand-back must not roll back with it
+            with transaction.atomic():
+                armed = self._arm(key, StepKind.CHILD, rec, guarded=True)
+                child = enqueue(
+                    workflow_or_name, input,
+                    idempotency_key=f"child:{lease.run_id}:{key}",
+                    queue=queue,
+                    trace_id=self._ctx.trace_id,
+                    parent_run_id=lease.run_id,
+                    parent_step=key,
+                )
+            child_id = child.run_id
+        else:
+            child_id = self._child_of(key)
+        while True:
+            status, output, error = transitions.child_outcome(child_id)
+            if status == RunStatus.COMPLETED:
+                self._resolve(armed, output=output)
+                return output
+            if status in FINISHED:
+                exc: BaseException = (
+                    rebuild_error(error) if error else
+                    TaskCanceledError(f"child run {child_id} was {status}")
+                )
+                self._resolve(armed, error=exc)
+                raise exc
+            self._ctx.raise_if_canceled()
+            if transitions.park_run_unless(
+                lease, f"child:{child_id}", None, self._s.deadline_at,
+                lambda: transitions.child_outcome(child_id)[0] in FINISHED,
+            ):
+                raise Suspend(f"waiting for child run {child_id}")
+
+    def _child_of(self, key: str) -> Any:
+        from .models import WorkflowRun
+
+        return (
+            WorkflowRun.objects.filter(parent_run_id=self._s.lease.run_id, parent_step=key)
+            .values_list("pk", flat=True)
+            .get()
+        )
+

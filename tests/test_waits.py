@@ -1,0 +1,142 @@
+"""Facts, timeouts, checks and child runs, executed in-process with a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+import tasks_engine
+from tasks_engine.models import Fact, StepAttempt, WorkflowRun
+from tests.helpers import FakeClock, drain
+from tests.testapp.models import Marker
+
+pytestmark = pytest.mark.django_db
+
+
+def status(run_id) -> str:
+    return WorkflowRun.objects.get(pk=run_id).status
+
+
+def test_fact_signalled_before_the_run_starts_is_seen(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("fact_waiter", {"count": 1})
+    assert tasks_engine.signal(res.run_id, "item", {"n": 1}) == tasks_engine.Signaled(True, "pending")
+    drain(fake_clock)
+    assert tasks_engine.get_run(res.run_id).output == [{"n": 1}]
+
+
+def test_fact_while_waiting_wakes_the_run(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("fact_waiter", {"count": 1})
+    drain(fake_clock, horizon=0)
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert (run.status, run.waiting_on, run.available_at) == ("waiting", "fact:item", None)
+    out = tasks_engine.signal(res.run_id, "item", "payload")
+    assert out.delivered is True
+    assert status(res.run_id) == "pending"
+    drain(fake_clock, horizon=0)
+    assert tasks_engine.get_run(res.run_id).output == ["payload"]
+
+
+def test_a_loop_of_waits_sees_each_fact_once_in_order(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("fact_waiter", {"count": 3})
+    tasks_engine.signal(res.run_id, "item", 1)
+    tasks_engine.signal(res.run_id, "item", 2)
+    drain(fake_clock, horizon=0)
+    assert status(res.run_id) == "waiting"
+    tasks_engine.signal(res.run_id, "item", 3)
+    tasks_engine.signal(res.run_id, "other", "ignored")
+    drain(fake_clock, horizon=0)
+    view = tasks_engine.get_run(res.run_id)
+    assert view.output == [1, 2, 3]
+    assert [s.name for s in view.steps] == ["item", "item#2", "item#3"]
+    assert list(Fact.objects.filter(name="item").values_list("consumed_by", flat=True)) == [
+        "item", "item#2", "item#3"
+    ]
+
+
+def test_fact_timeout_raises_and_replays_as_timeout(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("fact_timeout")
+    drain(fake_clock, horizon=0)
+    assert status(res.run_id) == "waiting"
+    fake_clock.advance(6)
+    drain(fake_clock)  # times out, sleeps, replays (raising the timeout again), completes
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == "completed"
+    assert view.output["got"].startswith("timeout: no fact 'never'")
+    assert [(s.name, s.status) for s in view.steps] == [("never", "failed"), ("after", "completed")]
+    assert WorkflowRun.objects.get(pk=res.run_id).attempts == 3
+
+
+def test_fact_after_timeout_is_not_taken(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("fact_waiter", {"count": 1, "timeout": 5})
+    drain(fake_clock, horizon=0)
+    fake_clock.advance(6)
+    drain(fake_clock, horizon=0)
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == "failed"
+    assert view.error["type"] == "tasks_engine.exceptions.FactTimeoutError"
+    assert tasks_engine.signal(res.run_id, "item", 1) == tasks_engine.Signaled(False, "failed")
+    assert not Fact.objects.exists()
+
+
+def test_check_callable_is_consulted_on_each_interval(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("fact_check")
+    drain(fake_clock, horizon=0)
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert run.status == "waiting" and run.available_at is not None  # wakes to re-check
+    fake_clock.advance(11)
+    drain(fake_clock, horizon=0)
+    assert status(res.run_id) == "waiting"
+    Marker.objects.create(key=f"ready:{res.run_id}", value="from-db")
+    fake_clock.advance(11)
+    drain(fake_clock, horizon=0)
+    assert tasks_engine.get_run(res.run_id).output == {"value": "from-db"}
+
+
+def test_signal_once_cancel_is_requested_is_refused(fake_clock: FakeClock) -> None:
+    from tasks_engine import transitions
+
+    res = tasks_engine.enqueue("fact_waiter")
+    transitions.claim_runs("w", [("fact_waiter", 1)], None, 1, 30)
+    assert tasks_engine.cancel(res.run_id, "stop") is True  # running: request recorded
+    assert tasks_engine.signal(res.run_id, "item", 1) == tasks_engine.Signaled(False, "running")
+    assert not Fact.objects.exists()
+
+
+def test_child_output_flows_back(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("parent", {"value": 21})
+    drain(fake_clock)
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == "completed"
+    assert view.output == {"child": {"double": 42}}
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    assert (child.status, child.parent_step, child.trace_id) == ("completed", "kid", view.trace_id)
+    assert child.idempotency_key == f"child:{res.run_id}:kid"
+
+
+def test_child_failure_is_raised_in_the_parent(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("parent_catches", {"value": 3, "fail": True})
+    drain(fake_clock)
+    assert tasks_engine.get_run(res.run_id).output == "caught: child refused 3"
+
+
+def test_parent_waits_for_a_sleeping_child_and_wakes_when_it_ends(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("parent", {"value": 1, "sleep": 30})
+    drain(fake_clock, horizon=0)
+    parent = WorkflowRun.objects.get(pk=res.run_id)
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    assert (parent.status, parent.waiting_on) == ("waiting", f"child:{child.pk}")
+    assert parent.available_at is None
+    fake_clock.advance(31)
+    drain(fake_clock, horizon=0)
+    assert tasks_engine.get_run(res.run_id).output == {"child": {"double": 2}}
+
+
+def test_canceling_the_parent_cancels_the_child(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("parent", {"value": 1, "sleep": 30})
+    drain(fake_clock, horizon=0)
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    assert tasks_engine.cancel(res.run_id, "user said stop") is True
+    assert status(res.run_id) == "canceled"
+    child.refresh_from_db()
+    assert child.status == "canceled"
+    assert not StepAttempt.objects.filter(status="running").exists()
+    assert tasks_engine.signal(res.run_id, "x") == tasks_engine.Signaled(False, "canceled")

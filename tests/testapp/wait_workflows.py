@@ -1,0 +1,101 @@
+"""Workflows that wait: facts, child runs, cancel-aware steps."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+from pydantic import BaseModel
+
+from tasks_engine import FactTimeoutError, TaskContext, workflow
+
+from .models import Marker, SideEffect
+
+
+class Waits(BaseModel):
+    count: int = 1
+    timeout: float | None = None
+
+
+class Child(BaseModel):
+    value: int = 0
+    fail: bool = False
+    sleep: float = 0.0
+
+
+@workflow(name="fact_waiter", input=Waits)
+def fact_waiter(ctx: TaskContext) -> list:
+    return [
+        ctx.step.wait_for_fact("item", timeout=ctx.input.timeout) for _ in range(ctx.input.count)
+    ]
+
+
+@workflow(name="fact_timeout")
+def fact_timeout(ctx: TaskContext) -> dict:
+    try:
+        ctx.step.wait_for_fact("never", timeout=timedelta(seconds=5))
+        got = "fact"
+    except FactTimeoutError as exc:
+        got = f"timeout: {exc}"
+    ctx.step.sleep("after", 1)  # forces a replay: the timeout must be raised again
+    return {"got": got}
+
+
+@workflow(name="fact_check")
+def fact_check(ctx: TaskContext) -> object:
+    def ready() -> object:
+        row = Marker.objects.filter(key=f"ready:{ctx.run_id}").first()
+        return {"value": row.value} if row else None
+
+    return ctx.step.wait_for_fact("ready", check=ready, check_interval=10)
+
+
+@workflow(name="child_echo", input=Child)
+def child_echo(ctx: TaskContext) -> dict:
+    if ctx.input.sleep:
+        ctx.step.sleep("nap", ctx.input.sleep)
+    if ctx.input.fail:
+        raise ValueError(f"child refused {ctx.input.value}")
+    return {"double": ctx.input.value * 2}
+
+
+@workflow(name="parent", input=Child)
+def parent(ctx: TaskContext) -> dict:
+    out = ctx.step.run_child("child_echo", ctx.input.model_dump(), name="kid")
+    return {"child": out}
+
+
+@workflow(name="parent_catches", input=Child)
+def parent_catches(ctx: TaskContext) -> str:
+    try:
+        ctx.step.run_child("child_echo", ctx.input.model_dump(), name="kid")
+    except ValueError as exc:
+        return f"caught: {exc}"
+    return "no error"
+
+
+@workflow(name="abortable")
+def abortable(ctx: TaskContext) -> str:
+    """A step that loops on the abort signal; the next step must never run after a cancel."""
+
+    def loop() -> str:
+        SideEffect.objects.create(key="loop-start", run_id=ctx.run_id)
+        while not ctx.abort_signal.wait(0.05):
+            pass
+        ctx.raise_if_canceled()
+        return "stopped"
+
+    ctx.step.run("loop", loop)
+    ctx.step.run("next", lambda: SideEffect.objects.create(key="next", run_id=ctx.run_id).pk)
+    return "finished"
+
+
+@workflow(name="busy_step")
+def busy_step(ctx: TaskContext) -> str:
+    def body() -> str:
+        SideEffect.objects.create(key="busy", run_id=ctx.run_id)
+        time.sleep(0.2)
+        return "ok"
+
+    ctx.step.run("body", body)
+    return "done"
