@@ -46,9 +46,8 @@ class Listener(threading.Thread):
                 params.pop("prepare_threshold", None)
                 with psycopg.connect(**params, autocommit=True) as conn:
                     conn.execute(f"LISTEN {CHANNEL}")
-                    if outage:
-                        self.log.info("listener reconnected")
-                        outage = False
+                    self.log.info("listening for wake-ups", reconnected=outage)
+                    outage = False
                     self.on_wake(["reconnected"])
                     self._listen(conn)
             except psycopg.Error as exc:

@@ -100,7 +100,7 @@ def test_sigterm_hands_the_run_back_long_before_the_lease_expires(workers) -> No
 def test_sigkill_in_a_step_that_always_kills_its_worker_ends_failed(workers) -> None:
     res = tasks_engine.enqueue("crasher")
     for i in range(3):
-        w = workers("--lease-seconds", "1", "--poll-interval", "0.2", tag=f"victim{i}")
+        w = workers("--lease-seconds", "1", "--poll-interval", "0.2", "--burst", tag=f"victim{i}")
         try:
             w.wait(30)
         except subprocess.TimeoutExpired:
