@@ -1,0 +1,65 @@
+"""The outbox table. `events.py` writes new and revived rows; `relay.py` writes outcomes."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+
+class EventStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for the relay: due at next_attempt_at (now, or after a backoff)
+    DISPATCHED = "dispatched"  # its route ran and committed with the status change
+    DEAD = "dead"  # max_attempts spent; only an admin retry brings it back
+
+
+class OutboxEvent(models.Model):
+    type = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict, blank=True)
+    idempotency_key = models.CharField(max_length=255, unique=True, null=True, blank=True)
+    status = models.CharField(
+        max_length=16, choices=EventStatus.choices, default=EventStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0, help_text="Dispatch attempts so far.")
+    max_attempts = models.PositiveIntegerField(
+        null=True, blank=True, help_text='Empty: OUTBOX["MAX_ATTEMPTS"].'
+    )
+    next_attempt_at = models.DateTimeField()
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    published_at = models.DateTimeField(null=True, blank=True, help_text="When it was dispatched.")
+
+    class Meta:
+        ordering = ["-id"]
+        verbose_name = "outbox event"
+        permissions = [("retry_outboxevent", "Can retry dead outbox events")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=EventStatus.values), name="outbox_event_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__isnull=True) | Q(max_attempts__gte=1),
+                name="outbox_event_max_attempts_positive",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status="dispatched") | Q(published_at__isnull=False),
+                name="outbox_event_dispatched_has_published_at",
+            ),
+        ]
+        indexes = [
+            # The relay claim reads only this index: dispatched and dead rows are not in it.
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                condition=Q(status="pending"),
+                name="outbox_event_due",
+            ),
+            models.Index(fields=["status", "-id"], name="outbox_event_status"),
+            models.Index(fields=["type", "-id"], name="outbox_event_type"),
+            models.Index(
+                fields=["published_at"],
+                condition=Q(status="dispatched"),
+                name="outbox_event_dispatched",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.pk} ({self.status})"

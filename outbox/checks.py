@@ -1,0 +1,31 @@
+"""System checks for the OUTBOX setting."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.core import checks
+
+from .conf import outbox_settings
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        s = outbox_settings()
+    except (TypeError, ValueError) as exc:
+        return [checks.Error(f"OUTBOX is invalid: {exc}", id="outbox.E001")]
+    errors: list[checks.CheckMessage] = []
+    if s.max_attempts < 1:
+        errors.append(checks.Error("OUTBOX MAX_ATTEMPTS must be >= 1", id="outbox.E002"))
+    if not math.isfinite(s.backoff_base_seconds) or s.backoff_base_seconds < 0:
+        errors.append(
+            checks.Error("OUTBOX BACKOFF_BASE_SECONDS must be a number >= 0", id="outbox.E003")
+        )
+    if not math.isfinite(s.backoff_max_seconds) or s.backoff_max_seconds < s.backoff_base_seconds:
+        errors.append(
+            checks.Error(
+                "OUTBOX BACKOFF_MAX_SECONDS must be >= BACKOFF_BASE_SECONDS", id="outbox.E004"
+            )
+        )
+    return errors
