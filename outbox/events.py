@@ -1,0 +1,101 @@
+"""Writing events: `publish` (on the caller's connection and transaction) and `retry_dead`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from tasks_engine import clock
+
+from .models import EventStatus, OutboxEvent
+from .notify import wake_relay
+
+TYPE_MAX_LENGTH = OutboxEvent._meta.get_field("type").max_length or 200
+KEY_MAX_LENGTH = OutboxEvent._meta.get_field("idempotency_key").max_length or 255
+
+
+def publish(
+    type: str,
+    payload: Any,
+    *,
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+) -> OutboxEvent:
+    """Write an event that the relay will hand to the route of `type`.
+
+    It commits or rolls back with the caller's transaction. With an `idempotency_key` that an
+    event already holds, that event is returned and nothing is written. The payload must be
+    JSON-serialisable (TypeError or ValueError otherwise, and nothing is written); the event
+    holds it as JSON decodes it, which is what the route will see.
+    """
+    _check_args(type, idempotency_key, max_attempts)
+    stored = _as_json(type, payload)
+    if idempotency_key is not None:
+        existing = OutboxEvent.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing
+    now = clock.now()
+    event = OutboxEvent(
+        type=type,
+        payload=stored,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        next_attempt_at=now,
+        created_at=now,
+    )
+    try:
+        # A savepoint: a duplicate key must not poison the caller's transaction.
+        with transaction.atomic():
+            event.save(force_insert=True)
+            wake_relay()
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = OutboxEvent.objects.filter(idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return existing
+    return event
+
+
+def retry_dead(ids: Iterable[int]) -> int:
+    """Put the given dead events back to pending, due now, with a fresh attempt budget.
+
+    Events in any other status are left alone. Returns how many were revived.
+    """
+    with transaction.atomic():
+        revived = OutboxEvent.objects.filter(pk__in=list(ids), status=EventStatus.DEAD).update(
+            status=EventStatus.PENDING, attempts=0, next_attempt_at=clock.now()
+        )
+        if revived:
+            wake_relay()
+    return revived
+
+
+def _as_json(event_type: str, payload: Any) -> Any:
+    """The payload as the route will see it; NaN and infinities are refused (not JSON)."""
+    what = f"outbox payload for {event_type!r} is not JSON-serialisable"
+    try:
+        return json.loads(json.dumps(payload, allow_nan=False))
+    except TypeError as exc:
+        raise TypeError(f"{what}: {exc}") from exc
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from exc
+
+
+def _check_args(type: str, idempotency_key: str | None, max_attempts: int | None) -> None:
+    if not isinstance(type, str) or not type or len(type) > TYPE_MAX_LENGTH:
+        raise ValueError(f"outbox event type must be a string of 1-{TYPE_MAX_LENGTH} characters")
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str)
+        or not idempotency_key
+        or len(idempotency_key) > KEY_MAX_LENGTH
+    ):
+        raise ValueError(f"idempotency_key must be a string of 1-{KEY_MAX_LENGTH} characters")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
