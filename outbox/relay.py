@@ -1,0 +1,198 @@
+"""The relay: hand due events to their routes, exactly once, and record every outcome.
+
+`relay_once(batch)` is one pass in one transaction: claim up to `batch` due pending events
+(`FOR UPDATE SKIP LOCKED` on PostgreSQL, so relays never wait on each other; on SQLite the
+transaction is `BEGIN IMMEDIATE`, which serialises relays), run each route in its own savepoint,
+then write the event's outcome. A route's writes commit together with its event's `dispatched`
+status: a relay killed mid-batch rolls the whole batch back and nothing is dispatched twice.
+A failing route rolls back only its savepoint. `Relay` is the loop around it (`runrelay`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+
+from tasks_engine import clock
+from tasks_engine.logs import get_logger
+from tasks_engine.worker.dbretry import DB_ERRORS, Outage
+
+from .conf import OutboxSettings, outbox_settings
+from .models import EventStatus, OutboxEvent
+from .notify import RelayListener
+from .routes import registry
+
+ERROR_TEXT_LIMIT = 8000
+
+
+class NoRouteError(LookupError):
+    """An event's type has no `@route`: a failed attempt like any other."""
+
+
+@dataclass(frozen=True)
+class RelayCounts:
+    claimed: int = 0
+    dispatched: int = 0
+    retried: int = 0  # failed; pending again after a backoff
+    dead: int = 0  # failed for the last time
+
+
+def relay_once(batch: int = 100) -> RelayCounts:
+    """Dispatch up to `batch` due pending events in one transaction; return what happened."""
+    s = outbox_settings()
+    counts = {EventStatus.DISPATCHED: 0, EventStatus.PENDING: 0, EventStatus.DEAD: 0}
+    with transaction.atomic():
+        # Reads only the partial index on pending rows. Locked rows belong to another relay.
+        events = list(
+            OutboxEvent.objects.filter(status=EventStatus.PENDING, next_attempt_at__lte=clock.now())
+            .order_by("next_attempt_at", "id")
+            .select_for_update(skip_locked=True)[:batch]
+        )
+        for event in events:
+            counts[_dispatch(event, s)] += 1
+    return RelayCounts(
+        claimed=len(events),
+        dispatched=counts[EventStatus.DISPATCHED],
+        retried=counts[EventStatus.PENDING],
+        dead=counts[EventStatus.DEAD],
+    )
+
+
+def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
+    event.attempts += 1
+    found = registry.get(event.type)
+    try:
+        if found is None:
+            raise NoRouteError(f"no route for outbox event type {event.type!r}")
+        with transaction.atomic():
+            found.handler(event)
+    except Exception as exc:  # any route failure is a failed attempt
+        return _failed(event, exc, s)
+    event.status = EventStatus.DISPATCHED
+    event.published_at = clock.now()
+    event.save(update_fields=["attempts", "status", "published_at"])
+    return EventStatus.DISPATCHED
+
+
+def _failed(event: OutboxEvent, exc: Exception, s: OutboxSettings) -> EventStatus:
+    limit = event.max_attempts or s.max_attempts
+    event.last_error = _describe(exc)
+    log = get_logger(event_id=event.pk, type=event.type, attempts=event.attempts)
+    if event.attempts >= limit:
+        event.status = EventStatus.DEAD
+        log.error("outbox event is dead", error=str(exc), max_attempts=limit)
+    else:
+        event.next_attempt_at = clock.now() + s.backoff(event.attempts)
+        log.warning("outbox route failed; will retry", error=str(exc),
+                    next_attempt_at=event.next_attempt_at.isoformat())
+    event.save(update_fields=["attempts", "status", "last_error", "next_attempt_at"])
+    return EventStatus(event.status)
+
+
+def _describe(exc: Exception) -> str:
+    """One summary line, then the traceback (its tail, if long)."""
+    trace = "".join(traceback.format_exception(exc))
+    if len(trace) > ERROR_TEXT_LIMIT:
+        trace = "...\n" + trace[-ERROR_TEXT_LIMIT:]
+    return f"{type(exc).__name__}: {exc}\n\n{trace}"
+
+
+def next_due_in() -> float | None:
+    """Seconds until the earliest pending event is due (<= 0: due now), None if none is pending."""
+    at = (
+        OutboxEvent.objects.filter(status=EventStatus.PENDING)
+        .order_by("next_attempt_at")
+        .values_list("next_attempt_at", flat=True)
+        .first()
+    )
+    return None if at is None else (at - clock.now()).total_seconds()
+
+
+# -- the loop ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    batch: int = 100
+    poll_interval: float = 1.0
+    burst: bool = False
+
+
+class Relay:
+    """`relay_once` until stopped. Woken by NOTIFY on PostgreSQL, polling otherwise (and as a
+    fallback). SIGTERM/SIGINT: finish the current batch, exit 0; a second signal exits at once."""
+
+    def __init__(self, config: RelayConfig) -> None:
+        self.config = config
+        self.log = get_logger(relay_id=f"{socket.gethostname()}:{os.getpid()}")
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self._signals = 0
+
+    def run(self) -> int:
+        previous = self._install_signal_handlers()
+        try:
+            self._loop()
+        finally:
+            self.stopping.set()  # also stops the listener
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            connection.close()
+        self.log.info("relay stopped")
+        return 0
+
+    def _loop(self) -> None:
+        self.log.info("relay started", batch=self.config.batch, burst=self.config.burst,
+                      poll_interval=self.config.poll_interval)
+        if connection.vendor == "postgresql" and not self.config.burst:
+            RelayListener(self.wake.set, self.stopping, self.log).start()
+        outage = Outage(self.log, "relay")
+        while not self.stopping.is_set():
+            self.wake.clear()  # a NOTIFY arriving during the pass triggers another pass
+            try:
+                counts = relay_once(self.config.batch)
+                # After a non-empty pass look again at once; idle only after an empty one.
+                delay = 0.0 if counts.claimed else self._idle_delay()
+                outage.ok()
+            except DB_ERRORS as exc:
+                self.stopping.wait(outage.failed(exc))
+                continue
+            if counts.claimed:
+                self.log.info("relay pass", claimed=counts.claimed, dispatched=counts.dispatched,
+                              retried=counts.retried, dead=counts.dead)
+            if self.config.burst:
+                if not counts.claimed:
+                    break
+                continue
+            if delay > 0:
+                self.wake.wait(delay)
+
+    def _idle_delay(self) -> float:
+        due_in = next_due_in()
+        # Due now yet not claimed: another relay holds it. Its outcome is that relay's job.
+        if due_in is None or due_in <= 0:
+            return self.config.poll_interval
+        return min(self.config.poll_interval, due_in)
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        """Returns the handlers it replaced (restored on return, for in-process callers)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            os._exit(1)  # second signal: exit at once; the open batch rolls back
+        self.request_stop()

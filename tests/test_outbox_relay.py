@@ -1,0 +1,176 @@
+"""relay_once: dispatch in one transaction, savepoint per route, backoff, dead events, pruning."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from outbox import publish, retry_dead
+from outbox.maintenance import prune_dispatched
+from outbox.models import EventStatus, OutboxEvent
+from outbox.relay import RelayCounts, next_due_in, relay_once
+from tasks_engine import clock
+from tasks_engine.models import WorkflowRun
+from tests.testapp.models import Marker, SideEffect
+
+from .helpers import FakeClock
+
+pytestmark = pytest.mark.django_db
+
+
+def effects() -> list[str]:
+    return sorted(SideEffect.objects.values_list("key", flat=True))
+
+
+def test_route_enqueues_a_run_in_the_dispatch_transaction() -> None:
+    publish("test.enqueue_noop", {"n": 7})
+    assert relay_once(10) == RelayCounts(claimed=1, dispatched=1)
+    run = WorkflowRun.objects.get()
+    assert (run.task_name, run.input) == ("noop", {"n": 7})
+    assert relay_once(10) == RelayCounts()  # dispatched events are not claimed again
+
+
+def test_batch_limits_the_claim_and_oldest_go_first() -> None:
+    for i in range(5):
+        publish("test.record", {"key": i})
+    assert relay_once(2).dispatched == 2
+    assert effects() == ["outbox:0", "outbox:1"]
+    assert relay_once(10).dispatched == 3
+    assert OutboxEvent.objects.filter(status="dispatched", attempts=1).count() == 5
+
+
+def test_failing_route_rolls_back_only_its_own_savepoint() -> None:
+    publish("test.record", {"key": "before"})
+    bad = publish("test.write_then_fail", {"key": "undone"})
+    publish("test.record", {"key": "after"})
+    assert relay_once(10) == RelayCounts(claimed=3, dispatched=2, retried=1)
+    assert effects() == ["outbox:after", "outbox:before"]  # the failed route's row is gone
+    bad.refresh_from_db()
+    assert (bad.status, bad.attempts, bad.published_at) == ("pending", 1, None)
+    assert bad.last_error.startswith("RouteBroken: failed after writing")
+    assert "Traceback" in bad.last_error
+
+
+def test_type_without_a_route_is_a_failed_attempt() -> None:
+    event = publish("test.nobody_listens", {})
+    assert relay_once(10).retried == 1
+    event.refresh_from_db()
+    assert event.status == "pending" and event.attempts == 1
+    assert "no route for outbox event type 'test.nobody_listens'" in event.last_error
+
+
+def test_failures_back_off_exponentially_then_the_event_is_dead(fake_clock: FakeClock) -> None:
+    event = publish("test.always_fails", {})
+    for attempt in range(1, 10):
+        assert relay_once(10) == RelayCounts(claimed=1, retried=1)
+        event.refresh_from_db()
+        assert event.attempts == attempt
+        delay = event.next_attempt_at - clock.now()
+        assert delay == timedelta(seconds=2 ** (attempt - 1))
+        assert relay_once(10).claimed == 0  # not due before its backoff ends
+        fake_clock.advance(delay.total_seconds() - 0.001)
+        assert relay_once(10).claimed == 0
+        fake_clock.advance(0.001)
+    assert relay_once(10) == RelayCounts(claimed=1, dead=1)  # MAX_ATTEMPTS = 10
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == (EventStatus.DEAD, 10)
+    assert event.last_error.startswith("RouteBroken: route is broken (attempt 10)")
+    fake_clock.advance(3600)
+    assert relay_once(10).claimed == 0  # dead events are never claimed again
+
+
+@override_settings(OUTBOX={"MAX_ATTEMPTS": 10, "BACKOFF_BASE_SECONDS": 0.5,
+                           "BACKOFF_MAX_SECONDS": 3})
+def test_backoff_is_capped(fake_clock: FakeClock) -> None:
+    event = publish("test.always_fails", {})
+    delays = []
+    for _ in range(6):
+        relay_once(10)
+        event.refresh_from_db()
+        delay = (event.next_attempt_at - clock.now()).total_seconds()
+        delays.append(delay)
+        fake_clock.advance(delay)
+    assert delays == [0.5, 1, 2, 3, 3, 3]
+
+
+def test_event_max_attempts_overrides_the_setting(fake_clock: FakeClock) -> None:
+    event = publish("test.always_fails", {}, max_attempts=2)
+    relay_once(10)
+    fake_clock.advance(1)
+    assert relay_once(10).dead == 1
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("dead", 2)
+
+
+def test_attempts_count_the_successful_one_too(fake_clock: FakeClock) -> None:
+    event = publish("test.flaky", {"fail_times": 2, "key": "f"})
+    relay_once(10)
+    fake_clock.advance(1)
+    relay_once(10)
+    fake_clock.advance(2)
+    assert relay_once(10).dispatched == 1
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("dispatched", 3)
+    assert event.last_error.startswith("RouteBroken: flaky failure on attempt 2")
+    assert effects() == ["outbox:f"]
+
+
+def test_retry_dead_revives_only_dead_events(fake_clock: FakeClock) -> None:
+    dead = publish("test.needs_marker", {"key": "r"}, max_attempts=1)
+    pending = publish("test.always_fails", {})
+    relay_once(10)
+    fake_clock.advance(30)
+    assert retry_dead([dead.pk, pending.pk, 999_999]) == 1
+    dead.refresh_from_db()
+    assert (dead.status, dead.attempts, dead.next_attempt_at) == ("pending", 0, clock.now())
+    pending.refresh_from_db()
+    assert pending.attempts == 1
+    Marker.objects.create(key="r")
+    relay_once(10)
+    dead.refresh_from_db()
+    assert (dead.status, dead.attempts) == ("dispatched", 1)
+
+
+def test_next_due_in_reports_the_earliest_pending_event(fake_clock: FakeClock) -> None:
+    assert next_due_in() is None
+    publish("test.always_fails", {})
+    assert next_due_in() == 0
+    relay_once(10)
+    assert next_due_in() == 1.0
+
+
+def test_prune_deletes_only_old_dispatched_events(fake_clock: FakeClock) -> None:
+    old = publish("test.record", {"key": "old"})
+    relay_once(10)
+    fake_clock.advance(3600)
+    publish("test.record", {"key": "new"})
+    relay_once(10)
+    failing = publish("test.always_fails", {})
+    relay_once(10)
+    assert prune_dispatched(clock.now() - timedelta(minutes=30)) == 1
+    assert not OutboxEvent.objects.filter(pk=old.pk).exists()
+    assert OutboxEvent.objects.filter(pk=failing.pk).exists()
+    assert OutboxEvent.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_runrelay_burst_dispatches_everything_due_then_returns() -> None:
+    for i in range(5):
+        publish("test.record", {"key": i})
+    publish("test.always_fails", {})
+    call_command("runrelay", "--burst", "--batch", "2")
+    assert OutboxEvent.objects.filter(status="dispatched").count() == 5
+    assert OutboxEvent.objects.get(type="test.always_fails").attempts == 1  # backed off, not due
+    assert len(effects()) == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tasks_prune_command_prunes_dispatched_events() -> None:
+    publish("test.record", {"key": "x"})
+    relay_once(10)
+    OutboxEvent.objects.update(published_at=clock.now() - timedelta(days=10))
+    call_command("tasks", "prune", "--older-than", "7")
+    assert not OutboxEvent.objects.exists()
