@@ -130,6 +130,14 @@ def run_command(*args: str) -> subprocess.CompletedProcess[str]:
         ["runworker", "--concurrency", "0"],
         ["runworker", "--lease-seconds", "abc"],
         ["runworker", "--bogus"],
+        ["tasks", "enqueue", "noop", "--input", "{bad json"],
+        ["tasks", "enqueue", "nope"],
+        ["tasks", "enqueue", "noop", "--input", '{"n": "x"}'],
+        ["tasks", "signal", "00000000-0000-0000-0000-000000000001", "x"],
+        ["tasks", "cancel", "not-a-uuid"],
+        ["tasks", "inspect"],
+        ["tasks", "bogus"],
+        ["tasks", "prune", "--older-than", "-1"],
     ],
 )
 def test_bad_worker_arguments_fail_with_one_line(args: list[str]) -> None:
