@@ -47,7 +47,16 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], tuple[str, str]] = {
     ),
     (RunStatus.RUNNING, RunStatus.WAITING): ("sleep, fact wait or child wait", "park_run"),
     (RunStatus.RUNNING, RunStatus.CANCELED): ("cancel reached the worker", "cancel_running_run"),
-    (RunStatus.WAITING, RunStatus.PENDING): ("timer due, fact or child arrived", "wake_runs"),
+    (RunStatus.WAITING, RunStatus.RUNNING): ("timer due (sleep, timeout, deadline)", "claim_runs"),
+    (RunStatus.WAITING, RunStatus.PENDING): ("fact signalled or child finished", "wake_run"),
     (RunStatus.PENDING, RunStatus.CANCELED): ("canceled before it ran", "cancel_idle_run"),
     (RunStatus.WAITING, RunStatus.CANCELED): ("canceled while waiting", "cancel_idle_run"),
 }
+
+
+def mermaid() -> str:
+    """The run state machine as a mermaid flowchart, edges labelled with their causes."""
+    lines = ["flowchart LR", "    start(( )) -- enqueue --> pending"]
+    for (src, dst), (cause, fn) in TRANSITIONS.items():
+        lines.append(f"    {src} -- \"{cause} ({fn})\" --> {dst}")
+    return "\n".join(lines) + "\n"
