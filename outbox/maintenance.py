@@ -1,4 +1,4 @@
-"""Pruning of dispatched events (filled in with the outbox model)."""
+"""Pruning of dispatched events (`manage.py tasks prune`). Pending and dead events are kept."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ from datetime import datetime
 
 
 def prune_dispatched(cutoff: datetime) -> int:
-    from django.apps import apps
+    """Delete events dispatched before `cutoff`; return how many were deleted."""
+    from .models import EventStatus, OutboxEvent
 
-    try:
-        model = apps.get_model("outbox", "OutboxEvent")
-    except LookupError:
-        return 0
-    deleted, _ = model.objects.filter(status="dispatched", published_at__lt=cutoff).delete()
+    deleted, _ = OutboxEvent.objects.filter(
+        status=EventStatus.DISPATCHED, published_at__lt=cutoff
+    ).delete()
     return deleted

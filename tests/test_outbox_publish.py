@@ -181,5 +181,5 @@ def test_publish_notifies_the_relay_only_on_commit() -> None:
         with transaction.atomic():
             for i in range(3):
                 publish("test.record", {"key": i})
-        got = list(listener.notifies(timeout=2.0, stop_after=2))
+        got = list(listener.notifies(timeout=0.5, stop_after=2))
         assert [n.channel for n in got] == [CHANNEL]  # folded into one per transaction
