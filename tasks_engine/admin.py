@@ -1,0 +1,321 @@
+"""The admin: a read-only inspector of runs, steps, facts and the op ledger, plus cancel.
+
+Nothing here writes an engine row. Add, change and delete answer 403 for everyone, superusers
+included; a run's change page (GET) is the read-only run page, and any POST to it is refused.
+Cancel (`admin_cancel.py`) goes through `tasks_engine.engine.cancel`.
+Lists stay fast on millions of rows: see `admin_paging.py`, `admin_stats.py`, `admin_filters.py`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+from django.utils.timesince import timesince
+
+from . import admin_stats, clock
+from .admin_cancel import CancelMixin
+from .admin_filters import QueueFilter, TaskFilter, VersionFilter, search_runs
+from .admin_paging import CappedPaginator, RunPaginator
+from .admin_run_page import elapsed, humanize_seconds, run_page
+from .models import Fact, OpLedger, StepAttempt, WorkflowRun
+from .states import RunStatus
+
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def status_badge(status: str, extra: str = "") -> str:
+    return format_html('<span class="te-badge te-{}">{}</span>{}', status, status, extra)
+
+
+def run_link(run_id: Any) -> str:
+    if run_id is None:
+        return "-"
+    url = reverse("admin:tasks_engine_workflowrun_change", args=[run_id])
+    return format_html('<a href="{}" class="te-mono">{}</a>', url, str(run_id)[:8])
+
+
+def when(value: Any) -> str:
+    """A relative time ("3 minutes ago") with the exact local time as its tooltip."""
+    if value is None:
+        return ""
+    now = clock.now()
+    recent = (now - value).total_seconds() < 60
+    ago = "just now" if recent else f"{timesince(value, now, depth=1)} ago"
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        value.isoformat(),
+        timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z"),
+        ago,
+    )
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """No add, change or delete for anyone; lists without full-table counts or facets."""
+
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = CappedPaginator
+    list_per_page = 50
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        if request.method not in SAFE_METHODS:
+            raise PermissionDenied
+        return super().change_view(request, object_id, form_url, extra_context)
+
+
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
+    list_display = (
+        "short_id", "task", "status_badge", "queue", "priority", "attempts", "waits_on",
+        "created", "duration",
+    )
+    list_display_links = ("short_id",)
+    list_filter = (
+        "status", TaskFilter, VersionFilter, QueueFilter, ("created_at", admin.DateFieldListFilter)
+    )
+    search_fields = ("id",)  # shows the search box; get_search_results does the matching
+    search_help_text = "Exact run id (or its first 8 characters), idempotency key or trace id."
+    ordering = ("-created_at",)
+    sortable_by = ("created",)
+    actions = ("cancel_selected",)
+
+    def get_urls(self) -> list[Any]:
+        return self.cancel_urls() + super().get_urls()
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        return search_runs(queryset, search_term), False
+
+    def get_paginator(
+        self, request: HttpRequest, queryset: QuerySet, per_page: int, orphans: int = 0,
+        allow_empty_first_page: bool = True,
+    ) -> RunPaginator:
+        status = request.GET.get("status__exact")
+        return RunPaginator(
+            queryset, per_page, orphans, allow_empty_first_page,
+            statuses=[status] if status else None,
+        )
+
+    # -- columns ---------------------------------------------------------------------------
+
+    @admin.display(description="run")
+    def short_id(self, run: WorkflowRun) -> str:
+        return format_html('<span class="te-mono" title="{}">{}</span>', run.pk, str(run.pk)[:8])
+
+    @admin.display(description="task")
+    def task(self, run: WorkflowRun) -> str:
+        child = mark_safe('<span class="te-muted" title="child run">↳ </span>')
+        return format_html(
+            '{}{}<span class="te-muted">@{}</span>',
+            child if run.parent_run_id else "", run.task_name, run.version,
+        )
+
+    @admin.display(description="status")
+    def status_badge(self, run: WorkflowRun) -> str:
+        extra = ""
+        if run.status == RunStatus.RUNNING and run.cancel_requested_at:
+            extra = format_html(' <span class="te-note">cancel requested</span>')
+        elif run.status == RunStatus.RUNNING and isinstance(run.progress, dict):
+            total, done = run.progress.get("total"), run.progress.get("done")
+            if isinstance(total, int | float) and isinstance(done, int | float) and total > 0:
+                extra = format_html(
+                    ' <span class="te-minibar" title="{} / {}"><span style="width:{}%">'
+                    "</span></span>",
+                    done, total, round(min(done / total, 1) * 100),
+                )
+        return status_badge(run.status, extra)
+
+    @admin.display(description="waits on", empty_value="")
+    def waits_on(self, run: WorkflowRun) -> str:
+        if run.status == RunStatus.WAITING:
+            wake = ""
+            if run.available_at:
+                wake = format_html(
+                    '<br><span class="te-muted" title="{}">wakes in {}</span>',
+                    timezone.localtime(run.available_at).strftime("%Y-%m-%d %H:%M:%S %Z"),
+                    timesince(clock.now(), run.available_at, depth=1),
+                )
+            return format_html('<span class="te-mono">{}</span>{}', run.waiting_on or "-", wake)
+        if run.status == RunStatus.PENDING and run.available_at and run.available_at > clock.now():
+            return format_html(
+                '<span class="te-muted">due in {}</span>', timesince(clock.now(), run.available_at)
+            )
+        return ""
+
+    @admin.display(description="created", ordering="created_at")
+    def created(self, run: WorkflowRun) -> str:
+        return when(run.created_at)
+
+    @admin.display(description="duration")
+    def duration(self, run: WorkflowRun) -> str:
+        return humanize_seconds(elapsed(run.started_at, run.finished_at, clock.now()))
+
+    # -- views -----------------------------------------------------------------------------
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        counts = admin_stats.status_counts()
+        current = request.GET.get("status__exact", "")
+        extra = {
+            "title": "Workflow runs",
+            "status_counts": counts,
+            "status_bars": admin_stats.status_bars(counts),
+            "throughput": admin_stats.throughput(),
+            "current_status": current,
+            **(extra_context or {}),
+        }
+        return super().changelist_view(request, extra)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        """The read-only run page."""
+        if request.method not in SAFE_METHODS:
+            raise PermissionDenied
+        run = (
+            WorkflowRun.objects.select_related("parent_run")
+            .filter(pk=self._pk_or_none(unquote(object_id)))
+            .first()
+        )
+        if run is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_view_permission(request, run):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            **run_page(run),
+            "title": f"{run.task_name}@{run.version}",
+            "opts": self.opts,
+            "original": run,
+            "change": True,
+            "has_view_permission": True,
+            "can_cancel": run.status in {"pending", "running", "waiting"}
+            and run.cancel_requested_at is None
+            and self.has_cancel_permission(request, run),
+            "cancel_url": reverse("admin:tasks_engine_workflowrun_cancel", args=[run.pk]),
+            "history_url": reverse("admin:tasks_engine_workflowrun_history", args=[run.pk]),
+            **(extra_context or {}),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request, "admin/tasks_engine/workflowrun/change_form.html", context
+        )
+
+    def _pk_or_none(self, object_id: str) -> Any:
+        try:
+            return WorkflowRun._meta.pk.to_python(object_id)
+        except Exception:
+            return None
+
+
+@admin.register(StepAttempt)
+class StepAttemptAdmin(ReadOnlyAdmin):
+    list_display = ("id", "run_short", "name", "kind", "attempt", "status_badge", "started", "took")
+    list_filter = ("status", "kind")
+    search_fields = ("run__id",)
+    search_help_text = "Exact run id."
+    ordering = ("-id",)
+    sortable_by = ("id",)
+
+    def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
+        return _by_run_id(queryset, search_term), False
+
+    @admin.display(description="run")
+    def run_short(self, step: StepAttempt) -> str:
+        return run_link(step.run_id)
+
+    @admin.display(description="status")
+    def status_badge(self, step: StepAttempt) -> str:
+        return status_badge(step.status)
+
+    @admin.display(description="started")
+    def started(self, step: StepAttempt) -> str:
+        return when(step.started_at)
+
+    @admin.display(description="took")
+    def took(self, step: StepAttempt) -> str:
+        return humanize_seconds(elapsed(step.started_at, step.finished_at, clock.now()))
+
+
+@admin.register(Fact)
+class FactAdmin(ReadOnlyAdmin):
+    list_display = ("id", "run_short", "name", "consumed_by", "created")
+    search_fields = ("run__id",)
+    search_help_text = "Exact run id."
+    ordering = ("-id",)
+    sortable_by = ("id",)
+
+    def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
+        return _by_run_id(queryset, search_term), False
+
+    @admin.display(description="run")
+    def run_short(self, fact: Fact) -> str:
+        return run_link(fact.run_id)
+
+    @admin.display(description="created")
+    def created(self, fact: Fact) -> str:
+        return when(fact.created_at)
+
+
+@admin.register(OpLedger)
+class OpLedgerAdmin(ReadOnlyAdmin):
+    list_display = ("op_key", "run_short", "step_name", "status_badge", "created", "updated")
+    list_filter = ("status",)
+    search_fields = ("op_key",)
+    search_help_text = "Exact op key or run id."
+    ordering = ("-id",)
+    sortable_by = ()
+
+    def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        return _by_run_id(queryset, term) | queryset.filter(op_key=term), False
+
+    @admin.display(description="run")
+    def run_short(self, op: OpLedger) -> str:
+        return run_link(op.run_id)
+
+    @admin.display(description="status")
+    def status_badge(self, op: OpLedger) -> str:
+        return status_badge(op.status)
+
+    @admin.display(description="created")
+    def created(self, op: OpLedger) -> str:
+        return when(op.created_at)
+
+    @admin.display(description="updated")
+    def updated(self, op: OpLedger) -> str:
+        return when(op.updated_at)
+
+
+def _by_run_id(queryset: QuerySet, term: str) -> QuerySet:
+    term = term.strip()
+    if not term:
+        return queryset
+    try:
+        return queryset.filter(run_id=uuid.UUID(term))
+    except ValueError:
+        return queryset.none()

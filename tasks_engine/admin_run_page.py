@@ -1,0 +1,151 @@
+"""What the admin's run page shows: header, progress, timeline, facts, ledger, family.
+
+Pure presentation: reads rows (a fixed number of queries, whatever the run's size) and turns
+them into plain values for `templates/admin/tasks_engine/workflowrun/change_form.html`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import clock
+from .models import Fact, OpLedger, StepAttempt, WorkflowRun
+from .states import ACTIVE
+
+# Rows shown per section; the engine caps step attempts per run at MAX_STEP_ATTEMPTS_PER_RUN.
+MAX_STEPS = 1000
+MAX_FACTS = 200
+MAX_OPS = 200
+MAX_CHILDREN = 100
+REFRESH_SECONDS = 5
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def humanize_seconds(seconds: float | None) -> str:
+    """0.042 -> 42 ms, 75 -> 1 m 15 s, 90000 -> 1 d 1 h."""
+    if seconds is None:
+        return ""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    units = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+    parts = []
+    rest = int(seconds)
+    for name, size in units:
+        if rest >= size:
+            parts.append(f"{rest // size} {name}")
+            rest %= size
+        if len(parts) == 2:
+            break
+    return " ".join(parts)
+
+
+def elapsed(start: datetime | None, end: datetime | None, now: datetime) -> float | None:
+    if start is None:
+        return None
+    return max(((end or now) - start).total_seconds(), 0.0)
+
+
+def progress_view(progress: Any) -> dict[str, Any] | None:
+    """{"done", "total", "message"} -> percent (None when the total is unknown) and labels."""
+    if not isinstance(progress, dict):
+        return None
+    done, total = progress.get("done"), progress.get("total")
+    percent = None
+    if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
+        percent = max(0.0, min(100.0, done / total * 100))
+    return {
+        "done": done,
+        "total": total,
+        "message": progress.get("message") or "",
+        "percent": None if percent is None else round(percent, 1),
+    }
+
+
+@dataclass(frozen=True)
+class TimelineRow:
+    step: StepAttempt
+    duration: str
+    offset: float  # percent of the run's span before the attempt started
+    width: float  # percent of the span the attempt took
+    open: bool  # still running
+
+
+def timeline(run: WorkflowRun, steps: list[StepAttempt], now: datetime) -> list[TimelineRow]:
+    """Each attempt as a bar on the run's time axis (first start to last end, or now)."""
+    if not steps:
+        return []
+    starts = [s.started_at for s in steps] + ([run.started_at] if run.started_at else [])
+    origin = min(starts)
+    ends = [s.finished_at or now for s in steps]
+    end = max([*ends, run.finished_at or (now if run.status in ACTIVE else origin)])
+    span = max((end - origin).total_seconds(), 0.001)
+    rows = []
+    for s in steps:
+        finish = s.finished_at or (now if run.status in ACTIVE else s.started_at)
+        offset = (s.started_at - origin).total_seconds() / span * 100
+        width = max((finish - s.started_at).total_seconds() / span * 100, 0.4)
+        rows.append(
+            TimelineRow(
+                step=s,
+                duration=humanize_seconds(elapsed(s.started_at, finish, now)),
+                offset=round(min(offset, 99.6), 2),
+                width=round(min(width, 100 - min(offset, 99.6)), 2),
+                open=s.finished_at is None,
+            )
+        )
+    return rows
+
+
+def run_page(run: WorkflowRun) -> dict[str, Any]:
+    """Context for the run page. Five queries: steps, facts, ops, children (+ the run itself)."""
+    now = clock.now()
+    steps = list(StepAttempt.objects.filter(run_id=run.pk).order_by("id")[:MAX_STEPS])
+    facts = list(Fact.objects.filter(run_id=run.pk).order_by("id")[: MAX_FACTS + 1])
+    ops = list(OpLedger.objects.filter(run_id=run.pk).order_by("created_at", "id")[: MAX_OPS + 1])
+    children = list(
+        WorkflowRun.objects.filter(parent_run_id=run.pk)
+        .only("id", "task_name", "version", "status", "parent_step", "created_at", "finished_at")
+        .order_by("created_at")[: MAX_CHILDREN + 1]
+    )
+    error = run.error if isinstance(run.error, dict) or not run.error else {"message": run.error}
+    active = run.status in ACTIVE
+    return {
+        "run": run,
+        "active": active,
+        "refresh_seconds": REFRESH_SECONDS if active else None,
+        "duration": humanize_seconds(elapsed(run.started_at, run.finished_at, now)),
+        "queued_for": humanize_seconds(elapsed(run.created_at, run.started_at, now)),
+        "progress": progress_view(run.progress),
+        "input_json": pretty_json(run.input),
+        "output_json": None if run.output is None else pretty_json(run.output),
+        "error": error,
+        "timeline": timeline(run, steps, now),
+        "steps_truncated": len(steps) >= MAX_STEPS,
+        "facts": [(f, pretty_json(f.payload)) for f in facts[:MAX_FACTS]],
+        "facts_truncated": len(facts) > MAX_FACTS,
+        "ops": [(o, pretty_json(o.result)) for o in ops[:MAX_OPS]],
+        "ops_truncated": len(ops) > MAX_OPS,
+        "children": children[:MAX_CHILDREN],
+        "children_truncated": len(children) > MAX_CHILDREN,
+        "wait": wait_description(run),
+        "now": now,
+    }
+
+
+def wait_description(run: WorkflowRun) -> dict[str, Any] | None:
+    """What a waiting run waits on ("fact", "download-done"), and until when; or a pending
+    run's future due time (retry backoff, deferred start)."""
+    if run.status == "waiting":
+        kind, _, name = run.waiting_on.partition(":")
+        return {"kind": kind or "wait", "name": name or run.waiting_on, "until": run.available_at}
+    if run.status == "pending" and run.available_at and run.available_at > clock.now():
+        return {"kind": "due", "name": "", "until": run.available_at}
+    return None
