@@ -36,6 +36,10 @@ class NoRouteError(LookupError):
     """An event's type has no `@route`: a failed attempt like any other."""
 
 
+class SwallowedDatabaseError(RuntimeError):
+    """The route caught a database error that doomed its writes, and returned as if it worked."""
+
+
 @dataclass(frozen=True)
 class RelayCounts:
     claimed: int = 0
@@ -73,6 +77,13 @@ def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
             raise NoRouteError(f"no route for outbox event type {event.type!r}")
         with transaction.atomic():
             found.handler(event)
+            # Django would roll this savepoint back without a word: the route's writes are
+            # gone, so this is a failed attempt, not a dispatch.
+            if transaction.get_rollback():
+                raise SwallowedDatabaseError(
+                    "the route caught a database error inside an atomic block and returned; "
+                    "its writes were rolled back"
+                )
     except Exception as exc:  # any route failure is a failed attempt
         return _failed(event, exc, s)
     event.status = EventStatus.DISPATCHED

@@ -54,6 +54,17 @@ def test_failing_route_rolls_back_only_its_own_savepoint() -> None:
     assert "Traceback" in bad.last_error
 
 
+def test_route_that_swallows_a_database_error_is_a_failed_attempt() -> None:
+    event = publish("test.swallows_db_error", {"key": "lost"})
+    publish("test.record", {"key": "fine"})
+    assert relay_once(10) == RelayCounts(claimed=2, dispatched=1, retried=1)
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("pending", 1)
+    assert event.last_error.startswith("SwallowedDatabaseError: the route caught")
+    assert effects() == ["outbox:fine"]
+    assert not Marker.objects.exists()
+
+
 def test_type_without_a_route_is_a_failed_attempt() -> None:
     event = publish("test.nobody_listens", {})
     assert relay_once(10).retried == 1

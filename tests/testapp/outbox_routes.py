@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+from django.db import IntegrityError, transaction
+
 import tasks_engine
 from outbox import route
 from outbox.models import OutboxEvent
@@ -66,3 +68,15 @@ def needs_marker(event: OutboxEvent) -> None:
     if not Marker.objects.filter(key=key).exists():
         raise RouteBroken(f"marker {key!r} is missing")
     SideEffect.objects.create(key=f"outbox:{key}")
+
+
+@route("test.swallows_db_error")
+def swallows_db_error(event: OutboxEvent) -> None:
+    """Catches an IntegrityError from an atomic block without a savepoint, then returns."""
+    SideEffect.objects.create(key=f"outbox:{event.payload['key']}")
+    try:
+        with transaction.atomic(savepoint=False):
+            Marker.objects.create(key="twice")
+            Marker.objects.create(key="twice")
+    except IntegrityError:
+        pass
