@@ -1,0 +1,240 @@
+"""The runs list and the run page: what they show, and that their query count does not grow
+with the number of runs, steps, facts or ledger entries."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.cache import cache
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from tasks_engine import admin_paging, admin_stats, clock
+from tasks_engine.admin_paging import CappedPaginator, RunPaginator
+from tasks_engine.models import Fact, OpLedger, WorkflowRun
+from tests.browser.rundata import add_step, make_many, make_run, make_showcase
+
+pytestmark = pytest.mark.django_db
+
+LIST = reverse("admin:tasks_engine_workflowrun_changelist")
+
+
+def run_url(run: WorkflowRun) -> str:
+    return reverse("admin:tasks_engine_workflowrun_change", args=[run.pk])
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    cache.clear()
+
+
+def count_queries(client: Client, path: str) -> tuple[int, bytes]:
+    cache.clear()
+    with CaptureQueriesContext(connection) as ctx:
+        response = client.get(path)
+    assert response.status_code == 200
+    return len(ctx.captured_queries), response.content
+
+
+def shown_ids(content: bytes) -> list[str]:
+    return re.findall(r'<span class="te-mono" title="([0-9a-f-]{36})">', content.decode())
+
+
+# -- query counts -----------------------------------------------------------------------------
+
+
+def test_list_query_count_does_not_grow_with_rows(admin_client: Client) -> None:
+    make_many(20, steps_per_run=2)
+    small, _ = count_queries(admin_client, LIST)
+    make_many(400, steps_per_run=2)
+    large, content = count_queries(admin_client, LIST)
+    assert len(shown_ids(content)) == 50
+    print(f"runs list: {small} queries with 20 runs, {large} with 420")
+    assert large == small
+    assert large <= 9  # session, user, count, page, status strip, throughput (+ savepoints)
+
+
+@pytest.mark.parametrize("query", ["?status__exact=running", "?task=noop&queue=default",
+                                   "?q=noop", "?p=3"])
+def test_filtered_list_query_count_is_bounded(admin_client: Client, query: str) -> None:
+    make_many(200)
+    n, _ = count_queries(admin_client, LIST + query)
+    print(f"runs list {query}: {n} queries")
+    assert n <= 9
+
+
+def test_run_page_query_count_does_not_grow_with_steps(admin_client: Client) -> None:
+    small = make_run("running", progress={"done": 1, "total": 4})
+    add_step(small, "a", small.created_at, 1.0)
+    big = make_run("running", progress={"done": 1, "total": 4})
+    for i in range(300):
+        add_step(big, f"s{i}", big.created_at + timedelta(seconds=i), 0.5)
+    for i in range(50):
+        Fact.objects.create(run=big, name=f"f{i}", payload={"i": i}, created_at=big.created_at)
+        OpLedger.objects.create(op_key=f"op{i}", run=big, attempt_token=uuid.uuid4(),
+                                status="done", created_at=big.created_at,
+                                updated_at=big.created_at)
+        make_run("completed", parent_run=big)
+    n_small, _ = count_queries(admin_client, run_url(small))
+    n_big, content = count_queries(admin_client, run_url(big))
+    print(f"run page: {n_small} queries with 1 step, {n_big} with 300 steps/50 facts/ops/children")
+    assert n_big == n_small <= 8
+    assert content.count(b'class="te-step"') == 300
+
+
+# -- the list ---------------------------------------------------------------------------------
+
+
+def test_list_shows_badges_waits_and_the_status_strip(admin_client: Client) -> None:
+    runs = make_showcase()
+    content = admin_client.get(LIST).content.decode()
+    assert 'class="te-badge te-running"' in content
+    assert "fact:download-done" in content and "sleep:retention" in content
+    assert "wakes in" in content
+    strip = re.findall(r'data-status="(\w+)"[^>]*>\s*<span class="te-n">([^<]+)<', content)
+    counts = dict(strip)
+    assert counts["running"] == "1" and counts["waiting"] == "2" and counts["canceled"] == "1"
+    assert 'aria-label="Runs by status"' in content  # the SVG charts
+    assert 'aria-label="Finished runs per minute over the last hour"' in content
+    assert content.count('class="te-fill-completed"') >= 2
+    assert str(runs["acquire"].pk) in content
+
+
+def test_filters(admin_client: Client) -> None:
+    runs = make_showcase()
+
+    def ids(query: str) -> set[str]:
+        return set(shown_ids(admin_client.get(LIST + query).content))
+
+    assert ids("?status__exact=waiting") == {str(runs["waiting"].pk), str(runs["sleeping"].pk)}
+    assert str(runs["acquire"].pk) in ids("?task=acquire&queue=io")
+    assert all(
+        WorkflowRun.objects.get(pk=i).task_name == "noop" for i in ids("?task=noop")
+    )
+    assert ids("?version=2") == set()
+    old = make_run("completed", created_at=clock.now() - timedelta(days=40))
+    assert str(old.pk) in ids("")
+    week_ago = (clock.now() - timedelta(days=7)).isoformat().replace("+", "%2B")
+    assert str(old.pk) not in ids(f"?created_at__gte={week_ago}")
+
+
+def test_registry_filters_list_registered_workflows(admin_client: Client) -> None:
+    content = admin_client.get(LIST).content.decode()
+    assert "?task=three_steps" in content and "?version=2" in content
+
+
+def test_search_by_id_prefix_key_and_trace(admin_client: Client) -> None:
+    runs = make_showcase()
+    acquire = runs["acquire"]
+
+    def ids(term: str) -> list[str]:
+        return shown_ids(admin_client.get(LIST, {"q": term}).content)
+
+    assert ids(str(acquire.pk)) == [str(acquire.pk)]
+    assert ids(str(acquire.pk)[:8]) == [str(acquire.pk)]
+    assert ids("plan:4711") == [str(acquire.pk)]
+    assert ids(acquire.trace_id) == [str(acquire.pk)]
+    assert ids("no-such-thing") == []
+
+
+def test_list_order_is_newest_first_on_every_page(admin_client: Client) -> None:
+    make_many(130)
+    expected = [str(pk) for pk in WorkflowRun.objects.order_by("-created_at", "-id")
+                .values_list("pk", flat=True)]
+    seen = []
+    for page in (1, 2, 3):
+        seen += shown_ids(admin_client.get(LIST, {"p": page}).content)
+    assert seen == expected
+    oldest_first = shown_ids(admin_client.get(LIST, {"o": "8"}).content)  # created ascending
+    assert oldest_first == list(reversed(expected))[:50]
+
+
+def test_run_paginator_matches_the_plain_query() -> None:
+    make_many(90)
+    qs = WorkflowRun.objects.order_by("-created_at", "-pk")
+    for statuses in (None, ["completed"], ["waiting", "running"]):
+        base = qs if statuses is None else qs.filter(status__in=statuses)
+        paginator = RunPaginator(base, 20, statuses=statuses)
+        for number in range(1, paginator.num_pages + 1):
+            got = [r.pk for r in paginator.page(number).object_list]
+            assert got == list(base.values_list("pk", flat=True)[(number - 1) * 20:number * 20])
+
+
+def test_counts_are_capped(admin_client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CappedPaginator, "count_cap", 60)
+    monkeypatch.setattr(admin_stats, "STATUS_COUNT_CAP", 30)
+    make_many(200)
+    paginator = CappedPaginator(WorkflowRun.objects.order_by("-created_at"), 50)
+    assert paginator.approximate and paginator.num_pages == 2  # pages stop at the cap
+    content = admin_client.get(LIST).content.decode()
+    assert "more than 60" in content or "about " in content
+    counts = {c.status: c for c in admin_stats.status_counts()}
+    assert counts["completed"].approximate  # 75 rows > 30
+    assert counts["completed"].label == "30+" or counts["completed"].label.startswith("≈")
+    assert (counts["running"].count, counts["running"].approximate) == (25, False)
+    assert counts["running"].label == "25"
+
+
+def test_planner_estimate_only_on_postgresql(is_postgres: bool) -> None:
+    make_many(10)
+    estimate = admin_paging.planner_estimate(WorkflowRun.objects.all())
+    assert (estimate is not None) == is_postgres
+
+
+def test_throughput_buckets_finished_runs_per_minute() -> None:
+    now = clock.now()
+    for minutes_ago, status in [(0, "completed"), (0, "completed"), (5, "failed"),
+                                (59, "canceled"), (90, "completed")]:
+        make_run(status, finished_at=now - timedelta(minutes=minutes_ago))
+    chart = admin_stats.throughput(now)
+    assert chart["totals"] == {"completed": 2, "failed": 1, "canceled": 1}
+    assert chart["peak"] == 2
+    assert len(chart["bars"]) == 3
+
+
+def test_compact_numbers() -> None:
+    assert [admin_stats.compact(n) for n in (999, 1234, 968_000, 2_500_000)] == [
+        "999", "1.2k", "968k", "2.5M"]
+
+
+# -- the run page -----------------------------------------------------------------------------
+
+
+def test_run_page_shows_everything(admin_client: Client) -> None:
+    runs = make_showcase()
+    content = admin_client.get(run_url(runs["acquire"])).content.decode()
+    assert 'role="progressbar"' in content and 'aria-valuenow="62.5"' in content
+    assert "copying Heat (1995).mkv" in content
+    assert content.count('class="te-step"') == 5
+    assert "abandoned" in content and "No space left on device" in content
+    assert "&quot;plan_id&quot;: 4711" in content  # input as formatted JSON
+    assert "download-done" in content and "qbt:add:plan-4711" in content  # fact, ledger
+    assert str(runs["child"].pk)[:8] in content  # child link
+    assert "window.location.reload" in content  # live while active
+    child_page = admin_client.get(run_url(runs["child"])).content.decode()
+    assert 'id="parent-link"' in child_page and run_url(runs["acquire"]) in child_page
+    assert "window.location.reload" not in child_page  # finished: static
+
+
+def test_run_page_shows_error_with_traceback(admin_client: Client) -> None:
+    runs = make_showcase()
+    content = admin_client.get(run_url(runs["failed"])).content.decode()
+    assert 'id="run-error"' in content and "OSError" in content
+    assert 'id="traceback"' in content and "shutil.copy2" in content
+
+
+def test_run_page_shows_what_a_waiting_run_waits_on(admin_client: Client) -> None:
+    runs = make_showcase()
+    content = admin_client.get(run_url(runs["waiting"])).content.decode()
+    assert 'id="waits-on"' in content and "fact:download-done" in content
+
+
+def test_unknown_run_redirects_to_the_list(admin_client: Client) -> None:
+    response = admin_client.get(reverse("admin:tasks_engine_workflowrun_change",
+                                        args=[uuid.uuid4()]))
+    assert response.status_code == 302
