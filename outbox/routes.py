@@ -57,8 +57,10 @@ registry = RouteRegistry()
 def route(type: str) -> Callable[[H], H]:
     """Register the decorated function as the handler of events of `type`.
 
-    It runs inside the relay's transaction (in a savepoint): its database writes commit with
-    the event's `dispatched` status, and an exception rolls back only its own writes.
+    It gets the `OutboxEvent` (`event.attempts` already counts this attempt) and runs inside
+    the relay's transaction, in a savepoint: its database writes commit with the event's
+    `dispatched` status, and an exception rolls back only its own writes. Keep it short (a few
+    writes, an `enqueue`): the batch's row locks are held until every route of it returns.
     """
 
     def decorate(handler: H) -> H:

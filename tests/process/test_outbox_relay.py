@@ -95,7 +95,7 @@ def test_relay_sigkilled_mid_batch_loses_nothing_and_repeats_nothing(
     wait_for(lambda: dispatched() == 60, 30, "every event to be dispatched")
     rescuer.send(signal.SIGTERM)
     assert rescuer.wait(30) == 0, rescuer.log()
-    keys = Counter(SideEffect.objects.values_list("key", flat=True))
+    keys: Counter[str] = Counter(SideEffect.objects.values_list("key", flat=True))
     assert keys == Counter(f"outbox:{i}" for i in range(60))  # each effect exactly once
     assert OutboxEvent.objects.filter(status="dispatched", attempts=1).count() == 60
     assert len(route_calls(trace)) > 60  # the rolled-back calls ran again, committed once
@@ -123,6 +123,7 @@ def test_notify_wakes_an_idle_relay_long_before_its_poll(relays: Start) -> None:
     event = publish("test.record", {"key": "wake"})
     wait_for(lambda: dispatched() == 1, 5, "the event to be dispatched")
     event.refresh_from_db()
+    assert event.published_at is not None
     lag = (event.published_at - event.created_at).total_seconds()
     print(f"\npublish -> dispatch lag with --poll-interval 5: {lag * 1000:.0f} ms")
     assert lag < 1.0
