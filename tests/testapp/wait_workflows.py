@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from tasks_engine import FactTimeoutError, TaskContext, workflow
+from tasks_engine import FactTimeoutError, RetryPolicy, TaskContext, workflow
 
 from .models import Marker, SideEffect
 
@@ -99,3 +99,66 @@ def busy_step(ctx: TaskContext) -> str:
 
     ctx.step.run("body", body)
     return "done"
+
+
+class Soak(BaseModel):
+    step_ms: int = 50
+
+
+# Interrupted attempts count against a step's retries (a step that kills its worker must end),
+# so a soak that SIGKILLs a random worker every 2 s gives its steps room for bad luck.
+@workflow(name="soak", input=Soak,
+          step_retry=RetryPolicy(max_attempts=10, initial_interval=0.1, max_interval=1.0))
+def soak(ctx: TaskContext) -> str:
+    """Three steps: a plain one, a fenced external effect, an atomic database write."""
+    pause = ctx.input.step_ms / 1000
+
+    def prepare() -> str:
+        time.sleep(pause)
+        SideEffect.objects.create(key="soak-prepare", run_id=ctx.run_id)
+        return "prepared"
+
+    def external(info) -> dict:
+        time.sleep(pause)
+        return {"resumed": info.resumed}
+
+    def fenced() -> dict:
+        return ctx.with_attempt_token(
+            f"soak:{ctx.run_id}", external,
+            commit=lambda result: Marker.objects.create(key=f"soak:{ctx.run_id}",
+                                                        value=str(result["resumed"])),
+        )
+
+    def atomic() -> str:
+        time.sleep(pause)
+        Marker.objects.create(key=f"soak-atomic:{ctx.run_id}")
+        return "written"
+
+    ctx.step.run("prepare", prepare)
+    ctx.step.run("fenced", fenced)
+    ctx.step.run("atomic", atomic, atomic=True)
+    return "ok"
+
+
+class Fenced(BaseModel):
+    seconds: float = 3.0
+
+
+@workflow(name="fenced_slow", input=Fenced)
+def fenced_slow(ctx: TaskContext) -> dict:
+    """The op's outside-world part is slow, so a test can SIGSTOP the worker inside it."""
+    import os
+
+    def outside(info) -> dict:
+        SideEffect.objects.create(key="op-start", run_id=ctx.run_id,
+                                  worker=os.environ.get("WORKER_TAG", ""))
+        time.sleep(ctx.input.seconds)
+        return {"by": os.environ.get("WORKER_TAG", ""), "resumed": info.resumed}
+
+    def op() -> dict:
+        return ctx.with_attempt_token(
+            f"fenced:{ctx.run_id}", outside,
+            commit=lambda r: Marker.objects.create(key=f"fenced:{ctx.run_id}", value=r["by"]),
+        )
+
+    return ctx.step.run("op", op)
