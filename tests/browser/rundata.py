@@ -129,7 +129,8 @@ def make_showcase(now: datetime | None = None) -> dict[str, WorkflowRun]:
                      output={"codec": "hevc", "hdr": True})
     waiting = make_run("waiting", "acquire", now=now, created_at=now - timedelta(minutes=9),
                        waiting_on="fact:download-done", available_at=now + timedelta(days=7),
-                       input={"plan_id": 4712}, queue="io")
+                       input={"plan_id": 4712}, queue="io", idempotency_key="plan:4712",
+                       progress={"done": 1, "total": 5, "message": "waiting for qBittorrent"})
     add_step(waiting, "submit-download", waiting.created_at + timedelta(seconds=1), 2)
     add_step(waiting, "download-done", waiting.created_at + timedelta(seconds=3), None,
              status="running", kind="fact_wait")
@@ -156,8 +157,10 @@ def make_showcase(now: datetime | None = None) -> dict[str, WorkflowRun]:
     # Recent finishes for the per-minute chart.
     for i in range(40):
         status = "failed" if i % 9 == 0 else "completed"
-        finished = now - timedelta(minutes=(i * 7) % 58, seconds=i)
-        make_run(status, "noop", now=now, created_at=finished - timedelta(seconds=20),
-                 finished_at=finished)
+        finished = now - timedelta(minutes=1 + (i * 7) % 57, seconds=i)
+        task = ("thumbnail", "probe_media", "sync_library", "noop")[i % 4]
+        took = timedelta(seconds=3 + (i * 13) % 170)
+        make_run(status, task, now=now, created_at=finished - took, finished_at=finished,
+                 started_at=finished - took + timedelta(milliseconds=300))
     return {"acquire": acquire, "child": child, "waiting": waiting, "sleeping": sleeping,
             "failed": failed, "done": done, "pending": pending, "canceled": canceled}
