@@ -117,6 +117,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
         return RunPaginator(
             queryset, per_page, orphans, allow_empty_first_page,
             statuses=[status] if status else None,
+            merge=not request.GET.get(TaskFilter.parameter_name),
         )
 
     # -- columns ---------------------------------------------------------------------------

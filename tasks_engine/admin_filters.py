@@ -85,18 +85,29 @@ class QueueFilter(_RegistryFilter):
 
 def search_runs(queryset: QuerySet, term: str) -> QuerySet:
     """Exact search: a run id (full, or its first hex digits as shown in the list),
-    an idempotency key, or a trace id."""
+    an idempotency key, or a trace id.
+
+    An id match is looked up first, through the primary key index; only when none is found
+    are idempotency keys and trace ids compared (those columns have no index of their own).
+    """
     term = term.strip()
     if not term:
         return queryset
-    match = Q(idempotency_key=term) | Q(trace_id=term)
+    by_id = _id_match(term)
+    if by_id is not None:
+        found = queryset.filter(by_id)
+        if found.exists():
+            return found
+    return queryset.filter(Q(idempotency_key=term) | Q(trace_id=term))
+
+
+def _id_match(term: str) -> Q | None:
     compact = term.lower().replace("-", "")
-    if HEX.match(compact):
-        if len(compact) == 32:
-            match |= Q(pk=uuid.UUID(compact)) | Q(trace_id=compact)
-        else:
-            # A prefix of the id is a range of ids: the primary key index serves it.
-            low = uuid.UUID(compact.ljust(32, "0"))
-            high = uuid.UUID(compact.ljust(32, "f"))
-            match |= Q(pk__gte=low, pk__lte=high)
-    return queryset.filter(match)
+    if not HEX.match(compact):
+        return None
+    if len(compact) == 32:
+        return Q(pk=uuid.UUID(compact))
+    # A prefix of the id is a range of ids: the primary key index serves it.
+    low = uuid.UUID(compact.ljust(32, "0"))
+    high = uuid.UUID(compact.ljust(32, "f"))
+    return Q(pk__gte=low, pk__lte=high)

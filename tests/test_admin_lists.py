@@ -154,6 +154,24 @@ def test_list_order_is_newest_first_on_every_page(admin_client: Client) -> None:
     assert oldest_first == list(reversed(expected))[:50]
 
 
+def test_newest_first_reads_through_the_status_index(
+    admin_client: Client, is_postgres: bool
+) -> None:
+    """On PostgreSQL the page is a UNION ALL of per-status index scans (see admin_paging);
+    a task filter keeps the plain query, which the (task_name, created_at) index serves."""
+    if not is_postgres:
+        pytest.skip("the merged page query needs PostgreSQL")
+    make_many(120)
+
+    def merged(query: str) -> bool:
+        with CaptureQueriesContext(connection) as ctx:
+            admin_client.get(LIST + query)
+        return any("UNION ALL (SELECT" in q["sql"] for q in ctx.captured_queries)
+
+    assert merged("") and merged("?p=2") and merged("?queue=default") and merged("?o=8")
+    assert not merged("?task=noop")
+
+
 def test_run_paginator_matches_the_plain_query() -> None:
     make_many(90)
     qs = WorkflowRun.objects.order_by("-created_at", "-pk")
