@@ -11,11 +11,11 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -201,7 +201,8 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
             .first()
         )
         if run is None:
-            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+            messages.warning(request, f"No run with id {object_id!r}; perhaps it was pruned.")
+            return HttpResponseRedirect(reverse("admin:tasks_engine_workflowrun_changelist"))
         if not self.has_view_permission(request, run):
             raise PermissionDenied
         context = {

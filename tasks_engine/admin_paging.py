@@ -62,7 +62,7 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        if not self.approximate:
+        if not self.approximate or not isinstance(self.object_list, QuerySet):
             return self.capped_count
         estimate = planner_estimate(self.object_list)
         return max(estimate or 0, self.count_cap + 1)
@@ -93,7 +93,7 @@ class CappedPaginator(Paginator):
 
     def page(self, number: Any) -> Page:
         number, bottom, top = self.page_bounds(number)
-        return self._get_page(self.object_list[bottom:top], number, self)
+        return Page(self.object_list[bottom:top], number, self)
 
 
 def _created_direction(qs: QuerySet) -> str | None:
@@ -131,19 +131,19 @@ class RunPaginator(CappedPaginator):
         number, bottom, top = self.page_bounds(number)
         qs = self.object_list
         if not isinstance(qs, QuerySet):
-            return self._get_page(qs[bottom:top], number, self)
+            return Page(qs[bottom:top], number, self)
         sign = _created_direction(qs)
         compound = connections[qs.db].features.supports_slicing_ordering_in_compound
         if sign is None or not compound or not self.merge:
-            return self._get_page(qs.defer(*LIST_DEFERRED)[bottom:top], number, self)
+            return Page(qs.defer(*LIST_DEFERRED)[bottom:top], number, self)
         order = (f"{sign}created_at", f"{sign}id")
         statuses = self.statuses or RunStatus.values
         if len(statuses) == 1:  # the index already serves this order
             rows = qs.filter(status=statuses[0]).defer(*LIST_DEFERRED)[bottom:top]
-            return self._get_page(rows, number, self)
+            return Page(rows, number, self)
         branches = [
             qs.filter(status=status).order_by(*order).defer(*LIST_DEFERRED)[:top]
             for status in statuses
         ]
         merged = branches[0].union(*branches[1:], all=True).order_by(*order)[bottom:top]
-        return self._get_page(list(merged), number, self)
+        return Page(list(merged), number, self)

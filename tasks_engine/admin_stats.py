@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.core.cache import cache
 from django.db import connection
@@ -66,7 +67,7 @@ def status_counts() -> list[StatusCount]:
         f"SELECT %s, COUNT(*) FROM (SELECT 1 FROM {table} WHERE status = %s LIMIT %s) AS s{i}"
         for i in range(len(RunStatus.values))
     )
-    params: list[object] = []
+    params: list[Any] = []
     for status in RunStatus.values:
         params += [status, status, STATUS_COUNT_CAP + 1]
     with connection.cursor() as cursor:

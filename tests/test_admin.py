@@ -209,8 +209,12 @@ def test_cancel_of_an_unknown_run_is_404(admin_client: Client) -> None:
 def test_cancel_goes_through_the_engine(admin_client: Client, monkeypatch) -> None:
     calls = []
     real = engine.cancel
-    monkeypatch.setattr(engine, "cancel", lambda rid, reason=None: calls.append(
-        (rid, reason)) or real(rid, reason))
+
+    def spy(rid: Any, reason: str | None = None) -> bool:
+        calls.append((rid, reason))
+        return real(rid, reason)
+
+    monkeypatch.setattr(engine, "cancel", spy)
     run = make_run("pending")
     admin_client.post(url("workflowrun", "cancel", run.pk), {"reason": "spy"})
     assert calls == [(run.pk, "spy")]
@@ -270,4 +274,5 @@ def test_engine_enqueued_run_can_be_canceled_from_the_admin(admin_client: Client
     res = tasks_engine.enqueue("noop", {"n": 1})
     admin_client.post(url("workflowrun", "cancel", res.run_id), {"reason": "enqueued"})
     view = tasks_engine.get_run(res.run_id)
+    assert view is not None
     assert (view.status, view.cancel_reason) == ("canceled", "enqueued")
