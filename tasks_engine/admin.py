@@ -88,12 +88,23 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
     list_display = (
-        "short_id", "task", "status_badge", "queue", "priority", "attempts", "waits_on",
-        "created", "duration",
+        "short_id",
+        "task",
+        "status_badge",
+        "queue",
+        "priority",
+        "attempts",
+        "waits_on",
+        "created",
+        "duration",
     )
     list_display_links = ("short_id",)
     list_filter = (
-        "status", TaskFilter, VersionFilter, QueueFilter, ("created_at", admin.DateFieldListFilter)
+        "status",
+        TaskFilter,
+        VersionFilter,
+        QueueFilter,
+        ("created_at", admin.DateFieldListFilter),
     )
     search_fields = ("id",)  # shows the search box; get_search_results does the matching
     search_help_text = "Exact run id (or its first 8 characters), idempotency key or trace id."
@@ -110,12 +121,19 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
         return search_runs(queryset, search_term), False
 
     def get_paginator(
-        self, request: HttpRequest, queryset: QuerySet, per_page: int, orphans: int = 0,
+        self,
+        request: HttpRequest,
+        queryset: QuerySet,
+        per_page: int,
+        orphans: int = 0,
         allow_empty_first_page: bool = True,
     ) -> RunPaginator:
         status = request.GET.get("status__exact")
         return RunPaginator(
-            queryset, per_page, orphans, allow_empty_first_page,
+            queryset,
+            per_page,
+            orphans,
+            allow_empty_first_page,
             statuses=[status] if status else None,
             merge=not request.GET.get(TaskFilter.parameter_name),
         )
@@ -131,7 +149,9 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
         child = mark_safe('<span class="te-muted" title="child run">↳ </span>')
         return format_html(
             '{}{}<span class="te-muted">@{}</span>',
-            child if run.parent_run_id else "", run.task_name, run.version,
+            child if run.parent_run_id else "",
+            run.task_name,
+            run.version,
         )
 
     @admin.display(description="status")
@@ -145,7 +165,9 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
                 extra = format_html(
                     ' <span class="te-minibar" title="{} / {}"><span style="width:{}%">'
                     "</span></span>",
-                    done, total, round(min(done / total, 1) * 100),
+                    done,
+                    total,
+                    round(min(done / total, 1) * 100),
                 )
         return status_badge(run.status, extra)
 
@@ -221,9 +243,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name
-        return TemplateResponse(
-            request, "admin/tasks_engine/workflowrun/change_form.html", context
-        )
+        return TemplateResponse(request, "admin/tasks_engine/workflowrun/change_form.html", context)
 
     def _pk_or_none(self, object_id: str) -> Any:
         try:

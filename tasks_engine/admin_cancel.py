@@ -93,9 +93,7 @@ class CancelMixin:
         active = queryset.filter(status__in=list(ACTIVE)).order_by("-created_at")
         if request.POST.get("confirm") != "yes":
             runs = list(
-                active.only("id", "task_name", "version", "status", "created_at")[
-                    :MAX_BULK_CANCEL
-                ]
+                active.only("id", "task_name", "version", "status", "created_at")[:MAX_BULK_CANCEL]
             )
             context = {
                 **self.admin_site.each_context(request),

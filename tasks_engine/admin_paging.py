@@ -69,7 +69,7 @@ class CappedPaginator(Paginator):
 
     @property
     def count_label(self) -> str:
-        """"1,234", or "about 968,000" / "more than 10,000" past the cap."""
+        """ "1,234", or "about 968,000" / "more than 10,000" past the cap."""
         if not self.approximate:
             return f"{self.count:,}"
         if self.count > self.count_cap + 1:
@@ -97,7 +97,7 @@ class CappedPaginator(Paginator):
 
 
 def _created_direction(qs: QuerySet) -> str | None:
-    """"-" or "" when `qs` is ordered by created_at (then pk/id), else None."""
+    """ "-" or "" when `qs` is ordered by created_at (then pk/id), else None."""
     # Django's change list appends the default ordering to the chosen one, so created_at can
     # repeat ("created_at", "-created_at", "-pk"); only its first occurrence counts.
     order = [str(o) for o in qs.query.order_by]

@@ -168,8 +168,16 @@ def _throughput_chart(per_minute: dict[int, dict[str, int]], start: datetime) ->
                 continue
             h = max(n / peak * height, 1.0)
             y -= h
-            bars.append(Bar(index * slot, round(y, 2), slot - 1, round(h, 2), status,
-                            f"{minute}: {n} {status}"))
+            bars.append(
+                Bar(
+                    index * slot,
+                    round(y, 2),
+                    slot - 1,
+                    round(h, 2),
+                    status,
+                    f"{minute}: {n} {status}",
+                )
+            )
     return {
         "bars": bars,
         "peak": peak,

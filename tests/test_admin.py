@@ -56,18 +56,27 @@ def canceller() -> Client:
 def rows() -> dict[str, Any]:
     run = make_run("waiting", waiting_on="fact:download-done")
     step = add_step(run, "first", run.created_at, 1.0)
-    fact = Fact.objects.create(run=run, name="download-done", payload={"ok": 1},
-                               created_at=run.created_at)
-    op = OpLedger.objects.create(op_key="op:1", run=run, attempt_token=uuid.uuid4(),
-                                 status="done", created_at=run.created_at,
-                                 updated_at=run.created_at)
+    fact = Fact.objects.create(
+        run=run, name="download-done", payload={"ok": 1}, created_at=run.created_at
+    )
+    op = OpLedger.objects.create(
+        op_key="op:1",
+        run=run,
+        attempt_token=uuid.uuid4(),
+        status="done",
+        created_at=run.created_at,
+        updated_at=run.created_at,
+    )
     return {"workflowrun": run, "stepattempt": step, "fact": fact, "opledger": op}
 
 
 def snapshot() -> list[tuple]:
     return [
-        tuple(WorkflowRun.objects.order_by("pk").values_list(
-            "pk", "status", "cancel_requested_at", "cancel_reason", "updated_at")),
+        tuple(
+            WorkflowRun.objects.order_by("pk").values_list(
+                "pk", "status", "cancel_requested_at", "cancel_reason", "updated_at"
+            )
+        ),
         tuple(StepAttempt.objects.order_by("pk").values_list("pk", "status", "name")),
         tuple(Fact.objects.order_by("pk").values_list("pk", "name", "payload")),
         tuple(OpLedger.objects.order_by("pk").values_list("pk", "op_key", "status")),
@@ -112,10 +121,14 @@ def test_lists_offer_no_add_and_no_delete_action(model: str, rows: dict, admin_c
 
 def test_delete_selected_action_is_refused(rows: dict, admin_client: Client) -> None:
     before = snapshot()
-    admin_client.post(url("workflowrun", "changelist"), {
-        "action": "delete_selected", "_selected_action": [str(rows["workflowrun"].pk)],
-        "post": "yes",
-    })
+    admin_client.post(
+        url("workflowrun", "changelist"),
+        {
+            "action": "delete_selected",
+            "_selected_action": [str(rows["workflowrun"].pk)],
+            "post": "yes",
+        },
+    )
     assert snapshot() == before
 
 
@@ -196,8 +209,9 @@ def test_cancel_of_a_running_run_is_requested_and_shown(admin_client: Client) ->
 def test_cancel_of_a_finished_run_changes_nothing(admin_client: Client) -> None:
     run = make_run("completed")
     before = snapshot()
-    response = admin_client.post(url("workflowrun", "cancel", run.pk), {"reason": "late"},
-                                 follow=True)
+    response = admin_client.post(
+        url("workflowrun", "cancel", run.pk), {"reason": "late"}, follow=True
+    )
     assert b"already finished" in response.content
     assert snapshot() == before
 
@@ -244,8 +258,9 @@ def test_cancel_selected_confirms_then_cancels_active_runs(admin_client: Client)
     assert confirm.status_code == 200
     assert b'name="reason"' in confirm.content and str(pending.pk).encode() in confirm.content
     assert snapshot() == before  # the confirmation page changes nothing
-    response = action(admin_client, [pending.pk, waiting.pk, done.pk], confirm="yes",
-                      reason="bulk cleanup")
+    response = action(
+        admin_client, [pending.pk, waiting.pk, done.pk], confirm="yes", reason="bulk cleanup"
+    )
     assert response.status_code == 302
     statuses = dict(WorkflowRun.objects.values_list("pk", "status"))
     assert statuses == {pending.pk: "canceled", waiting.pk: "canceled", done.pk: "completed"}

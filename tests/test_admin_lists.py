@@ -59,8 +59,9 @@ def test_list_query_count_does_not_grow_with_rows(admin_client: Client) -> None:
     assert large <= 9  # session, user, count, page, status strip, throughput (+ savepoints)
 
 
-@pytest.mark.parametrize("query", ["?status__exact=running", "?task=noop&queue=default",
-                                   "?q=noop", "?p=3"])
+@pytest.mark.parametrize(
+    "query", ["?status__exact=running", "?task=noop&queue=default", "?q=noop", "?p=3"]
+)
 def test_filtered_list_query_count_is_bounded(admin_client: Client, query: str) -> None:
     make_many(200)
     n, _ = count_queries(admin_client, LIST + query)
@@ -76,9 +77,14 @@ def test_run_page_query_count_does_not_grow_with_steps(admin_client: Client) -> 
         add_step(big, f"s{i}", big.created_at + timedelta(seconds=i), 0.5)
     for i in range(50):
         Fact.objects.create(run=big, name=f"f{i}", payload={"i": i}, created_at=big.created_at)
-        OpLedger.objects.create(op_key=f"op{i}", run=big, attempt_token=uuid.uuid4(),
-                                status="done", created_at=big.created_at,
-                                updated_at=big.created_at)
+        OpLedger.objects.create(
+            op_key=f"op{i}",
+            run=big,
+            attempt_token=uuid.uuid4(),
+            status="done",
+            created_at=big.created_at,
+            updated_at=big.created_at,
+        )
         make_run("completed", parent_run=big)
     n_small, _ = count_queries(admin_client, run_url(small))
     n_big, content = count_queries(admin_client, run_url(big))
@@ -113,9 +119,7 @@ def test_filters(admin_client: Client) -> None:
 
     assert ids("?status__exact=waiting") == {str(runs["waiting"].pk), str(runs["sleeping"].pk)}
     assert str(runs["acquire"].pk) in ids("?task=acquire&queue=io")
-    assert all(
-        WorkflowRun.objects.get(pk=i).task_name == "noop" for i in ids("?task=noop")
-    )
+    assert all(WorkflowRun.objects.get(pk=i).task_name == "noop" for i in ids("?task=noop"))
     assert ids("?version=2") == set()
     old = make_run("completed", created_at=clock.now() - timedelta(days=40))
     assert str(old.pk) in ids("")
@@ -144,8 +148,10 @@ def test_search_by_id_prefix_key_and_trace(admin_client: Client) -> None:
 
 def test_list_order_is_newest_first_on_every_page(admin_client: Client) -> None:
     make_many(130)
-    expected = [str(pk) for pk in WorkflowRun.objects.order_by("-created_at", "-id")
-                .values_list("pk", flat=True)]
+    expected = [
+        str(pk)
+        for pk in WorkflowRun.objects.order_by("-created_at", "-id").values_list("pk", flat=True)
+    ]
     seen = []
     for page in (1, 2, 3):
         seen += shown_ids(admin_client.get(LIST, {"p": page}).content)
@@ -180,7 +186,7 @@ def test_run_paginator_matches_the_plain_query() -> None:
         paginator = RunPaginator(base, 20, statuses=statuses)
         for number in range(1, paginator.num_pages + 1):
             got = [r.pk for r in paginator.page(number).object_list]
-            assert got == list(base.values_list("pk", flat=True)[(number - 1) * 20:number * 20])
+            assert got == list(base.values_list("pk", flat=True)[(number - 1) * 20 : number * 20])
 
 
 def test_counts_are_capped(admin_client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -206,8 +212,13 @@ def test_planner_estimate_only_on_postgresql(is_postgres: bool) -> None:
 
 def test_throughput_buckets_finished_runs_per_minute() -> None:
     now = clock.now()
-    for minutes_ago, status in [(0, "completed"), (0, "completed"), (5, "failed"),
-                                (59, "canceled"), (90, "completed")]:
+    for minutes_ago, status in [
+        (0, "completed"),
+        (0, "completed"),
+        (5, "failed"),
+        (59, "canceled"),
+        (90, "completed"),
+    ]:
         make_run(status, finished_at=now - timedelta(minutes=minutes_ago))
     chart = admin_stats.throughput(now)
     assert chart["totals"] == {"completed": 2, "failed": 1, "canceled": 1}
@@ -215,12 +226,19 @@ def test_throughput_buckets_finished_runs_per_minute() -> None:
     bars = chart["bars"]
     assert isinstance(bars, list)
     assert sorted((bar.status, bar.height > 0) for bar in bars) == [
-        ("canceled", True), ("completed", True), ("failed", True)]
+        ("canceled", True),
+        ("completed", True),
+        ("failed", True),
+    ]
 
 
 def test_compact_numbers() -> None:
     assert [admin_stats.compact(n) for n in (999, 1234, 968_000, 2_500_000)] == [
-        "999", "1.2k", "968k", "2.5M"]
+        "999",
+        "1.2k",
+        "968k",
+        "2.5M",
+    ]
 
 
 # -- the run page -----------------------------------------------------------------------------
@@ -256,6 +274,7 @@ def test_run_page_shows_what_a_waiting_run_waits_on(admin_client: Client) -> Non
 
 
 def test_unknown_run_redirects_to_the_list(admin_client: Client) -> None:
-    response = admin_client.get(reverse("admin:tasks_engine_workflowrun_change",
-                                        args=[uuid.uuid4()]))
+    response = admin_client.get(
+        reverse("admin:tasks_engine_workflowrun_change", args=[uuid.uuid4()])
+    )
     assert response.status_code == 302
