@@ -14,6 +14,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -127,7 +128,11 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
         per_page: int,
         orphans: int = 0,
         allow_empty_first_page: bool = True,
-    ) -> RunPaginator:
+    ) -> Paginator:
+        if queryset.model is not WorkflowRun:  # the history view pages log entries
+            return super().get_paginator(
+                request, queryset, per_page, orphans, allow_empty_first_page
+            )
         status = request.GET.get("status__exact")
         return RunPaginator(
             queryset,

@@ -132,6 +132,15 @@ def test_delete_selected_action_is_refused(rows: dict, admin_client: Client) -> 
     assert snapshot() == before
 
 
+def test_history_page_sits_beside_the_run_page(rows: dict, admin_client: Client) -> None:
+    run = rows["workflowrun"]
+    assert admin_client.get(url("workflowrun", "history", run.pk)).status_code == 200
+    assert (
+        url("workflowrun", "history", run.pk).encode()
+        in admin_client.get(url("workflowrun", "change", run.pk)).content
+    )
+
+
 def test_staff_without_view_permission_sees_nothing(rows: dict) -> None:
     client = staff_client()
     run = rows["workflowrun"]

@@ -135,6 +135,7 @@ def test_filter_open_inspect_and_cancel_a_run(page: Any) -> None:
     page.goto(f"/admin/tasks_engine/workflowrun/{runs['acquire'].pk}/change/")
     expect(page.locator("#timeline tr.te-step")).to_have_count(5)
     expect(progress).to_have_attribute("aria-valuenow", "62.5")
+    page.evaluate("window.teStopRefresh()")  # hold the live page still for the screenshot
     shoot(page, "admin-run.png", full_page=True)
 
 
