@@ -9,7 +9,7 @@ class TasksEngineConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from . import checks, logs  # noqa: F401 - registers the system checks
+        from . import backends, checks, logs  # noqa: F401 - checks; the django_task workflow
 
         logs.configure()
         autodiscover_modules("workflows")

@@ -1,0 +1,243 @@
+"""DurableBackend in-process (PostgreSQL and SQLite): enqueue, get_result, retries, signals."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.tasks import TaskResultStatus, task, task_backends
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+from django.tasks.signals import task_enqueued
+
+import tasks_engine
+from tasks_engine import IdempotencyConflict, clock
+from tasks_engine.backends import DJANGO_TASK, DurableBackend, DurableTask
+from tasks_engine.models import WorkflowRun
+from tests.helpers import FakeClock, drain
+from tests.testapp import django_tasks as t
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db
+
+SUCCESSFUL, FAILED, READY = (
+    TaskResultStatus.SUCCESSFUL,
+    TaskResultStatus.FAILED,
+    TaskResultStatus.READY,
+)
+
+
+def effects(key: str) -> int:
+    return SideEffect.objects.filter(key=key).count()
+
+
+def signals(result_id: str) -> list[str]:
+    prefix = "signal:"
+    keys = SideEffect.objects.filter(key__endswith=f":{result_id}").order_by("id")
+    return [k.removeprefix(prefix).rsplit(":", 1)[0] for k in keys.values_list("key", flat=True)]
+
+
+def test_the_configured_backend_is_durable_and_says_what_it_supports() -> None:
+    backend = task_backends["default"]
+    assert isinstance(backend, DurableBackend)
+    assert (
+        backend.supports_defer,
+        backend.supports_get_result,
+        backend.supports_priority,
+        backend.supports_async_task,
+    ) == (True, True, True, True)
+    assert isinstance(t.add, DurableTask)
+    assert backend.check() == []
+
+
+def test_enqueue_writes_a_pending_single_step_run() -> None:
+    result = t.add.using(priority=7, queue_name="reports").enqueue(2, b=3)
+    assert result.status == READY
+    run = WorkflowRun.objects.get(pk=result.id)
+    assert (run.task_name, run.status, run.priority, run.queue) == (
+        DJANGO_TASK,
+        "pending",
+        7,
+        "reports",
+    )
+    assert run.input["task"] == "tests.testapp.django_tasks.add"
+    assert (run.input["args"], run.input["kwargs"], run.input["max_attempts"]) == ([2], {"b": 3}, 1)
+    assert (result.args, result.kwargs, result.worker_ids, result.errors) == ([2], {"b": 3}, [], [])
+    assert result.enqueued_at == run.created_at
+
+
+def test_success_maps_output_workers_and_times(fake_clock: FakeClock) -> None:
+    result = t.add.enqueue(2, 3)
+    assert drain(fake_clock) == ["completed"]
+    got = t.add.get_result(result.id)  # rebuilt from the module path: the function matches
+    assert got.status == SUCCESSFUL
+    assert got.return_value == 5
+    assert got.worker_ids == ["test-worker"] and got.attempts == 1
+    assert got.started_at is not None and got.finished_at is not None
+    assert got.last_attempted_at is not None and got.errors == []
+    result.refresh()
+    assert result.status == SUCCESSFUL and result.return_value == 5
+    with pytest.raises(TaskResultMismatch):
+        t.record.get_result(result.id)
+
+
+def test_an_exception_fails_the_task_once_with_its_traceback(fake_clock: FakeClock) -> None:
+    result = t.boom.enqueue("kaput")
+    drain(fake_clock)
+    got = t.boom.get_result(result.id)
+    assert got.status == FAILED
+    assert effects("boom:kaput") == 1  # runs once unless it asks for more
+    [error] = got.errors
+    assert error.exception_class_path == "tests.testapp.django_tasks.TaskBoom"
+    assert error.exception_class is t.TaskBoom
+    assert "raise TaskBoom(message)" in error.traceback and "TaskBoom: kaput" in error.traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        _ = got.return_value
+
+
+def test_max_attempts_retries_until_success(fake_clock: FakeClock) -> None:
+    result = t.flaky.enqueue("f1", fail_times=2)
+    drain(fake_clock)
+    got = t.flaky.get_result(result.id)
+    assert got.status == SUCCESSFUL and got.return_value == "f1: ok after 3"
+    assert got.attempts == 3 and len(got.errors) == 2
+
+
+def test_max_attempts_spent_fails_with_every_error(fake_clock: FakeClock) -> None:
+    result = t.flaky.enqueue("f2", fail_times=9)
+    drain(fake_clock)
+    got = t.flaky.get_result(result.id)
+    assert got.status == FAILED and effects("f2") == 3
+    boom = "tests.testapp.django_tasks.TaskBoom"
+    assert [e.exception_class_path for e in got.errors] == [boom] * 3
+
+
+def test_using_max_attempts_overrides_the_decorator(fake_clock: FakeClock) -> None:
+    twice = t.boom.using(max_attempts=2)  # type: ignore[call-arg]  # a DurableTask option
+    assert isinstance(twice, DurableTask)
+    result = twice.enqueue("twice")
+    drain(fake_clock)
+    assert t.boom.get_result(result.id).status == FAILED
+    assert effects("boom:twice") == 2
+
+
+def test_run_after_defers_the_start(fake_clock: FakeClock) -> None:
+    when = clock.now() + timedelta(hours=1)
+    result = t.record.using(run_after=when).enqueue("later")
+    assert drain(fake_clock) == []  # nothing due within the drain's horizon
+    assert t.record.get_result(result.id).status == READY
+    fake_clock.advance(3600)
+    assert drain(fake_clock) == ["completed"]
+    got = t.record.get_result(result.id)
+    assert got.status == SUCCESSFUL
+    assert got.started_at is not None and got.started_at >= when
+    assert got.task.run_after == when
+
+
+def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    sent: list[str] = []
+
+    def on_enqueued(sender: Any, task_result: Any, **kw: Any) -> None:
+        sent.append(task_result.id)
+
+    task_enqueued.connect(on_enqueued)
+    try:
+        with (
+            django_capture_on_commit_callbacks(execute=True),
+            pytest.raises(RuntimeError),
+            transaction.atomic(),
+        ):
+            t.record.enqueue("rolled-back")
+            raise RuntimeError("business write failed")
+        assert not WorkflowRun.objects.exists() and sent == []
+        with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+            kept = t.record.enqueue("kept")
+        assert sent == [kept.id]
+    finally:
+        task_enqueued.disconnect(on_enqueued)
+    assert [str(pk) for pk in WorkflowRun.objects.values_list("pk", flat=True)] == [kept.id]
+
+
+def test_worker_sends_started_and_finished(fake_clock: FakeClock) -> None:
+    ok, bad = t.add.enqueue(1, 1), t.flaky.enqueue("f3", fail_times=1)
+    drain(fake_clock)
+    assert signals(ok.id) == ["started:RUNNING", "finished:SUCCESSFUL"]
+    assert signals(bad.id) == ["started:RUNNING", "started:RUNNING", "finished:SUCCESSFUL"]
+    failed = t.boom.enqueue("signals")
+    drain(fake_clock)
+    assert signals(failed.id) == ["started:RUNNING", "finished:FAILED"]
+
+
+def test_context_and_async_tasks(fake_clock: FakeClock) -> None:
+    ctx_result = t.with_context.enqueue(4)
+    async_result = t.async_double.enqueue(21)
+    drain(fake_clock)
+    assert t.with_context.get_result(ctx_result.id).return_value == {
+        "value": 4,
+        "id": ctx_result.id,
+        "attempt": 1,
+        "status": "RUNNING",
+    }
+    assert t.async_double.get_result(async_result.id).return_value == 42
+
+
+def test_idempotency_key_dedupes_and_refuses_other_arguments() -> None:
+    first = t.ship_order.enqueue(order_id=1)
+    again = t.ship_order.enqueue(order_id=1)
+    assert again.id == first.id
+    assert WorkflowRun.objects.count() == 1
+    with pytest.raises(IdempotencyConflict):
+        t.ship_order.enqueue(order_id=1, note="different")
+    other = t.ship_order.enqueue(order_id=2)
+    assert other.id != first.id
+    keyed = t.record.using(idempotency_key=lambda key: f"k-{key}")  # type: ignore[call-arg]
+    assert keyed.enqueue("x").id == keyed.enqueue("x").id
+
+
+def test_an_unimportable_task_path_fails_its_run_and_the_worker_goes_on(
+    fake_clock: FakeClock,
+) -> None:
+    gone = tasks_engine.enqueue(DJANGO_TASK, {"task": "tests.testapp.no_such_module.task"})
+    plain = tasks_engine.enqueue(DJANGO_TASK, {"task": "tests.testapp.django_tasks.not_a_task"})
+    good = t.add.enqueue(1, 2)
+    assert sorted(drain(fake_clock)) == ["completed", "failed", "failed"]
+    result = task_backends["default"].get_result(str(gone.run_id))
+    assert result.status == FAILED
+    [error] = result.errors
+    assert error.exception_class_path == "tasks_engine.backends.UnknownDjangoTask"
+    assert "cannot import Django task 'tests.testapp.no_such_module.task'" in error.traceback
+    assert result.task.name == "_missing_task"
+    plain_error = task_backends["default"].get_result(str(plain.run_id)).errors[0].traceback
+    assert "is a function, not a Django task" in plain_error
+    assert t.add.get_result(good.id).return_value == 3
+
+
+def test_get_result_of_unknown_ids_raises() -> None:
+    other = tasks_engine.enqueue("noop", {"n": 1})
+    for bad in ("not-a-uuid", "00000000-0000-0000-0000-000000000000", str(other.run_id)):
+        with pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result(bad)
+
+
+def test_invalid_tasks_and_arguments_write_nothing() -> None:
+    with pytest.raises(InvalidTask, match="max_attempts"):
+        task(max_attempts=0)(t.not_a_task)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="Unsupported type"):
+        t.record.enqueue(object())  # type: ignore[arg-type]
+    assert not WorkflowRun.objects.exists()
+
+
+def test_unserialisable_return_value_fails_the_task(fake_clock: FakeClock) -> None:
+    result = t.returns_object.enqueue()
+    drain(fake_clock)
+    got = t.returns_object.get_result(result.id)
+    assert got.status == FAILED and got.errors[0].exception_class_path == "builtins.TypeError"
+
+
+def test_a_canceled_task_reads_as_failed() -> None:
+    result = t.record.enqueue("never")
+    assert tasks_engine.cancel(result.id) is True
+    assert t.record.get_result(result.id).status == FAILED
