@@ -13,6 +13,7 @@ class EngineSettings:
     heartbeat_seconds: float | None = None  # None: lease / 3
     poll_interval: float = 1.0
     max_step_attempts_per_run: int = 1000
+    notify: bool = True  # LISTEN/NOTIFY wake-ups on PostgreSQL (polling remains the fallback)
 
     @property
     def heartbeat(self) -> float:
@@ -26,4 +27,5 @@ def engine_settings() -> EngineSettings:
         heartbeat_seconds=raw.get("HEARTBEAT_SECONDS"),
         poll_interval=float(raw.get("POLL_INTERVAL", 1.0)),
         max_step_attempts_per_run=int(raw.get("MAX_STEP_ATTEMPTS_PER_RUN", 1000)),
+        notify=bool(raw.get("NOTIFY", True)),
     )

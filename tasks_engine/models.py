@@ -77,7 +77,14 @@ class WorkflowRun(models.Model):
                 condition=Q(status="waiting", available_at__isnull=False),
                 name="run_wake_due",
             ),
+            models.Index(fields=["-created_at"], name="run_created"),
             models.Index(fields=["status", "-created_at"], name="run_status_created"),
+            models.Index(fields=["trace_id"], name="run_trace_id"),
+            models.Index(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="run_idempotency_key",
+            ),
             models.Index(fields=["task_name", "-created_at"], name="run_task_created"),
             models.Index(
                 fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished"

@@ -13,11 +13,13 @@ from typing import Any
 
 from django.db import connection, connections
 
+from .conf import engine_settings
+
 CHANNEL = "tasks_engine_wake"
 
 
 def wake_workers(queue: str, *, cancel: bool = False) -> None:
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or not engine_settings().notify:
         return
     with connection.cursor() as cur:
         cur.execute("SELECT pg_notify(%s, %s)", [CHANNEL, ("cancel:" if cancel else "") + queue])

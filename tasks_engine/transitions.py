@@ -11,7 +11,8 @@ Lock order: the run row first, then its step attempts.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -49,6 +50,12 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Claimed:
+    lease: Lease
+    run: WorkflowRun  # the row as the claim left it: no second read needed
+
+
+@dataclass(frozen=True)
 class Renewal:
     cancel_requested: bool
     deadline_passed: bool
@@ -83,7 +90,7 @@ def claim_runs(
     queues: list[str] | None,
     limit: int,
     lease_seconds: float,
-) -> list[Lease]:
+) -> list[Claimed]:
     """Claim up to `limit` runs: expired leases first, then due timers, then pending by priority.
 
     Each source reads its own partial index, so far-future sleepers and finished rows cost nothing.
@@ -115,13 +122,14 @@ def claim_runs(
                 SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
             ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %s
         )
-        RETURNING id, lease_token
+        RETURNING *
     """
     t = p_dt(now)
     params = [t, *fparams, limit, t, *fparams, limit, t, *fparams, limit]
     params += [worker_id, p_dt(now + timedelta(seconds=lease_seconds)), t, t, limit]
-    rows = fetchall(sql, params)
-    return [Lease(r_uuid(rid), r_uuid(tok), worker_id) for rid, tok in rows]
+    runs = list(WorkflowRun.objects.raw(sql, params))
+    runs.sort(key=lambda r: (-r.priority, r.created_at))
+    return [Claimed(Lease(r.pk, r_uuid(r.lease_token), worker_id), r) for r in runs]
 
 
 def anything_due_before(
@@ -226,6 +234,11 @@ def _close_running_attempts(lease: Lease, *, counted: bool, work_only: bool = Fa
 # -- run outcomes -----------------------------------------------------------------------------
 
 
+@contextmanager
+def _no_transaction() -> Iterator[None]:
+    yield
+
+
 def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
     sql = (
         f"UPDATE {RUN} SET {assignments}, updated_at = %s"
@@ -239,14 +252,14 @@ def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
 def complete_run(
     lease: Lease, output: Any, unreached: list[str], *, has_parent: bool = False
 ) -> None:
-    with transaction.atomic():
+    """Running -> completed. The handler returned, so every attempt of this pass is closed."""
+    with transaction.atomic() if has_parent else _no_transaction():
         _cas_run(
             lease,
             "status = 'completed', output = %s, unreached_steps = %s, finished_at = %s,"
             " lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL",
             [p_json(output), p_json(unreached), p_dt(clock.now())],
         )
-        _close_running_attempts(lease, counted=False)
         if has_parent:
             wake_parent(lease.run_id)
 

@@ -55,16 +55,16 @@ def drain(
     pairs = pairs or registry.keys()
     outcomes: list[str] = []
     for _ in range(limit):
-        leases = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
-        if not leases:
+        claimed = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
+        if not claimed:
             wake = next_wake(pairs) if fake is not None else None
             if wake is None or wake > clock.now() + timedelta(seconds=horizon):
                 break
             assert fake is not None
             fake.current = max(fake.current, wake)
             continue
-        run = WorkflowRun.objects.get(pk=leases[0].run_id)
-        wf, ctx = executor.build_context(run, leases[0], threading.Event())
+        run, lease = claimed[0].run, claimed[0].lease
+        wf, ctx = executor.build_context(run, lease, threading.Event())
         outcomes.append(executor.execute(run, wf, ctx))
     return outcomes
 

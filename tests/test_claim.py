@@ -14,6 +14,10 @@ from tests.helpers import FakeClock, drain
 pytestmark = pytest.mark.django_db
 
 
+def claim(*args) -> list[transitions.Lease]:
+    return [c.lease for c in transitions.claim_runs(*args)]
+
+
 def test_worker_claims_only_its_registered_pairs(fake_clock: FakeClock) -> None:
     a1 = tasks_engine.enqueue("a", version=1)
     a2 = tasks_engine.enqueue("a", version=2)
@@ -27,17 +31,17 @@ def test_worker_claims_only_its_registered_pairs(fake_clock: FakeClock) -> None:
 
 def test_queue_filter() -> None:
     tasks_engine.enqueue("b", queue="io")
-    assert transitions.claim_runs("w", [("b", 1)], ["cpu"], 5, 30) == []
-    assert len(transitions.claim_runs("w", [("b", 1)], ["io"], 5, 30)) == 1
+    assert claim("w", [("b", 1)], ["cpu"], 5, 30) == []
+    assert len(claim("w", [("b", 1)], ["io"], 5, 30)) == 1
 
 
 def test_higher_priority_is_claimed_first(fake_clock: FakeClock) -> None:
     low = tasks_engine.enqueue("b", priority=0)
     fake_clock.advance(1)
     high = tasks_engine.enqueue("b", priority=10)
-    first = transitions.claim_runs("w", [("b", 1)], None, 1, 30)
+    first = claim("w", [("b", 1)], None, 1, 30)
     assert [x.run_id for x in first] == [high.run_id]
-    second = transitions.claim_runs("w", [("b", 1)], None, 1, 30)
+    second = claim("w", [("b", 1)], None, 1, 30)
     assert [x.run_id for x in second] == [low.run_id]
 
 
@@ -46,17 +50,17 @@ def test_deferred_run_is_not_claimed_before_its_time(fake_clock: FakeClock) -> N
 
     later = fake_clock.now() + timedelta(seconds=60)
     tasks_engine.enqueue("b", available_at=later)
-    assert transitions.claim_runs("w", [("b", 1)], None, 1, 30) == []
+    assert claim("w", [("b", 1)], None, 1, 30) == []
     fake_clock.advance(61)
-    assert len(transitions.claim_runs("w", [("b", 1)], None, 1, 30)) == 1
+    assert len(claim("w", [("b", 1)], None, 1, 30)) == 1
 
 
 def test_running_run_is_not_claimed_until_its_lease_expires(fake_clock: FakeClock) -> None:
     res = tasks_engine.enqueue("b")
-    first = transitions.claim_runs("w1", [("b", 1)], None, 1, 30)
-    assert transitions.claim_runs("w2", [("b", 1)], None, 1, 30) == []
+    first = claim("w1", [("b", 1)], None, 1, 30)
+    assert claim("w2", [("b", 1)], None, 1, 30) == []
     fake_clock.advance(31)
-    second = transitions.claim_runs("w2", [("b", 1)], None, 1, 30)
+    second = claim("w2", [("b", 1)], None, 1, 30)
     assert [x.run_id for x in second] == [res.run_id]
     assert second[0].token != first[0].token
     run = WorkflowRun.objects.get(pk=res.run_id)
@@ -65,10 +69,10 @@ def test_running_run_is_not_claimed_until_its_lease_expires(fake_clock: FakeCloc
 
 def test_stale_lease_cannot_write_anything(fake_clock: FakeClock) -> None:
     tasks_engine.enqueue("three_steps", {"n": 1})
-    [old] = transitions.claim_runs("w1", [("three_steps", 1)], None, 1, 30)
+    [old] = claim("w1", [("three_steps", 1)], None, 1, 30)
     step_id = transitions.start_step(old, "a", "function", 1, 1)
     fake_clock.advance(31)
-    [new] = transitions.claim_runs("w2", [("three_steps", 1)], None, 1, 30)
+    [new] = claim("w2", [("three_steps", 1)], None, 1, 30)
     with pytest.raises(LeaseLostError):
         transitions.finish_step(old, step_id, "completed", output={"x": 1})
     with pytest.raises(LeaseLostError):
@@ -84,7 +88,7 @@ def test_stale_lease_cannot_write_anything(fake_clock: FakeClock) -> None:
 
 def test_expired_lease_not_taken_over_is_still_held(fake_clock: FakeClock) -> None:
     tasks_engine.enqueue("b")
-    [lease] = transitions.claim_runs("w1", [("b", 1)], None, 1, 30)
+    [lease] = claim("w1", [("b", 1)], None, 1, 30)
     fake_clock.advance(120)  # expired, but nobody reclaimed it
     assert set(transitions.renew_leases([lease], 30)) == {lease.run_id}
     transitions.complete_run(lease, "late but fine", [])
@@ -95,7 +99,7 @@ def test_reclaim_closes_interrupted_attempts_as_abandoned_and_counts_them(
     fake_clock: FakeClock,
 ) -> None:
     res = tasks_engine.enqueue("flaky", {"fail_times": 0})
-    [old] = transitions.claim_runs("w1", [("flaky", 1)], None, 1, 30)
+    [old] = claim("w1", [("flaky", 1)], None, 1, 30)
     transitions.start_step(old, "body", "function", 1, 1)  # then the worker "dies"
     fake_clock.advance(31)
     drain(fake_clock)
@@ -109,7 +113,7 @@ def test_reclaim_closes_interrupted_attempts_as_abandoned_and_counts_them(
 def test_step_interrupted_every_time_fails_the_run(fake_clock: FakeClock) -> None:
     res = tasks_engine.enqueue("flaky", {"fail_times": 0})
     for _ in range(3):  # max_attempts=3: three crashes
-        [lease] = transitions.claim_runs("w", [("flaky", 1)], None, 1, 30)
+        [lease] = claim("w", [("flaky", 1)], None, 1, 30)
         run = WorkflowRun.objects.get(pk=res.run_id)
         executor.build_context(run, lease, threading.Event())  # closes the previous attempt
         n = StepAttempt.objects.filter(run_id=res.run_id).count()
@@ -124,7 +128,7 @@ def test_step_interrupted_every_time_fails_the_run(fake_clock: FakeClock) -> Non
 
 def test_graceful_handback_does_not_count(fake_clock: FakeClock) -> None:
     res = tasks_engine.enqueue("flaky", {"fail_times": 0})
-    [lease] = transitions.claim_runs("w", [("flaky", 1)], None, 1, 30)
+    [lease] = claim("w", [("flaky", 1)], None, 1, 30)
     transitions.start_step(lease, "body", "function", 1, 1)
     transitions.requeue_run(lease, fake_clock.now())
     run = WorkflowRun.objects.get(pk=res.run_id)

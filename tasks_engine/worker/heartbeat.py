@@ -11,6 +11,7 @@ from django.db import connection
 from .. import transitions
 from ..exceptions import DeadlineExceededError, LeaseLostError, TaskCanceledError
 from ..models import WorkflowRun
+from ..serialization import encode_error
 from .dbretry import DB_ERRORS, Outage
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ class Heartbeat(threading.Thread):
                 self.kick.clear()
                 try:
                     self.flush_progress()
+                    self.write_off_stuck()
                     if kicked or time.monotonic() >= next_renew:
                         self.renew_once()
                         next_renew = time.monotonic() + w.config.heartbeat_seconds
@@ -66,10 +68,26 @@ class Heartbeat(threading.Thread):
                     .first()
                 )
                 h.ctx._state.cancel_requested = True
-                h.ctx.abort_signal.abort(TaskCanceledError(reason or "canceled"))
+                w.abort(h, TaskCanceledError(reason or "canceled"))
             elif r.deadline_passed:
-                h.ctx.abort_signal.abort(DeadlineExceededError("deadline passed"))
+                w.abort(h, DeadlineExceededError("deadline passed"))
         return renewed
+
+    def write_off_stuck(self) -> None:
+        """End runs whose step ignored its abort past the grace, so the run does not stay
+        `running` forever and the worker keeps its capacity."""
+        now = time.monotonic()
+        for h in self.worker.stuck(now):
+            reason = h.ctx.abort_signal.reason
+            state = h.ctx._state
+            try:
+                if isinstance(reason, TaskCanceledError):
+                    transitions.cancel_running_run(h.lease, has_parent=state.has_parent)
+                elif isinstance(reason, DeadlineExceededError):
+                    transitions.fail_run(h.lease, encode_error(reason), has_parent=state.has_parent)
+            except LeaseLostError:
+                pass
+            self.worker.write_off(h)
 
     def flush_progress(self) -> None:
         for h in self.worker.held():

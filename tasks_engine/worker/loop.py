@@ -20,13 +20,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.backends.signals import connection_created
 
 from .. import clock, executor, transitions
+from ..conf import engine_settings
 from ..context import TaskContext
 from ..definitions import Workflow
 from ..exceptions import LeaseLostError
 from ..logs import get_logger
-from ..models import WorkflowRun
 from ..notify import Listener
 from .dbretry import DB_ERRORS, Outage
 from .heartbeat import Heartbeat
@@ -51,6 +52,7 @@ class Held:
     lease: transitions.Lease
     ctx: TaskContext
     lost: bool = False
+    abort_deadline: float | None = None  # monotonic time after which the run is written off
 
 
 class Worker:
@@ -66,8 +68,9 @@ class Worker:
         self._lock = threading.Lock()
         self._held: dict[uuid.UUID, Held] = {}
         self._busy = 0  # slots executing a run (a slot stuck in user code stays busy)
-        self._jobs: queue.Queue[transitions.Lease | None] = queue.Queue()
+        self._jobs: queue.Queue[transitions.Claimed | None] = queue.Queue()
         self._slots: list[threading.Thread] = []
+        self._written_off: set[uuid.UUID] = set()  # runs whose stuck slot thread was replaced
         self._signals = 0
         self.heartbeat = Heartbeat(self)
 
@@ -75,20 +78,22 @@ class Worker:
 
     def run(self) -> int:
         self._install_signal_handlers()
+        connection_created.connect(self._configure_connection, weak=False)
+        connection.close()  # reopen with the session settings below
         self.log.info("worker started", tasks=[f"{n}@{v}" for n, v in self.pairs],
                       queues=self.queues or "all", concurrency=self.config.concurrency)
         self._start_threads()
         outage = Outage(self.log, "claim")
         while not self.stopping.is_set():
             free = self.config.concurrency - self._busy
-            claimed: list[transitions.Lease] = []
+            claimed: list[transitions.Claimed] = []
             try:
                 if free > 0:
                     claimed = transitions.claim_runs(
                         self.id, self.pairs, self.queues, free, self.config.lease_seconds
                     )
-                    for lease in claimed:
-                        self._dispatch(lease)
+                    for item in claimed:
+                        self._dispatch(item)
                 if self.config.burst and not claimed and self._busy == 0 and not self._due_soon():
                     break
                 outage.ok()
@@ -106,21 +111,23 @@ class Worker:
             self.pairs, self.queues, clock.now() + BURST_HORIZON
         )
 
-    def _dispatch(self, lease: transitions.Lease) -> None:
+    def _dispatch(self, item: transitions.Claimed) -> None:
         with self._lock:
             self._busy += 1
-        self._jobs.put(lease)
+        self._jobs.put(item)
 
     # -- slots --------------------------------------------------------------------------------
 
     def _slot(self) -> None:
         outage = Outage(self.log, "slot")
-        while True:
-            lease = self._jobs.get()
-            if lease is None:
+        retired = False
+        while not retired:
+            item = self._jobs.get()
+            if item is None:
                 break
+            lease = item.lease
             try:
-                self._execute(lease)
+                self._execute(item)
                 outage.ok()
             except DB_ERRORS as exc:
                 # The run keeps its lease until it expires; whoever claims it then replays it.
@@ -131,12 +138,21 @@ class Worker:
             finally:
                 with self._lock:
                     self._held.pop(lease.run_id, None)
-                    self._busy -= 1
+                    retired = lease.run_id in self._written_off
+                    if retired:  # a replacement thread already took this slot
+                        self._written_off.discard(lease.run_id)
+                    else:
+                        self._busy -= 1
                 self.wake.set()
         connection.close()
 
-    def _execute(self, lease: transitions.Lease) -> None:
-        run = WorkflowRun.objects.get(pk=lease.run_id)
+    def _start_slot(self) -> None:
+        t = threading.Thread(target=self._slot, name=f"tasks-slot-{len(self._slots)}", daemon=True)
+        t.start()
+        self._slots.append(t)
+
+    def _execute(self, item: transitions.Claimed) -> None:
+        run, lease = item.run, item.lease
         wf, ctx = executor.build_context(run, lease, self.draining)
         with self._lock:
             self._held[lease.run_id] = Held(lease, ctx)
@@ -156,10 +172,38 @@ class Worker:
         with self._lock:
             return [h for h in self._held.values() if not h.lost]
 
+    def stuck(self, now: float) -> list[Held]:
+        with self._lock:
+            return [
+                h for h in self._held.values()
+                if h.abort_deadline is not None and now >= h.abort_deadline
+            ]
+
     def lose(self, held: Held, reason: BaseException) -> None:
         held.lost = True
-        held.ctx.abort_signal.abort(reason)
+        self.abort(held, reason)
         held.ctx.logger.warning("lease lost; aborting the run", error=str(reason))
+
+    def abort(self, held: Held, reason: BaseException) -> None:
+        """Set the run's abort signal; if its step ignores it past the grace, write it off."""
+        held.ctx.abort_signal.abort(reason)
+        if held.abort_deadline is None:
+            held.abort_deadline = time.monotonic() + self.config.lease_seconds
+
+    def write_off(self, held: Held) -> None:
+        """The run's step ignores its abort: stop waiting for the thread and give its slot to a
+        new one. The stuck thread can no longer write anything (its lease is gone or about to
+        be), and it exits when its user code finally returns."""
+        with self._lock:
+            if self._held.get(held.lease.run_id) is not held:
+                return  # it finished meanwhile
+            held.lost = True
+            self._held.pop(held.lease.run_id, None)
+            self._written_off.add(held.lease.run_id)
+            self._busy -= 1  # the stuck thread no longer counts; its replacement takes the slot
+            self._start_slot()
+        held.ctx.logger.warning("step ignored its abort signal; slot thread replaced")
+        self.wake.set()
 
     def request_stop(self) -> None:
         self.stopping.set()
@@ -173,14 +217,20 @@ class Worker:
     # -- start and stop -----------------------------------------------------------------------
 
     def _start_threads(self) -> None:
-        for i in range(self.config.concurrency):
-            t = threading.Thread(target=self._slot, name=f"tasks-slot-{i}", daemon=True)
-            t.start()
-            self._slots.append(t)
+        for _ in range(self.config.concurrency):
+            self._start_slot()
         self.heartbeat.start()
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and engine_settings().notify:
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
+
+    def _configure_connection(self, sender: Any, connection: Any, **kwargs: Any) -> None:
+        """A frozen worker must not hold row locks for long: PostgreSQL ends a session that
+        sits idle inside a transaction (only an atomic step keeps one open across user code)."""
+        if connection.vendor == "postgresql":
+            ms = int(max(2 * self.config.lease_seconds, 10) * 1000)
+            with connection.cursor() as cur:
+                cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -92,3 +92,17 @@ def test_parent_and_child_across_workers_and_cancel_cascade(workers) -> None:
     assert tasks_engine.cancel(slow.run_id) is True
     assert status(slow.run_id) == "canceled"
     assert status(child.pk) == "canceled"
+
+
+def test_cancel_of_a_step_that_ignores_its_abort_ends_the_run_after_the_grace(workers) -> None:
+    w = workers("--lease-seconds", "2", "--concurrency", "1", "--poll-interval", "0.2")
+    listening(w)
+    res = tasks_engine.enqueue("stubborn")
+    wait_for(lambda: SideEffect.objects.filter(key="stubborn-start").exists(), 10, "the step")
+    tasks_engine.cancel(res.run_id, "stuck")
+    wait_for(lambda: status(res.run_id) == "canceled", 10, "the run to be written off")
+    assert not StepAttempt.objects.filter(run_id=res.run_id, status="running").exists()
+    # The one slot was handed to a new thread: the worker still serves runs.
+    other = tasks_engine.enqueue("b")
+    wait_for(lambda: status(other.run_id) == "completed", 10, "another run on the same worker")
+    assert not SideEffect.objects.filter(key="after").exists()

@@ -7,4 +7,4 @@ class TestAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import wait_workflows  # noqa: F401 - more workflows, kept in their own module
+        from . import bench_workflows, wait_workflows  # noqa: F401 - workflows in more modules

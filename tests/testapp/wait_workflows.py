@@ -162,3 +162,17 @@ def fenced_slow(ctx: TaskContext) -> dict:
         )
 
     return ctx.step.run("op", op)
+
+
+@workflow(name="stubborn")
+def stubborn(ctx: TaskContext) -> str:
+    """A step that ignores its abort signal for a long time."""
+
+    def body() -> str:
+        SideEffect.objects.create(key="stubborn-start", run_id=ctx.run_id)
+        time.sleep(30)
+        return "late"
+
+    ctx.step.run("body", body)
+    ctx.step.run("after", lambda: SideEffect.objects.create(key="after", run_id=ctx.run_id).pk)
+    return "done"
