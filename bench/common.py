@@ -53,7 +53,9 @@ def worker(url: str, *args: str, env: dict[str, str] | None = None) -> subproces
     return subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "runworker", *args],
         env={**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **(env or {})},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL,
     )
 
 

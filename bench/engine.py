@@ -51,8 +51,9 @@ def span(task: str) -> float:
 
     from tasks_engine.models import WorkflowRun
 
-    agg = WorkflowRun.objects.filter(task_name=task).aggregate(a=Min("started_at"),
-                                                                b=Max("finished_at"))
+    agg = WorkflowRun.objects.filter(task_name=task).aggregate(
+        a=Min("started_at"), b=Max("finished_at")
+    )
     return (agg["b"] - agg["a"]).total_seconds()
 
 
@@ -60,16 +61,22 @@ def cmd_drain(a: argparse.Namespace) -> dict[str, Any]:
     with database() as url:
         setup_django(url)
         enqueue_many("bench_noop", a.runs)
-        procs = [worker(url, "--concurrency", str(a.concurrency), "--burst")
-                 for _ in range(a.processes)]
+        procs = [
+            worker(url, "--concurrency", str(a.concurrency), "--burst") for _ in range(a.processes)
+        ]
         with Timer() as t:
             for p in procs:
                 p.wait()
         wait_all_finished("bench_noop", a.runs, 5)
         s = span("bench_noop")
-        return {"bench": "drain", "runs": a.runs, "processes": a.processes,
-                "concurrency": a.concurrency, "runs_per_s": round(a.runs / s, 1),
-                "wall_s_incl_startup": round(t.seconds, 2)}
+        return {
+            "bench": "drain",
+            "runs": a.runs,
+            "processes": a.processes,
+            "concurrency": a.concurrency,
+            "runs_per_s": round(a.runs / s, 1),
+            "wall_s_incl_startup": round(t.seconds, 2),
+        }
 
 
 def cmd_enqueue(a: argparse.Namespace) -> dict[str, Any]:
@@ -84,9 +91,10 @@ def cmd_latency(a: argparse.Namespace) -> dict[str, Any]:
     env = {"TASKS_NOTIFY": "0" if a.no_notify else "1"}
     with database() as url:
         setup_django(url)
+        from django.conf import settings
+
         from tasks_engine import enqueue
         from tasks_engine.models import WorkflowRun
-        from django.conf import settings
 
         settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "NOTIFY": not a.no_notify}
         proc = worker(url, "--concurrency", "8", "--poll-interval", str(a.poll), env=env)
@@ -98,11 +106,19 @@ def cmd_latency(a: argparse.Namespace) -> dict[str, Any]:
         wait_all_finished("bench_noop", a.runs)
         proc.terminate()
         proc.wait()
-        lat = [(r.started_at - r.created_at).total_seconds() * 1000
-               for r in WorkflowRun.objects.filter(pk__in=ids)]
-        return {"bench": "latency", "notify": not a.no_notify, "poll_s": a.poll,
-                "runs": a.runs, "p50_ms": round(percentile(lat, 50), 2),
-                "p99_ms": round(percentile(lat, 99), 2), "max_ms": round(max(lat), 2)}
+        lat = [
+            (r.started_at - r.created_at).total_seconds() * 1000
+            for r in WorkflowRun.objects.filter(pk__in=ids)
+        ]
+        return {
+            "bench": "latency",
+            "notify": not a.no_notify,
+            "poll_s": a.poll,
+            "runs": a.runs,
+            "p50_ms": round(percentile(lat, 50), 2),
+            "p99_ms": round(percentile(lat, 99), 2),
+            "max_ms": round(max(lat), 2),
+        }
 
 
 def fill(waiting: int, finished: int) -> None:
@@ -117,7 +133,9 @@ def fill(waiting: int, finished: int) -> None:
                 " unreached_steps, created_at, updated_at)"
                 " SELECT gen_random_uuid(), 'bench_noop', 1, 'default', 'waiting', 0, '{}',"
                 " NULL, '', '', 1, 0, '', now() + interval '30 days', 'sleep:far', '', '', '[]',"
-                " now(), now() FROM generate_series(1, %s)", [waiting])
+                " now(), now() FROM generate_series(1, %s)",
+                [waiting],
+            )
         if finished:
             cur.execute(
                 "INSERT INTO tasks_engine_workflowrun (id, task_name, version, queue, status,"
@@ -126,7 +144,9 @@ def fill(waiting: int, finished: int) -> None:
                 " unreached_steps, created_at, updated_at, finished_at)"
                 " SELECT gen_random_uuid(), 'bench_noop', 1, 'default', 'completed', 0, '{}',"
                 " NULL, '', '', 1, 0, '', NULL, '', '', '', '[]', now(), now(), now()"
-                " FROM generate_series(1, %s)", [finished])
+                " FROM generate_series(1, %s)",
+                [finished],
+            )
         cur.execute("ANALYZE tasks_engine_workflowrun")
 
 
@@ -152,9 +172,14 @@ def cmd_scale(a: argparse.Namespace) -> dict[str, Any]:
         empty = claim_rate(a.runs)
         fill(a.waiting, a.finished)
         loaded = claim_rate(a.runs)
-        return {"bench": "scale", "claims_per_s_empty": round(empty, 1),
-                "waiting": a.waiting, "finished": a.finished,
-                "claims_per_s_loaded": round(loaded, 1), "ratio": round(loaded / empty, 3)}
+        return {
+            "bench": "scale",
+            "claims_per_s_empty": round(empty, 1),
+            "waiting": a.waiting,
+            "finished": a.finished,
+            "claims_per_s_loaded": round(loaded, 1),
+            "ratio": round(loaded / empty, 3),
+        }
 
 
 def cmd_steps(a: argparse.Namespace) -> dict[str, Any]:
@@ -162,6 +187,7 @@ def cmd_steps(a: argparse.Namespace) -> dict[str, Any]:
         setup_django(url)
         from tasks_engine import enqueue
         from tasks_engine.models import WorkflowRun
+
         proc = worker(url, "--concurrency", "8", "--poll-interval", "0.5")
         time.sleep(2.0)
         single = []
@@ -178,8 +204,12 @@ def cmd_steps(a: argparse.Namespace) -> dict[str, Any]:
         proc = worker(url, "--concurrency", "8", "--burst")
         proc.wait()
         s = span("bench_ten_steps")
-        return {"bench": "steps", "runs": a.runs, "steps_per_s": round(a.runs * 10 / s, 1),
-                "single_run_ms_median": round(sorted(single)[len(single) // 2], 1)}
+        return {
+            "bench": "steps",
+            "runs": a.runs,
+            "steps_per_s": round(a.runs * 10 / s, 1),
+            "single_run_ms_median": round(sorted(single)[len(single) // 2], 1),
+        }
 
 
 def main() -> None:

@@ -58,22 +58,38 @@ def main() -> int:
     log_dir = Path(args.log_dir or ROOT / "bench" / "out")
     log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, str(ROOT / "manage.py"), "runworker", "--concurrency",
-           str(args.concurrency), "--lease-seconds", str(args.lease_seconds),
-           "--poll-interval", "0.2"]
+    cmd = [
+        sys.executable,
+        str(ROOT / "manage.py"),
+        "runworker",
+        "--concurrency",
+        str(args.concurrency),
+        "--lease-seconds",
+        str(args.lease_seconds),
+        "--poll-interval",
+        "0.2",
+    ]
     spawned = 0
 
     def spawn() -> subprocess.Popen[bytes]:
         nonlocal spawned
         spawned += 1
         log = open(log_dir / f"soak-worker-{spawned}.log", "wb")  # noqa: SIM115
-        return subprocess.Popen(cmd, env={**env, "WORKER_TAG": f"w{spawned}"}, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            env={**env, "WORKER_TAG": f"w{spawned}"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def remaining() -> int:
-        n = WorkflowRun.objects.filter(task_name="soak").exclude(
-            status__in=["completed", "failed", "canceled"]).count()
+        n = (
+            WorkflowRun.objects.filter(task_name="soak")
+            .exclude(status__in=["completed", "failed", "canceled"])
+            .count()
+        )
         connection.close()
         return n
 
@@ -82,7 +98,7 @@ def main() -> int:
     kills = 0
     while time.monotonic() - started < args.duration and remaining() > 0:
         time.sleep(args.kill_every)
-        victim = random.randrange(len(procs))  # noqa: S311
+        victim = random.randrange(len(procs))
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].wait()
         kills += 1
@@ -115,8 +131,9 @@ def main() -> int:
         "fenced_resumed": Marker.objects.filter(key__startswith="soak:", value="True").count(),
         "prepare_executions": SideEffect.objects.filter(key="soak-prepare").count(),
         "attempts_running": StepAttempt.objects.filter(run_id__in=ids, status="running").count(),
-        "attempts_abandoned": StepAttempt.objects.filter(run_id__in=ids,
-                                                         status="abandoned").count(),
+        "attempts_abandoned": StepAttempt.objects.filter(
+            run_id__in=ids, status="abandoned"
+        ).count(),
         "claims": sum(runs.values_list("attempts", flat=True)),
     }
     ok = (

@@ -19,14 +19,34 @@ RETRY_PERMISSION = "outbox.retry_outboxevent"
 
 @admin.register(OutboxEvent)
 class OutboxEventAdmin(admin.ModelAdmin):
-    list_display = ("id", "type", "status", "attempts", "max_attempts", "next_attempt_at",
-                    "created_at", "published_at", "error_summary")
+    list_display = (
+        "id",
+        "type",
+        "status",
+        "attempts",
+        "max_attempts",
+        "next_attempt_at",
+        "created_at",
+        "published_at",
+        "error_summary",
+    )
     list_filter = ("status", "type")
     search_fields = ("=idempotency_key", "=id")
     ordering = ("-id",)
     actions = ["retry_selected"]
-    fields = ("id", "type", "status", "idempotency_key", "attempts", "max_attempts",
-              "next_attempt_at", "created_at", "published_at", "payload_pretty", "last_error_pre")
+    fields = (
+        "id",
+        "type",
+        "status",
+        "idempotency_key",
+        "attempts",
+        "max_attempts",
+        "next_attempt_at",
+        "created_at",
+        "published_at",
+        "payload_pretty",
+        "last_error_pre",
+    )
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -57,7 +57,8 @@ class RelayListener(threading.Thread):
                             self.on_wake()
             except psycopg.Error as exc:
                 if not down:
-                    self.log.warning("listener lost its connection; polling meanwhile",
-                                     error=str(exc).strip())
+                    self.log.warning(
+                        "listener lost its connection; polling meanwhile", error=str(exc).strip()
+                    )
                     down = True
                 self.stop.wait(1.0)

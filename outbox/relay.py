@@ -84,7 +84,7 @@ def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
                     "the route caught a database error inside an atomic block and returned; "
                     "its writes were rolled back"
                 )
-    except Exception as exc:  # any route failure is a failed attempt
+    except Exception as exc:  # noqa: BLE001 - any route failure is a failed attempt
         return _failed(event, exc, s)
     event.status = EventStatus.DISPATCHED
     event.published_at = clock.now()
@@ -101,8 +101,11 @@ def _failed(event: OutboxEvent, exc: Exception, s: OutboxSettings) -> EventStatu
         log.error("outbox event is dead", error=str(exc), max_attempts=limit)
     else:
         event.next_attempt_at = clock.now() + s.backoff(event.attempts)
-        log.warning("outbox route failed; will retry", error=str(exc),
-                    next_attempt_at=event.next_attempt_at.isoformat())
+        log.warning(
+            "outbox route failed; will retry",
+            error=str(exc),
+            next_attempt_at=event.next_attempt_at.isoformat(),
+        )
     event.save(update_fields=["attempts", "status", "last_error", "next_attempt_at"])
     return EventStatus(event.status)
 
@@ -160,8 +163,12 @@ class Relay:
         return 0
 
     def _loop(self) -> None:
-        self.log.info("relay started", batch=self.config.batch, burst=self.config.burst,
-                      poll_interval=self.config.poll_interval)
+        self.log.info(
+            "relay started",
+            batch=self.config.batch,
+            burst=self.config.burst,
+            poll_interval=self.config.poll_interval,
+        )
         if connection.vendor == "postgresql" and not self.config.burst:
             RelayListener(self.wake.set, self.stopping, self.log).start()
         outage = Outage(self.log, "relay")
@@ -176,8 +183,13 @@ class Relay:
                 self.stopping.wait(outage.failed(exc))
                 continue
             if counts.claimed:
-                self.log.info("relay pass", claimed=counts.claimed, dispatched=counts.dispatched,
-                              retried=counts.retried, dead=counts.dead)
+                self.log.info(
+                    "relay pass",
+                    claimed=counts.claimed,
+                    dispatched=counts.dispatched,
+                    retried=counts.retried,
+                    dead=counts.dead,
+                )
             if self.config.burst:
                 if not counts.claimed:
                     break

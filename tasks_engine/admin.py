@@ -13,7 +13,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -253,7 +253,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
     def _pk_or_none(self, object_id: str) -> Any:
         try:
             return WorkflowRun._meta.pk.to_python(object_id)
-        except Exception:
+        except ValidationError:
             return None
 
 

@@ -21,7 +21,7 @@ HEX = re.compile(r"^[0-9a-f]{4,32}$")
 
 def registered() -> list[tuple[str, int]]:
     """(name, version) of every registered workflow."""
-    return list(registry.keys())
+    return list(registry.pairs())
 
 
 class _RegistryFilter(admin.SimpleListFilter):

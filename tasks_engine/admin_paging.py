@@ -39,7 +39,7 @@ def planner_estimate(qs: QuerySet) -> int | None:
         return None
     try:
         plan = json.loads(qs.order_by().explain(format="json"))
-    except Exception:  # an estimate is a nicety; never break the page for it
+    except Exception:  # noqa: BLE001 - an estimate is a nicety; never break the page for it
         return None
     return int(plan[0]["Plan"]["Plan Rows"])
 

@@ -17,7 +17,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     except (TypeError, ValueError) as exc:
         return [checks.Error(f"TASKS_ENGINE is invalid: {exc}", id="tasks_engine.E001")]
     if s.lease_seconds <= 0:
-        errors.append(checks.Error("TASKS_ENGINE LEASE_SECONDS must be > 0", id="tasks_engine.E002"))
+        errors.append(
+            checks.Error("TASKS_ENGINE LEASE_SECONDS must be > 0", id="tasks_engine.E002")
+        )
     if s.heartbeat >= s.lease_seconds:
         errors.append(
             checks.Error(
@@ -27,5 +29,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             )
         )
     if s.poll_interval <= 0:
-        errors.append(checks.Error("TASKS_ENGINE POLL_INTERVAL must be > 0", id="tasks_engine.E004"))
+        errors.append(
+            checks.Error("TASKS_ENGINE POLL_INTERVAL must be > 0", id="tasks_engine.E004")
+        )
     return errors

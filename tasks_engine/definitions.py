@@ -38,7 +38,7 @@ class RetryPolicy:
         """Seconds to wait after the `failures`-th failure (1-based)."""
         base = self.initial_interval * self.backoff_coefficient ** max(failures - 1, 0)
         delay = min(base, self.max_interval)
-        return delay + (random.random() * delay * self.jitter if self.jitter else 0.0)  # noqa: S311
+        return delay + (random.random() * delay * self.jitter if self.jitter else 0.0)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return not isinstance(exc, (NonRetryableError, *self.non_retryable))
@@ -121,7 +121,7 @@ class Registry:
     def find(self, name: str, version: int) -> Workflow | None:
         return self._by_key.get((name, version))
 
-    def keys(self) -> list[tuple[str, int]]:
+    def pairs(self) -> list[tuple[str, int]]:
         return sorted(self._by_key)
 
     def unregister(self, name: str, version: int) -> None:

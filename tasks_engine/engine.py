@@ -204,8 +204,9 @@ def get_run(run_id: uuid.UUID | str) -> RunView | None:
     if run is None:
         return None
     steps = [
-        StepView(s.name, s.kind, s.status, s.attempt, s.output, s.error, s.started_at,
-                 s.finished_at)
+        StepView(
+            s.name, s.kind, s.status, s.attempt, s.output, s.error, s.started_at, s.finished_at
+        )
         for s in StepAttempt.objects.filter(run_id=rid).order_by("id")
     ]
     return _view(run, steps)

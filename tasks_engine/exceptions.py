@@ -55,7 +55,7 @@ class MaxStepAttemptsExceeded(NonRetryableError):
     """The run made more step attempts than MAX_STEP_ATTEMPTS_PER_RUN allows."""
 
 
-class Suspend(BaseException):  # noqa: N818 - a control-flow signal, not an error
+class Suspend(BaseException):
     """Unwinds the handler when the run parks. BaseException: `except Exception` can't eat it."""
 
     def __init__(self, why: str) -> None:

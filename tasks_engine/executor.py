@@ -25,8 +25,12 @@ from .serialization import encode_error, to_jsonable
 def load_history(run_id: Any) -> tuple[dict[str, StepRecord], int]:
     history: dict[str, StepRecord] = {}
     count = 0
-    rows = StepAttempt.objects.filter(run_id=run_id).order_by("id").values_list(
-        "id", "name", "kind", "status", "run_pass", "counted", "output", "error", "wake_at"
+    rows = (
+        StepAttempt.objects.filter(run_id=run_id)
+        .order_by("id")
+        .values_list(
+            "id", "name", "kind", "status", "run_pass", "counted", "output", "error", "wake_at"
+        )
     )
     for sid, name, kind, status, run_pass, counted, output, error, wake_at in rows:
         count += 1
@@ -80,7 +84,9 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         return "canceled"
     if run.deadline_at is not None and clock.now() >= run.deadline_at:
         transitions.fail_run(
-            lease, encode_error(DeadlineExceededError("deadline passed")), has_parent=state.has_parent
+            lease,
+            encode_error(DeadlineExceededError("deadline passed")),
+            has_parent=state.has_parent,
         )
         return "failed"
     try:

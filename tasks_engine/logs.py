@@ -19,7 +19,9 @@ def _redact_value(value: Any) -> Any:
     if isinstance(value, str):
         return URL_QUERY_VALUE.sub(lambda m: m.group(1) + REDACTED, value)
     if isinstance(value, dict):
-        return {k: REDACTED if SECRET_KEY.search(str(k)) else _redact_value(v) for k, v in value.items()}
+        return {
+            k: REDACTED if SECRET_KEY.search(str(k)) else _redact_value(v) for k, v in value.items()
+        }
     if isinstance(value, list | tuple):
         return [_redact_value(v) for v in value]
     return value

@@ -14,7 +14,7 @@ from .states import FINISHED
 def prune(older_than: timedelta) -> dict[str, int]:
     cutoff = clock.now() - older_than
     runs = WorkflowRun.objects.filter(status__in=list(FINISHED), finished_at__lt=cutoff)
-    deleted, per_model = runs.delete()
+    _, per_model = runs.delete()
     counts = {"runs": per_model.get("tasks_engine.WorkflowRun", 0)}
     if apps.is_installed("outbox"):
         from outbox.maintenance import prune_dispatched

@@ -20,7 +20,8 @@ class WorkflowRun(models.Model):
     input = models.JSONField(default=dict)
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    # NULL, not "": runs without a key must not collide in the unique constraint.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     input_hash = models.CharField(max_length=64, blank=True)
     trace_id = models.CharField(max_length=64, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Claims so far.")

@@ -54,7 +54,9 @@ class Listener(threading.Thread):
                     self._listen(conn)
             except psycopg.Error as exc:
                 if not outage:
-                    self.log.warning("listener lost its connection; polling meanwhile", error=str(exc))
+                    self.log.warning(
+                        "listener lost its connection; polling meanwhile", error=str(exc)
+                    )
                     outage = True
                 self.stop.wait(1.0)
 

@@ -56,6 +56,6 @@ def rebuild_error(error: dict[str, Any]) -> BaseException:
             exc = cls(message)
             if str(exc) == message:
                 return exc
-    except Exception:  # noqa: BLE001, S110 - any failure means "cannot rebuild"
+    except Exception:  # noqa: BLE001 - any failure means "cannot rebuild"
         pass
     return StepFailedError(message)

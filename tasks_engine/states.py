@@ -58,5 +58,5 @@ def mermaid() -> str:
     """The run state machine as a mermaid flowchart, edges labelled with their causes."""
     lines = ["flowchart LR", "    start(( )) -- enqueue --> pending"]
     for (src, dst), (cause, fn) in TRANSITIONS.items():
-        lines.append(f"    {src} -- \"{cause} ({fn})\" --> {dst}")
+        lines.append(f'    {src} -- "{cause} ({fn})" --> {dst}')
     return "\n".join(lines) + "\n"

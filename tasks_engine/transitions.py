@@ -366,9 +366,9 @@ def wake_run(run: WorkflowRun) -> None:
 
 
 def set_progress(lease: Lease, progress: dict[str, Any]) -> None:
-    WorkflowRun.objects.filter(
-        pk=lease.run_id, lease_token=lease.token, status="running"
-    ).update(progress=progress)
+    WorkflowRun.objects.filter(pk=lease.run_id, lease_token=lease.token, status="running").update(
+        progress=progress
+    )
 
 
 # -- waiting ----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ resolved; the run parks as `waiting` in between and a fact, a child's end or a t
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -47,8 +47,15 @@ class WaitSteps:
         step_id = transitions.start_step(
             self._s.lease, key, kind, attempt_no, self._s.run_pass, **fields
         )
-        armed = Attempt(step_id, StepStatus.RUNNING, self._s.run_pass, True,
-                        fields.get("output"), None, fields.get("wake_at"))
+        armed = Attempt(
+            step_id,
+            StepStatus.RUNNING,
+            self._s.run_pass,
+            True,
+            fields.get("output"),
+            None,
+            fields.get("wake_at"),
+        )
         self._remember(key, kind, armed)
         return armed
 
@@ -89,8 +96,7 @@ class WaitSteps:
             return value
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         deadline = clock.now() + timedelta(seconds=seconds) if seconds is not None else None
-        armed = self._arm(key, StepKind.FACT_WAIT, rec, wake_at=deadline,
-                          output={"fact": name})
+        armed = self._arm(key, StepKind.FACT_WAIT, rec, wake_at=deadline, output={"fact": name})
         lease = self._s.lease
         while True:
             taken, payload = transitions.take_fact(lease, armed.id, key, name)
@@ -111,7 +117,10 @@ class WaitSteps:
                 next_check = clock.now() + timedelta(seconds=check_interval)
                 wake = next_check if wake is None else min(wake, next_check)
             if transitions.park_run_unless(
-                lease, f"fact:{name}", wake, self._s.deadline_at,
+                lease,
+                f"fact:{name}",
+                wake,
+                self._s.deadline_at,
                 lambda: transitions.fact_available(lease.run_id, name),
             ):
                 raise Suspend(f"waiting for fact {name}")
@@ -119,7 +128,11 @@ class WaitSteps:
     # -- child runs ---------------------------------------------------------------------------
 
     def run_child(
-        self, workflow_or_name: Workflow | str, input: Any = None, *, name: str,
+        self,
+        workflow_or_name: Workflow | str,
+        input: Any = None,
+        *,
+        name: str,
         queue: str | None = None,
     ) -> Any:
         """Start a child run and wait for its output; its failure is raised here."""
@@ -137,7 +150,8 @@ class WaitSteps:
             with transaction.atomic():
                 armed = self._arm(key, StepKind.CHILD, rec, guarded=True)
                 child = enqueue(
-                    workflow_or_name, input,
+                    workflow_or_name,
+                    input,
                     idempotency_key=f"child:{lease.run_id}:{key}",
                     queue=queue,
                     trace_id=self._ctx.trace_id,
@@ -154,14 +168,18 @@ class WaitSteps:
                 return output
             if status in FINISHED:
                 exc: BaseException = (
-                    rebuild_error(error) if error else
-                    TaskCanceledError(f"child run {child_id} was {status}")
+                    rebuild_error(error)
+                    if error
+                    else TaskCanceledError(f"child run {child_id} was {status}")
                 )
                 self._resolve(armed, error=exc)
                 raise exc
             self._ctx.raise_if_canceled()
             if transitions.park_run_unless(
-                lease, f"child:{child_id}", None, self._s.deadline_at,
+                lease,
+                f"child:{child_id}",
+                None,
+                self._s.deadline_at,
                 lambda: transitions.child_outcome(child_id)[0] in FINISHED,
             ):
                 raise Suspend(f"waiting for child run {child_id}")
@@ -174,4 +192,3 @@ class WaitSteps:
             .values_list("pk", flat=True)
             .get()
         )
-

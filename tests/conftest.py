@@ -34,10 +34,10 @@ def workers(tmp_path: Path, transactional_db: None) -> Iterator[object]:
     """Start real `manage.py runworker` processes; all are killed at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, tag: str | None = None, env: dict[str, str] | None = None) -> WorkerProcess:
-        w = WorkerProcess(
-            ["runworker", *args], tmp_path, tag or f"w{len(started)}", env or {}
-        )
+    def start(
+        *args: str, tag: str | None = None, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
+        w = WorkerProcess(["runworker", *args], tmp_path, tag or f"w{len(started)}", env or {})
         started.append(w)
         return w
 

@@ -52,7 +52,7 @@ def drain(
 ) -> list[str]:
     """Execute due runs in this thread until none is due. With a fake clock, jump to timers
     due within `horizon` seconds (retry backoffs, short sleeps) instead of waiting for them."""
-    pairs = pairs or registry.keys()
+    pairs = pairs or registry.pairs()
     outcomes: list[str] = []
     for _ in range(limit):
         claimed = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
@@ -75,7 +75,8 @@ def drain(
 def database_url() -> str:
     s = connection.settings_dict
     if connection.vendor == "postgresql":
-        return f"postgres://{s['USER'] or 'postgres'}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+        user, host, port = s["USER"] or "postgres", s["HOST"] or "127.0.0.1", s["PORT"] or 5432
+        return f"postgres://{user}@{host}:{port}/{s['NAME']}"
     return f"sqlite:///{s['NAME']}"
 
 

@@ -51,8 +51,18 @@ class Cluster:
     def init(self) -> Cluster:
         if self._as_postgres:
             shutil.chown(self.base, "postgres", "postgres")
-        self._run(pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                  "--no-sync", "-E", "UTF8")
+        self._run(
+            pg_bin("initdb"),
+            "-D",
+            str(self.data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
         conf = {
             "port": str(self.port),
             "listen_addresses": "'127.0.0.1'",
@@ -73,8 +83,17 @@ class Cluster:
         self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
 
     def restart(self) -> None:
-        self._run(pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-m", "fast",
-                  "-w", "restart")
+        self._run(
+            pg_bin("pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-m",
+            "fast",
+            "-w",
+            "restart",
+        )
 
     def url(self, db: str = "postgres") -> str:
         return f"postgres://postgres@127.0.0.1:{self.port}/{db}"

@@ -1,4 +1,4 @@
-"""Settings for the test suite: the project's, plus a test app with workflows and a side-effect table."""
+"""Test settings: the project's, plus a test app with workflows and a side-effect table."""
 
 from umt.settings import *  # noqa: F403
 

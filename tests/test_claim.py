@@ -105,7 +105,8 @@ def test_reclaim_closes_interrupted_attempts_as_abandoned_and_counts_them(
     drain(fake_clock)
     steps = list(StepAttempt.objects.filter(run_id=res.run_id).order_by("id"))
     assert [(s.attempt, s.status, s.counted) for s in steps] == [
-        (1, "abandoned", True), (2, "completed", True)
+        (1, "abandoned", True),
+        (2, "completed", True),
     ]
     assert tasks_engine.get_run(res.run_id).status == "completed"
 

@@ -23,13 +23,25 @@ def tasks(*args: str) -> str:
 
 
 def test_enqueue_json_and_dedupe() -> None:
-    first = json.loads(tasks("enqueue", "noop", "--input", '{"n": 2}', "--idempotency-key", "k",
-                             "--priority", "3", "--json"))
+    first = json.loads(
+        tasks(
+            "enqueue",
+            "noop",
+            "--input",
+            '{"n": 2}',
+            "--idempotency-key",
+            "k",
+            "--priority",
+            "3",
+            "--json",
+        )
+    )
     assert first["deduplicated"] is False
     run = WorkflowRun.objects.get(pk=first["run_id"])
     assert (run.input, run.priority, run.idempotency_key) == ({"n": 2}, 3, "k")
-    again = json.loads(tasks("enqueue", "noop", "--input", '{"n": 2}', "--idempotency-key", "k",
-                             "--json"))
+    again = json.loads(
+        tasks("enqueue", "noop", "--input", '{"n": 2}', "--idempotency-key", "k", "--json")
+    )
     assert again == {"run_id": first["run_id"], "deduplicated": True}
 
 

@@ -18,8 +18,9 @@ LIST = "/admin/outbox/outboxevent/"
 
 
 def dead_event(key: str = "d", max_attempts: int | None = 1) -> OutboxEvent:
-    event = publish("test.needs_marker", {"key": key}, idempotency_key=f"idem-{key}",
-                    max_attempts=max_attempts)
+    event = publish(
+        "test.needs_marker", {"key": key}, idempotency_key=f"idem-{key}", max_attempts=max_attempts
+    )
     relay_once(10)
     event.refresh_from_db()
     assert event.status == "dead"

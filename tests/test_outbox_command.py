@@ -26,8 +26,14 @@ from .helpers import ROOT, database_url
 )
 def test_bad_arguments_fail_with_one_line(args: list[str], complaint: str) -> None:
     env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    done = subprocess.run([sys.executable, "manage.py", "runrelay", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "runrelay", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()

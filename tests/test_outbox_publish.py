@@ -103,9 +103,12 @@ def test_concurrent_duplicate_key_inside_a_caller_transaction_keeps_it_usable() 
 def test_unique_key_is_enforced_by_the_database() -> None:
     publish("test.record", {}, idempotency_key="db-unique")
     with pytest.raises(IntegrityError), transaction.atomic():
-        OutboxEvent.objects.create(type="x", idempotency_key="db-unique",
-                                   next_attempt_at=datetime.now().astimezone(),
-                                   created_at=datetime.now().astimezone())
+        OutboxEvent.objects.create(
+            type="x",
+            idempotency_key="db-unique",
+            next_attempt_at=datetime.now().astimezone(),
+            created_at=datetime.now().astimezone(),
+        )
 
 
 @pytest.mark.parametrize(
@@ -159,8 +162,14 @@ def test_outbox_package_is_import_safe_before_apps_load() -> None:
         "import outbox; from outbox import route; "
         "assert callable(route); assert 'publish' in outbox.__all__"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
 
 

@@ -93,8 +93,9 @@ def test_failures_back_off_exponentially_then_the_event_is_dead(fake_clock: Fake
     assert relay_once(10).claimed == 0  # dead events are never claimed again
 
 
-@override_settings(OUTBOX={"MAX_ATTEMPTS": 10, "BACKOFF_BASE_SECONDS": 0.5,
-                           "BACKOFF_MAX_SECONDS": 3})
+@override_settings(
+    OUTBOX={"MAX_ATTEMPTS": 10, "BACKOFF_BASE_SECONDS": 0.5, "BACKOFF_MAX_SECONDS": 3}
+)
 def test_backoff_is_capped(fake_clock: FakeClock) -> None:
     event = publish("test.always_fails", {})
     delays = []

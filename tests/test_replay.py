@@ -59,7 +59,9 @@ def test_step_failing_twice_under_three_attempts_completes(fake_clock: FakeClock
     assert view.status == "completed", view.error
     assert view.output == "ok"
     assert [(s.attempt, s.status) for s in view.steps] == [
-        (1, "failed"), (2, "failed"), (3, "completed")
+        (1, "failed"),
+        (2, "failed"),
+        (3, "completed"),
     ]
     assert view.steps[0].error["message"] == "failure 1"
     assert effects("flaky") == 3
@@ -136,8 +138,9 @@ def test_max_step_attempts_per_run(fake_clock: FakeClock, settings) -> None:
 def test_deadline_passed_fails_the_run(fake_clock: FakeClock) -> None:
     from datetime import timedelta
 
-    res = tasks_engine.enqueue("sleeper", {"seconds": 100},
-                               deadline_at=clock.now() + timedelta(seconds=10))
+    res = tasks_engine.enqueue(
+        "sleeper", {"seconds": 100}, deadline_at=clock.now() + timedelta(seconds=10)
+    )
     drain(fake_clock, horizon=0)
     run = WorkflowRun.objects.get(pk=res.run_id)
     assert run.status == "waiting"
@@ -156,8 +159,14 @@ def test_renamed_step_is_reported_as_unreached(fake_clock: FakeClock) -> None:
     # Pretend an older code version recorded a step that the current code never calls.
     lease = transitions.claim_runs("w", [("sleeper", 1)], None, 1, 30)
     assert lease == []  # still waiting
-    StepAttempt.objects.create(run_id=res.run_id, name="old-step", kind="function",
-                               status="completed", attempt=1, started_at=clock.now())
+    StepAttempt.objects.create(
+        run_id=res.run_id,
+        name="old-step",
+        kind="function",
+        status="completed",
+        attempt=1,
+        started_at=clock.now(),
+    )
     fake_clock.advance(6)
     drain(fake_clock)
     view = tasks_engine.get_run(res.run_id)

@@ -1,4 +1,4 @@
-"""The transition table, its functions and the generated diagram agree; nothing else writes status."""
+"""The transition table, its functions and the diagram agree; nothing else writes status."""
 
 from __future__ import annotations
 
@@ -26,8 +26,10 @@ def test_docs_diagram_is_generated_from_the_table() -> None:
 
 
 def test_only_transitions_writes_run_status() -> None:
-    pattern = re.compile(r"status\s*=\s*'(pending|running|waiting|completed|failed|canceled)'|"
-                         r"\.update\([^)]*status=")
+    pattern = re.compile(
+        r"status\s*=\s*'(pending|running|waiting|completed|failed|canceled)'|"
+        r"\.update\([^)]*status="
+    )
     offenders = []
     for path in (ROOT / "tasks_engine").rglob("*.py"):
         if path.name in {"transitions.py"} or "migrations" in path.parts:

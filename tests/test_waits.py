@@ -18,7 +18,9 @@ def status(run_id) -> str:
 
 def test_fact_signalled_before_the_run_starts_is_seen(fake_clock: FakeClock) -> None:
     res = tasks_engine.enqueue("fact_waiter", {"count": 1})
-    assert tasks_engine.signal(res.run_id, "item", {"n": 1}) == tasks_engine.Signaled(True, "pending")
+    assert tasks_engine.signal(res.run_id, "item", {"n": 1}) == tasks_engine.Signaled(
+        True, "pending"
+    )
     drain(fake_clock)
     assert tasks_engine.get_run(res.run_id).output == [{"n": 1}]
 
@@ -48,7 +50,9 @@ def test_a_loop_of_waits_sees_each_fact_once_in_order(fake_clock: FakeClock) -> 
     assert view.output == [1, 2, 3]
     assert [s.name for s in view.steps] == ["item", "item#2", "item#3"]
     assert list(Fact.objects.filter(name="item").values_list("consumed_by", flat=True)) == [
-        "item", "item#2", "item#3"
+        "item",
+        "item#2",
+        "item#3",
     ]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from django.db import Error as DjangoDbError
@@ -20,10 +21,8 @@ class Outage:
         self.backoff = 0.5
 
     def failed(self, exc: BaseException) -> float:
-        try:
+        with contextlib.suppress(Exception):  # the connection is already broken
             connection.close()
-        except Exception:  # noqa: BLE001, S110 - the connection is already broken
-            pass
         if not self.down:
             self.log.warning("database unavailable", where=self.what, error=str(exc).strip())
             self.down = True

@@ -80,8 +80,12 @@ class Worker:
         self._install_signal_handlers()
         connection_created.connect(self._configure_connection, weak=False)
         connection.close()  # reopen with the session settings below
-        self.log.info("worker started", tasks=[f"{n}@{v}" for n, v in self.pairs],
-                      queues=self.queues or "all", concurrency=self.config.concurrency)
+        self.log.info(
+            "worker started",
+            tasks=[f"{n}@{v}" for n, v in self.pairs],
+            queues=self.queues or "all",
+            concurrency=self.config.concurrency,
+        )
         self._start_threads()
         outage = Outage(self.log, "claim")
         while not self.stopping.is_set():
@@ -107,9 +111,7 @@ class Worker:
         return self._shutdown()
 
     def _due_soon(self) -> bool:
-        return transitions.anything_due_before(
-            self.pairs, self.queues, clock.now() + BURST_HORIZON
-        )
+        return transitions.anything_due_before(self.pairs, self.queues, clock.now() + BURST_HORIZON)
 
     def _dispatch(self, item: transitions.Claimed) -> None:
         with self._lock:
@@ -132,9 +134,10 @@ class Worker:
             except DB_ERRORS as exc:
                 # The run keeps its lease until it expires; whoever claims it then replays it.
                 time.sleep(outage.failed(exc))
-            except Exception as exc:  # noqa: BLE001 - one bad run must not kill the slot
-                self.log.exception("run crashed the executor", run_id=str(lease.run_id),
-                                   error=str(exc))
+            except Exception as exc:
+                self.log.exception(
+                    "run crashed the executor", run_id=str(lease.run_id), error=str(exc)
+                )
             finally:
                 with self._lock:
                     self._held.pop(lease.run_id, None)
@@ -175,7 +178,8 @@ class Worker:
     def stuck(self, now: float) -> list[Held]:
         with self._lock:
             return [
-                h for h in self._held.values()
+                h
+                for h in self._held.values()
                 if h.abort_deadline is not None and now >= h.abort_deadline
             ]
 

@@ -40,12 +40,23 @@ class FaultDb:
         self.manage("migrate", "--verbosity", "0")
 
     def env(self, **extra: str) -> dict[str, str]:
-        return {**os.environ, "DATABASE_URL": self.url, "DJANGO_SETTINGS_MODULE": "tests.settings",
-                "PYTHONUNBUFFERED": "1", **extra}
+        return {
+            **os.environ,
+            "DATABASE_URL": self.url,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "PYTHONUNBUFFERED": "1",
+            **extra,
+        }
 
     def manage(self, *args: str) -> str:
-        out = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT,
-                             env=self.env(), capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout
 
@@ -59,9 +70,13 @@ class FaultDb:
     def worker(self, *args: str, tag: str = "w") -> subprocess.Popen[bytes]:
         log = open(self.tmp / f"{tag}.log", "wb")  # noqa: SIM115 - lives with the process
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworker", *args], cwd=ROOT,
-            env=self.env(WORKER_TAG=tag), stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            [sys.executable, str(ROOT / "manage.py"), "runworker", *args],
+            cwd=ROOT,
+            env=self.env(WORKER_TAG=tag),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         self.procs.append(proc)
         return proc

@@ -32,16 +32,24 @@ def start_mix(db) -> list[str]:
 
 @pytest.mark.parametrize("phase", ["sleeping-and-running", "idle"])
 def test_postgres_restart(fault_db, phase: str) -> None:
-    w = fault_db.worker("--lease-seconds", "3", "--poll-interval", "0.2", "--concurrency", "4",
-                        tag="w")
+    w = fault_db.worker(
+        "--lease-seconds", "3", "--poll-interval", "0.2", "--concurrency", "4", tag="w"
+    )
     ids: list[str] = []
     if phase == "idle":
         wait_for(lambda: "listening for wake-ups" in fault_db.log("w"), 30, "worker idle")
     else:
         ids = start_mix(fault_db)
-        wait_for(lambda: fault_db.scalar(
-            "SELECT count(*) FROM testapp_sideeffect WHERE key = 'middle-start'") >= 1, 30,
-            "steps to be running")
+        wait_for(
+            lambda: (
+                fault_db.scalar(
+                    "SELECT count(*) FROM testapp_sideeffect WHERE key = 'middle-start'"
+                )
+                >= 1
+            ),
+            30,
+            "steps to be running",
+        )
     fault_db.cluster.restart()
     fault_db.cluster.wait_ready()
     ids += [fault_db.enqueue("noop", '{"n": 1}')]
@@ -51,12 +59,18 @@ def test_postgres_restart(fault_db, phase: str) -> None:
 
 
 def test_postgres_stopped_for_20_seconds(fault_db) -> None:
-    w = fault_db.worker("--lease-seconds", "3", "--poll-interval", "0.2", "--concurrency", "4",
-                        tag="w")
+    w = fault_db.worker(
+        "--lease-seconds", "3", "--poll-interval", "0.2", "--concurrency", "4", tag="w"
+    )
     ids = start_mix(fault_db)
-    wait_for(lambda: fault_db.scalar(
-        "SELECT count(*) FROM testapp_sideeffect WHERE key = 'middle-start'") >= 1, 30,
-        "steps to be running")
+    wait_for(
+        lambda: (
+            fault_db.scalar("SELECT count(*) FROM testapp_sideeffect WHERE key = 'middle-start'")
+            >= 1
+        ),
+        30,
+        "steps to be running",
+    )
     fault_db.cluster.stop()
     time.sleep(20)
     assert w.poll() is None, fault_db.log("w")

@@ -15,10 +15,30 @@ pytestmark = pytest.mark.process
 
 def test_soak_500_runs_with_random_sigkills(fault_db) -> None:
     out = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "soak.py"), "--runs", "500", "--workers", "2",
-         "--concurrency", "4", "--kill-every", "2", "--duration", "60", "--step-ms", "150",
-         "--lease-seconds", "2", "--log-dir", str(fault_db.tmp)],
-        env=fault_db.env(), capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "soak.py"),
+            "--runs",
+            "500",
+            "--workers",
+            "2",
+            "--concurrency",
+            "4",
+            "--kill-every",
+            "2",
+            "--duration",
+            "60",
+            "--step-ms",
+            "150",
+            "--lease-seconds",
+            "2",
+            "--log-dir",
+            str(fault_db.tmp),
+        ],
+        env=fault_db.env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     counts = json.loads(out.stdout.strip().splitlines()[-1])

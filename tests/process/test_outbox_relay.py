@@ -30,8 +30,9 @@ def relays(tmp_path: Path, transactional_db: None) -> Iterator[Start]:
     """Start real `manage.py runrelay` processes; all are killed at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, tag: str | None = None, env: dict[str, str] | None = None
-              ) -> WorkerProcess:
+    def start(
+        *args: str, tag: str | None = None, env: dict[str, str] | None = None
+    ) -> WorkerProcess:
         r = WorkerProcess(["runrelay", *args], tmp_path, tag or f"r{len(started)}", env or {})
         started.append(r)
         return r
@@ -72,8 +73,10 @@ def test_two_relays_dispatch_1000_events_exactly_once(relays: Start) -> None:
     span = OutboxEvent.objects.aggregate(first=Min("published_at"), last=Max("published_at"))
     seconds = (span["last"] - span["first"]).total_seconds()
     split = Counter(runs.values_list("trace_id", flat=True))
-    print(f"\n1000 events in {seconds:.2f} s ({1000 / max(seconds, 1e-3):.0f}/s), "
-          f"by relay: {dict(split)}")
+    print(
+        f"\n1000 events in {seconds:.2f} s ({1000 / max(seconds, 1e-3):.0f}/s), "
+        f"by relay: {dict(split)}"
+    )
 
 
 def test_relay_sigkilled_mid_batch_loses_nothing_and_repeats_nothing(
@@ -104,8 +107,9 @@ def test_relay_sigkilled_mid_batch_loses_nothing_and_repeats_nothing(
 def test_sigterm_finishes_the_current_batch_and_exits_0(relays: Start, tmp_path: Path) -> None:
     trace = tmp_path / "calls.txt"
     publish_records(30, sleep=0.05)
-    relay = relays("--batch", "10", "--poll-interval", "0.2", tag="term",
-                   env={TRACE_ENV: str(trace)})
+    relay = relays(
+        "--batch", "10", "--poll-interval", "0.2", tag="term", env={TRACE_ENV: str(trace)}
+    )
     wait_for(lambda: len(route_calls(trace)) >= 3, 30, "a batch to be under way")
     relay.send(signal.SIGTERM)
     assert relay.wait(30) == 0, relay.log()
@@ -145,16 +149,22 @@ def test_relay_rides_out_a_database_outage(relays: Start) -> None:
     with psycopg.connect(**{**_listen_params(), "dbname": "postgres"}, autocommit=True) as admin:
         admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
         try:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                          " WHERE datname = %s AND pid <> %s", [db, own_pid])
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> %s",
+                [db, own_pid],
+            )
             wait_for(lambda: "database unavailable" in relay.log(), 10, "the relay to notice")
             event = publish("test.record", {"key": "during-outage"})  # our session survived
             time.sleep(2.0)  # several failed reconnects
             assert relay.proc.poll() is None, relay.log()
         finally:
             admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
-    wait_for(lambda: OutboxEvent.objects.get(pk=event.pk).status == "dispatched", 30,
-             "the event published during the outage to be dispatched")
+    wait_for(
+        lambda: OutboxEvent.objects.get(pk=event.pk).status == "dispatched",
+        30,
+        "the event published during the outage to be dispatched",
+    )
     relay.send(signal.SIGTERM)
     assert relay.wait(30) == 0, relay.log()
     log = relay.log()

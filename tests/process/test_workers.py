@@ -36,7 +36,10 @@ def test_sigkill_mid_step_reruns_only_the_interrupted_step(workers) -> None:
     view = tasks_engine.get_run(res.run_id)
     assert view.status == "completed", second.log()
     assert (effects("first"), effects("middle-start"), effects("middle-end"), effects("last")) == (
-        1, 2, 1, 1
+        1,
+        2,
+        1,
+        1,
     )
     middle = [(s.attempt, s.status) for s in view.steps if s.name == "middle"]
     assert middle == [(1, "abandoned"), (2, "completed")]
@@ -81,8 +84,9 @@ def test_with_one_slot_the_higher_priority_run_starts_first(workers) -> None:
 
 def test_sigterm_hands_the_run_back_long_before_the_lease_expires(workers) -> None:
     res = tasks_engine.enqueue("slow_middle", {"seconds": 30})
-    first = workers("--lease-seconds", "120", "--grace-seconds", "1", "--poll-interval", "0.2",
-                    tag="deployed")
+    first = workers(
+        "--lease-seconds", "120", "--grace-seconds", "1", "--poll-interval", "0.2", tag="deployed"
+    )
     wait_for(lambda: effects("middle-start") == 1, 30, "the middle step to start")
     sent = time.time()
     first.send(signal.SIGTERM)
@@ -118,7 +122,11 @@ def run_command(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "tests.settings"}
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 

@@ -38,8 +38,9 @@ def record(event: OutboxEvent) -> None:
     """Write one row per call, after an optional pause (a slow route)."""
     trace(event)
     time.sleep(float(event.payload.get("sleep", 0)))
-    SideEffect.objects.create(key=f"outbox:{event.payload['key']}",
-                              worker=os.environ.get("WORKER_TAG", ""))
+    SideEffect.objects.create(
+        key=f"outbox:{event.payload['key']}", worker=os.environ.get("WORKER_TAG", "")
+    )
 
 
 @route("test.always_fails")

@@ -107,8 +107,11 @@ class Soak(BaseModel):
 
 # Interrupted attempts count against a step's retries (a step that kills its worker must end),
 # so a soak that SIGKILLs a random worker every 2 s gives its steps room for bad luck.
-@workflow(name="soak", input=Soak,
-          step_retry=RetryPolicy(max_attempts=10, initial_interval=0.1, max_interval=1.0))
+@workflow(
+    name="soak",
+    input=Soak,
+    step_retry=RetryPolicy(max_attempts=10, initial_interval=0.1, max_interval=1.0),
+)
 def soak(ctx: TaskContext) -> str:
     """Three steps: a plain one, a fenced external effect, an atomic database write."""
     pause = ctx.input.step_ms / 1000
@@ -124,9 +127,11 @@ def soak(ctx: TaskContext) -> str:
 
     def fenced() -> dict:
         return ctx.with_attempt_token(
-            f"soak:{ctx.run_id}", external,
-            commit=lambda result: Marker.objects.create(key=f"soak:{ctx.run_id}",
-                                                        value=str(result["resumed"])),
+            f"soak:{ctx.run_id}",
+            external,
+            commit=lambda result: Marker.objects.create(
+                key=f"soak:{ctx.run_id}", value=str(result["resumed"])
+            ),
         )
 
     def atomic() -> str:
@@ -150,14 +155,16 @@ def fenced_slow(ctx: TaskContext) -> dict:
     import os
 
     def outside(info) -> dict:
-        SideEffect.objects.create(key="op-start", run_id=ctx.run_id,
-                                  worker=os.environ.get("WORKER_TAG", ""))
+        SideEffect.objects.create(
+            key="op-start", run_id=ctx.run_id, worker=os.environ.get("WORKER_TAG", "")
+        )
         time.sleep(ctx.input.seconds)
         return {"by": os.environ.get("WORKER_TAG", ""), "resumed": info.resumed}
 
     def op() -> dict:
         return ctx.with_attempt_token(
-            f"fenced:{ctx.run_id}", outside,
+            f"fenced:{ctx.run_id}",
+            outside,
             commit=lambda r: Marker.objects.create(key=f"fenced:{ctx.run_id}", value=r["by"]),
         )
 

@@ -72,8 +72,11 @@ def slow_middle(ctx: TaskContext) -> str:
     return "done"
 
 
-@workflow(name="flaky", input=Flaky,
-          step_retry=RetryPolicy(max_attempts=3, initial_interval=0.01, max_interval=0.05))
+@workflow(
+    name="flaky",
+    input=Flaky,
+    step_retry=RetryPolicy(max_attempts=3, initial_interval=0.01, max_interval=0.05),
+)
 def flaky(ctx: TaskContext) -> str:
     def body() -> str:
         tries = SideEffect.objects.filter(key=ctx.input.key, run_id=ctx.run_id).count()
@@ -85,8 +88,9 @@ def flaky(ctx: TaskContext) -> str:
     return ctx.step.run("body", body)
 
 
-@workflow(name="catcher",
-          step_retry=RetryPolicy(max_attempts=2, initial_interval=0.01, max_interval=0.01))
+@workflow(
+    name="catcher", step_retry=RetryPolicy(max_attempts=2, initial_interval=0.01, max_interval=0.01)
+)
 def catcher(ctx: TaskContext) -> dict:
     def boom() -> None:
         effect(ctx, "boom")
@@ -172,10 +176,10 @@ def many_steps(ctx: TaskContext) -> int:
     return ctx.input.n
 
 
-@workflow(name="crasher",
-          step_retry=RetryPolicy(max_attempts=2, initial_interval=0.01))
+@workflow(name="crasher", step_retry=RetryPolicy(max_attempts=2, initial_interval=0.01))
 def crasher(ctx: TaskContext) -> str:
     """Its step kills the worker process every time (used by process tests)."""
+
     def die() -> None:
         effect(ctx, "crash")
         os.kill(os.getpid(), 9)

@@ -14,14 +14,22 @@ class Command(OneLineErrors, BaseCommand):
     help = "Run the outbox relay: hand due events to their routes, exactly once."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--batch", type=positive_int, default=100,
-                            help="events claimed and dispatched per transaction "
-                                 "(default: %(default)r)")
-        parser.add_argument("--poll-interval", type=positive_float, default=1.0,
-                            help="seconds between polls when idle; on PostgreSQL NOTIFY wakes "
-                                 "the relay sooner (default: %(default)r)")
-        parser.add_argument("--burst", action="store_true",
-                            help="exit 0 once no due pending event remains")
+        parser.add_argument(
+            "--batch",
+            type=positive_int,
+            default=100,
+            help="events claimed and dispatched per transaction (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=positive_float,
+            default=1.0,
+            help="seconds between polls when idle; on PostgreSQL NOTIFY wakes "
+            "the relay sooner (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="exit 0 once no due pending event remains"
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         config = RelayConfig(

@@ -18,21 +18,48 @@ class Command(OneLineErrors, BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         s = engine_settings()
-        parser.add_argument("--concurrency", type=positive_int, default=4,
-                            help="runs executed at once (default: %(default)r)")
-        parser.add_argument("--queue", action="append", default=[], metavar="Q",
-                            help="serve only this queue; repeatable (default: every queue)")
-        parser.add_argument("--task", action="append", default=[], type=task_ref,
-                            metavar="NAME@VERSION",
-                            help="serve only this workflow version; repeatable (default: all)")
-        parser.add_argument("--lease-seconds", type=positive_float, default=s.lease_seconds,
-                            help="lease length (default: %(default)r)")
-        parser.add_argument("--poll-interval", type=positive_float, default=s.poll_interval,
-                            help="seconds between polls when idle (default: %(default)r)")
-        parser.add_argument("--grace-seconds", type=non_negative_float, default=30.0,
-                            help="on SIGTERM, time in-flight steps get to finish (default: %(default)r)")
-        parser.add_argument("--burst", action="store_true",
-                            help="exit 0 once nothing is due or in flight")
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=4,
+            help="runs executed at once (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            default=[],
+            metavar="Q",
+            help="serve only this queue; repeatable (default: every queue)",
+        )
+        parser.add_argument(
+            "--task",
+            action="append",
+            default=[],
+            type=task_ref,
+            metavar="NAME@VERSION",
+            help="serve only this workflow version; repeatable (default: all)",
+        )
+        parser.add_argument(
+            "--lease-seconds",
+            type=positive_float,
+            default=s.lease_seconds,
+            help="lease length (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=positive_float,
+            default=s.poll_interval,
+            help="seconds between polls when idle (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--grace-seconds",
+            type=non_negative_float,
+            default=30.0,
+            help="on SIGTERM, time in-flight steps get to finish (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--burst", action="store_true", help="exit 0 once nothing is due or in flight"
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         workflows = []
@@ -43,7 +70,7 @@ class Command(OneLineErrors, BaseCommand):
                     raise CommandError(f"unknown task {name}@{version}")
                 workflows.append(wf)
         else:
-            workflows = [registry.get(n, v) for n, v in registry.keys()]
+            workflows = [registry.get(n, v) for n, v in registry.pairs()]
         if not workflows:
             raise CommandError("no workflows are registered; nothing to run")
         lease = opts["lease_seconds"]

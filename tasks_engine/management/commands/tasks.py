@@ -58,8 +58,13 @@ class Command(OneLineErrors, BaseCommand):
         p.add_argument("--json", action="store_true", help="print JSON")
 
         p = add("prune", "delete finished runs (and dispatched outbox events) older than DAYS")
-        p.add_argument("--older-than", type=non_negative_float, required=True, metavar="DAYS",
-                       help="age in days")
+        p.add_argument(
+            "--older-than",
+            type=non_negative_float,
+            required=True,
+            metavar="DAYS",
+            help="age in days",
+        )
         p.add_argument("--json", action="store_true", help="print JSON")
 
     def handle(self, *args: Any, **opts: Any) -> None:
@@ -127,7 +132,8 @@ class Command(OneLineErrors, BaseCommand):
     def do_list(self, o: dict[str, Any]) -> dict[str, Any]:
         views = engine.list_runs(task=o["task"], status=o["status"], limit=o["limit"])
         lines = [
-            f"{v.run_id}  {v.task_name}@{v.version:<3} {v.status:<10} {v.created_at:%Y-%m-%d %H:%M:%S}"
+            f"{v.run_id}  {v.task_name}@{v.version:<3} {v.status:<10}"
+            f" {v.created_at:%Y-%m-%d %H:%M:%S}"
             for v in views
         ]
         return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or "(no runs)"}
