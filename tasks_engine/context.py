@@ -260,7 +260,7 @@ class StepAPI(WaitSteps):
     def _step_failed(
         self, key: str, step_id: int, exc: Exception, policy: RetryPolicy, failures: int
     ) -> None:
-        error = encode_error(exc)
+        error: dict[str, Any] = dict(encode_error(exc))
         run_pass = self._s.run_pass
         if not policy.is_retryable(exc) or failures >= policy.max_attempts:
             error["terminal"] = True

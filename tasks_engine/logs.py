@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -27,7 +28,9 @@ def _redact_value(value: Any) -> Any:
     return value
 
 
-def redact_secrets(_logger: Any, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def redact_secrets(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> Mapping[str, Any]:
     return {
         key: REDACTED if SECRET_KEY.search(key) else _redact_value(value)
         for key, value in event_dict.items()

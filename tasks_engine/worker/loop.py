@@ -265,7 +265,9 @@ class Worker:
                 try:
                     transitions.requeue_run(h.lease, clock.now())
                     h.ctx.logger.info("run handed back")
-                except (LeaseLostError, *DB_ERRORS):
+                except LeaseLostError:
+                    pass
+                except DB_ERRORS:
                     pass
         self.heartbeat.stop.set()
         for _ in self._slots:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from tasks_engine import TaskContext, workflow
 
 
@@ -14,5 +16,5 @@ def bench_noop(ctx: TaskContext) -> None:
 def bench_ten_steps(ctx: TaskContext) -> int:
     total = 0
     for i in range(10):
-        total += ctx.step.run(f"step-{i}", lambda i=i: i)
+        total += ctx.step.run(f"step-{i}", partial(int, i))
     return total

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
+from functools import partial
 
 from pydantic import BaseModel
 
@@ -52,7 +53,7 @@ def three_steps(ctx: TaskContext) -> list:
 
 @workflow(name="repeat_names")
 def repeat_names(ctx: TaskContext) -> list:
-    return [ctx.step.run("fetch", lambda i=i: i) for i in range(3)]
+    return [ctx.step.run("fetch", partial(int, i)) for i in range(3)]
 
 
 @workflow(name="slow_middle", input=Sleepy)
@@ -172,7 +173,7 @@ def b_v1(ctx: TaskContext) -> str:
 @workflow(name="many_steps", input=N)
 def many_steps(ctx: TaskContext) -> int:
     for i in range(ctx.input.n):
-        ctx.step.run("s", lambda i=i: i)
+        ctx.step.run("s", partial(int, i))
     return ctx.input.n
 
 
