@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from . import clock, notify, transitions
 from .definitions import Workflow, registry
@@ -142,41 +142,26 @@ def enqueue(
     wf = registry.get(task, version)
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
     digest = input_hash(data)
-    if idempotency_key is not None:
-        found = _existing(wf.name, idempotency_key, digest)
-        if found is not None:
-            return found
-    now = clock.now()
-    run = WorkflowRun(
+    run_id = transitions.create_run(
         task_name=wf.name,
         version=wf.version,
         queue=queue or wf.queue,
-        status=RunStatus.PENDING,
         priority=wf.priority if priority is None else priority,
         input=data,
         idempotency_key=idempotency_key,
         input_hash=digest,
         trace_id=trace_id or uuid.uuid4().hex,
-        available_at=available_at or now,
+        available_at=available_at,
         deadline_at=deadline_at,
         parent_run_id=parent_run_id,
         parent_step=parent_step,
-        created_at=now,
-        updated_at=now,
     )
-    if idempotency_key is None:
-        run.save(force_insert=True)
-    else:
-        try:
-            with transaction.atomic():
-                run.save(force_insert=True)
-        except IntegrityError:
-            found = _existing(wf.name, idempotency_key, digest)
-            if found is None:
-                raise
-            return found
-    notify.wake_workers(run.queue)
-    return Enqueued(run.pk, False)
+    if run_id is None:  # the idempotency key is taken: same input -> that run, else conflict
+        assert idempotency_key is not None
+        found = _existing(wf.name, idempotency_key, digest)
+        assert found is not None
+        return found
+    return Enqueued(run_id, False)
 
 
 def _existing(task_name: str, key: str, digest: str) -> Enqueued | None:

@@ -18,8 +18,12 @@ from .conf import engine_settings
 CHANNEL = "tasks_engine_wake"
 
 
+def enabled() -> bool:
+    return connection.vendor == "postgresql" and engine_settings().notify
+
+
 def wake_workers(queue: str, *, cancel: bool = False) -> None:
-    if connection.vendor != "postgresql" or not engine_settings().notify:
+    if not enabled():
         return
     with connection.cursor() as cur:
         cur.execute("SELECT pg_notify(%s, %s)", [CHANNEL, ("cancel:" if cancel else "") + queue])

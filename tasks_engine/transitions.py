@@ -81,6 +81,53 @@ def _filters(pairs: list[tuple[str, int]], queues: list[str] | None) -> tuple[st
     return sql, params
 
 
+# -- creating ---------------------------------------------------------------------------------
+
+
+def create_run(
+    *,
+    task_name: str,
+    version: int,
+    queue: str,
+    priority: int,
+    input: Any,
+    idempotency_key: str | None,
+    input_hash: str,
+    trace_id: str,
+    available_at: datetime | None,
+    deadline_at: datetime | None,
+    parent_run_id: uuid.UUID | None,
+    parent_step: str,
+) -> uuid.UUID | None:
+    """Insert a pending run on the caller's connection (and transaction) in one statement,
+    which on PostgreSQL also NOTIFYs idle workers (delivered at commit). With an idempotency
+    key that is taken, nothing is inserted and None is returned."""
+    now = clock.now()
+    run_id = uuid.uuid4()
+    conflict = (
+        " ON CONFLICT (task_name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+        if idempotency_key is not None
+        else ""
+    )
+    sql = f"""
+        INSERT INTO {RUN} (id, task_name, version, queue, status, priority, input,
+            idempotency_key, input_hash, trace_id, attempts, failures, worker_id, available_at,
+            waiting_on, deadline_at, cancel_reason, parent_run_id, parent_step, unreached_steps,
+            created_at, updated_at)
+        VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, %s, %s, 0, 0, '', %s, '', %s, '', %s, %s,
+            '[]', %s, %s){conflict}
+        RETURNING id
+    """
+    params: list[Any] = [p_uuid(run_id), task_name, version, queue, priority, p_json(input)]
+    params += [idempotency_key, input_hash, trace_id, p_dt(available_at or now), p_dt(deadline_at)]
+    params += [p_uuid(parent_run_id), parent_step, p_dt(now), p_dt(now)]
+    if notify.enabled():
+        sql = f"WITH created AS ({sql}) SELECT id, pg_notify(%s, %s) FROM created"
+        params += [notify.CHANNEL, queue]
+    rows = fetchall(sql, params)
+    return run_id if rows else None
+
+
 # -- claiming ---------------------------------------------------------------------------------
 
 
