@@ -100,3 +100,21 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# UMT's acquisition (umt/conf.py has the defaults and what each one means).
+UMT = {
+    "LIBRARY_DIR": env.str("UMT_LIBRARY_DIR", default=str(BASE_DIR / "media" / "library")),
+    "DOWNLOADS_DIR": env.str("UMT_DOWNLOADS_DIR", default=str(BASE_DIR / "media" / "downloads")),
+    "RETENTION_SECONDS": env.float("UMT_RETENTION_SECONDS", default=7 * 24 * 3600),
+    "DOWNLOAD_TIMEOUT_SECONDS": env.float("UMT_DOWNLOAD_TIMEOUT_SECONDS", default=14 * 24 * 3600),
+    "DOWNLOAD_CHECK_SECONDS": env.float("UMT_DOWNLOAD_CHECK_SECONDS", default=600),
+    "COPY_CHUNK_BYTES": env.int("UMT_COPY_CHUNK_BYTES", default=8 * 1024 * 1024),
+    "COPY_RATE_LIMIT": env.float("UMT_COPY_RATE_LIMIT", default=0),  # bytes/s, 0: unlimited
+    "QBITTORRENT": {
+        "URL": env.str("UMT_QBITTORRENT_URL", default="http://127.0.0.1:8080"),
+        "USERNAME": env.str("UMT_QBITTORRENT_USERNAME", default=""),
+        "PASSWORD": env.str("UMT_QBITTORRENT_PASSWORD", default=""),
+        "SAVE_PATH": env.str("UMT_QBITTORRENT_SAVE_PATH", default=""),
+        "PEERS": env.list("UMT_QBITTORRENT_PEERS", default=[]),
+    },
+}

@@ -1,0 +1,68 @@
+"""Admin for UMT's tables. Adding a plan publishes its outbox event in the admin's transaction,
+so the relay starts its `acquire` run; everything the workflow writes is read-only here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from .acquisition import announce
+from .models import AcquisitionPlan, LibraryItem
+
+
+def run_link(run_id: Any) -> str:
+    if run_id is None:
+        return "-"
+    url = reverse("admin:tasks_engine_workflowrun_change", args=[run_id])
+    return format_html('<a href="{}">{}</a>', url, run_id)
+
+
+@admin.register(AcquisitionPlan)
+class AcquisitionPlanAdmin(admin.ModelAdmin):
+    list_display = ["id", "title", "client", "status", "run", "created_at"]
+    list_filter = ["status", "client"]
+    search_fields = ["title", "info_hash", "=run_id"]
+    fields = [
+        "title",
+        "client",
+        "source",
+        "retention_seconds",
+        "status",
+        "info_hash",
+        "download_ref",
+        "run",
+        "created_at",
+        "updated_at",
+    ]
+    readonly_fields = ["status", "info_hash", "download_ref", "run", "created_at", "updated_at"]
+
+    @admin.display(description="workflow run")
+    def run(self, obj: AcquisitionPlan) -> str:
+        return run_link(obj.run_id)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is not None:  # the workflow owns a plan once it exists
+            return [*self.fields]
+        return self.readonly_fields
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if not change:
+            announce(obj)  # same transaction as the row (the admin's change view is atomic)
+
+
+@admin.register(LibraryItem)
+class LibraryItemAdmin(admin.ModelAdmin):
+    list_display = ["title", "path", "size", "registered_at", "created_at"]
+    search_fields = ["title", "path", "sha256"]
+    readonly_fields = ["plan", "title", "path", "size", "sha256", "registered_at", "created_at"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,59 @@
+"""UMT settings (`settings.UMT`, filled from `UMT_*` environment variables) with typed defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class QBittorrentSettings:
+    url: str = "http://127.0.0.1:8080"  # the Web UI / Web API address
+    username: str = ""  # empty: no login (qBittorrent's "bypass authentication for localhost")
+    password: str = ""
+    save_path: str = ""  # where qBittorrent saves downloads; empty: its own default
+    peers: tuple[str, ...] = ()  # "host:port" peers added to every torrent (LAN seeders, tests)
+
+
+@dataclass(frozen=True)
+class UmtSettings:
+    library_dir: Path = Path("media/library")  # the media library: only complete files land here
+    downloads_dir: Path = Path("media/downloads")  # the folder client's download folder
+    retention_seconds: float = 7 * 24 * 3600  # keep (and seed) the source this long after copying
+    download_timeout_seconds: float = 14 * 24 * 3600  # give up waiting for a download
+    download_check_seconds: float = 600  # also ask the client this often (0: hook only)
+    copy_chunk_bytes: int = 8 * 1024 * 1024  # progress and cancel are checked once a chunk
+    copy_rate_limit: float = 0  # bytes per second, 0: as fast as the disks go
+    qbittorrent: QBittorrentSettings = field(default_factory=QBittorrentSettings)
+
+    @property
+    def partial_dir(self) -> Path:
+        """Copies in progress: inside the library (so the final rename is atomic), hidden."""
+        return self.library_dir / ".partial"
+
+
+def umt_settings() -> UmtSettings:
+    raw: dict[str, Any] = getattr(settings, "UMT", {}) or {}
+    qbt: dict[str, Any] = raw.get("QBITTORRENT", {}) or {}
+    d = UmtSettings()
+    return UmtSettings(
+        library_dir=Path(raw.get("LIBRARY_DIR", d.library_dir)),
+        downloads_dir=Path(raw.get("DOWNLOADS_DIR", d.downloads_dir)),
+        retention_seconds=float(raw.get("RETENTION_SECONDS", d.retention_seconds)),
+        download_timeout_seconds=float(
+            raw.get("DOWNLOAD_TIMEOUT_SECONDS", d.download_timeout_seconds)
+        ),
+        download_check_seconds=float(raw.get("DOWNLOAD_CHECK_SECONDS", d.download_check_seconds)),
+        copy_chunk_bytes=int(raw.get("COPY_CHUNK_BYTES", d.copy_chunk_bytes)),
+        copy_rate_limit=float(raw.get("COPY_RATE_LIMIT", d.copy_rate_limit)),
+        qbittorrent=QBittorrentSettings(
+            url=str(qbt.get("URL", d.qbittorrent.url)),
+            username=str(qbt.get("USERNAME", "")),
+            password=str(qbt.get("PASSWORD", "")),
+            save_path=str(qbt.get("SAVE_PATH", "")),
+            peers=tuple(p for p in qbt.get("PEERS", ()) if p),
+        ),
+    )
