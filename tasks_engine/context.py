@@ -253,7 +253,7 @@ class StepAPI(WaitSteps):
             self._step_failed(key, step_id, exc, policy, failures + 1)
             raise
         if not atomic:
-            transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
+            transitions.defer_step_completion(lease, step_id, output)
         self._remember(key, StepKind.FUNCTION, _att(step_id, "completed", run_pass, output))
         return output
 

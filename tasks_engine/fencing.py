@@ -13,7 +13,7 @@ from uuid import UUID
 
 from django.db import IntegrityError, transaction
 
-from . import clock
+from . import clock, transitions
 from .exceptions import FencingError
 from .models import OpLedger, WorkflowRun
 from .serialization import to_jsonable
@@ -38,6 +38,7 @@ def with_attempt_token(
 ) -> Any:
     lease = ctx._state.lease
     ctx.raise_if_canceled()
+    transitions.flush_deferred(lease)
     resumed = _record_start(ctx, op_key)
     if isinstance(resumed, _Done):
         return resumed.result

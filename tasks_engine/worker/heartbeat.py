@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .loop import Worker
 
 PROGRESS_FLUSH_SECONDS = 1.0
+DEFERRED_MAX_AGE = 0.5  # seconds a finished step may wait to ride on its run's next write
 
 
 class Heartbeat(threading.Thread):
@@ -91,6 +92,7 @@ class Heartbeat(threading.Thread):
 
     def flush_progress(self) -> None:
         for h in self.worker.held():
+            transitions.flush_deferred(h.lease, older_than=DEFERRED_MAX_AGE)
             state = h.ctx._state
             if state.progress_dirty:
                 state.progress_dirty = False

@@ -106,3 +106,16 @@ def test_cancel_of_a_step_that_ignores_its_abort_ends_the_run_after_the_grace(wo
     other = tasks_engine.enqueue("b")
     wait_for(lambda: status(other.run_id) == "completed", 10, "another run on the same worker")
     assert not SideEffect.objects.filter(key="after").exists()
+
+
+def test_a_finished_step_is_checkpointed_even_when_the_next_write_is_far_off(workers) -> None:
+    workers("--poll-interval", "0.2")
+    res = tasks_engine.enqueue("slow_between_steps")
+    wait_for(lambda: SideEffect.objects.filter(key="between").exists(), 10, "the gap")
+    wait_for(
+        lambda: StepAttempt.objects.filter(run_id=res.run_id, name="first", status="completed"),
+        2.5,
+        "the heartbeat to send the deferred checkpoint",
+    )
+    assert status(res.run_id) == "running"
+    wait_for(lambda: status(res.run_id) == "completed", 15, "the run to complete")

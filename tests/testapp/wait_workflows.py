@@ -183,3 +183,13 @@ def stubborn(ctx: TaskContext) -> str:
     ctx.step.run("body", body)
     ctx.step.run("after", lambda: SideEffect.objects.create(key="after", run_id=ctx.run_id).pk)
     return "done"
+
+
+@workflow(name="slow_between_steps")
+def slow_between_steps(ctx: TaskContext) -> str:
+    """Long user code between two steps: the first checkpoint must not wait for the second."""
+    ctx.step.run("first", lambda: "one")
+    SideEffect.objects.create(key="between", run_id=ctx.run_id)
+    time.sleep(4)
+    ctx.step.run("second", lambda: "two")
+    return "done"
