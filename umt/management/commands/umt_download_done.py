@@ -4,6 +4,8 @@ qBittorrent (Options > Downloads > "Run external program on torrent finished"):
 
     /srv/umt/.venv/bin/python /srv/umt/manage.py umt_download_done "%I" "%F" --name "%N"
 
+(see docs/QBITTORRENT-HOOK.md for the environment it needs).
+
 `%I` is the torrent's v1 info hash, which the `acquire` workflow stored on the plan before it
 added the torrent; the command finds the plan and signals `download-done` to its run. Other
 downloaders pass `plan:<id>` instead of an info hash.
@@ -12,9 +14,11 @@ downloaders pass `plan:<id>` instead of an info hash.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from tasks_engine.management.commands._args import OneLineErrors
 from umt.acquisition import UnknownDownload, report_download_done
@@ -30,14 +34,24 @@ class Command(OneLineErrors, BaseCommand):
         parser.add_argument("content_path", help="the finished content (qBittorrent's %%F)")
         parser.add_argument("--name", default="", help="the torrent's name (qBittorrent's %%N)")
         parser.add_argument("--json", action="store_true", help="print JSON")
+        parser.add_argument(
+            "--log",
+            type=Path,
+            default=None,
+            help="also append the outcome to this file (qBittorrent discards the hook's output)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         extra = {"name": opts["name"]} if opts["name"] else {}
         try:
             reported = report_download_done(opts["ref"], opts["content_path"], **extra)
         except UnknownDownload as exc:
+            self._log(opts["log"], f"{opts['ref']}: refused: {exc}")
             raise CommandError(str(exc)) from exc
         plan, res = reported.plan, reported.signaled
+        what = "delivered" if res.delivered else "not delivered"
+        text = f"plan #{plan.pk}: download-done {what} (run {plan.run_id} is {res.status})"
+        self._log(opts["log"], f"{opts['ref']}: {text}")
         if opts["json"]:
             data = {
                 "plan_id": plan.pk,
@@ -47,7 +61,10 @@ class Command(OneLineErrors, BaseCommand):
             }
             self.stdout.write(json.dumps(data))
         else:
-            what = "delivered" if res.delivered else "not delivered"
-            self.stdout.write(
-                f"plan #{plan.pk}: download-done {what} (run {plan.run_id} is {res.status})"
-            )
+            self.stdout.write(text)
+
+    @staticmethod
+    def _log(path: Path | None, line: str) -> None:
+        if path is not None:
+            with path.open("a") as f:
+                f.write(f"{timezone.now().isoformat()} {line}\n")

@@ -1,0 +1,142 @@
+"""A real `qbittorrent-nox` on loopback: one profile folder, free ports, start, stop, and
+helpers to make a small torrent. Recipe: shared/QBITTORRENT.md; config: fixtures/qbittorrent/."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import qbittorrentapi
+import torf
+
+from tests.helpers import ROOT
+
+BINARY = shutil.which("qbittorrent-nox")
+needs_qbittorrent = pytest.mark.skipif(BINARY is None, reason="qbittorrent-nox is not installed")
+CONF_TEMPLATE = ROOT / "fixtures" / "qbittorrent" / "qBittorrent.conf"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Instance:
+    root: Path
+    name: str
+    bt_port: int = field(default_factory=free_port)
+    webui_port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.webui_port}"
+
+    @property
+    def peer(self) -> str:
+        return f"127.0.0.1:{self.bt_port}"
+
+    @property
+    def downloads(self) -> Path:
+        return self.root / self.name / "downloads"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root / self.name / "qbittorrent-nox.log"
+
+    def start(self) -> Instance:
+        assert BINARY is not None
+        profile = self.root / self.name / "profile"
+        conf = profile / "qBittorrent" / "config" / "qBittorrent.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        self.downloads.mkdir(parents=True, exist_ok=True)
+        conf.write_text(
+            CONF_TEMPLATE.read_text().format(
+                bt_port=self.bt_port, webui_port=self.webui_port, save_path=self.downloads
+            )
+        )
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [BINARY, f"--profile={profile}"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        end = time.monotonic() + 20
+        while True:
+            try:
+                self.api().app_version()
+                return self
+            except qbittorrentapi.APIConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"{self.name} did not start: {self.log()}") from None
+                time.sleep(0.1)
+
+    def api(self) -> qbittorrentapi.Client:
+        return qbittorrentapi.Client(
+            host=self.url, REQUESTS_ARGS={"timeout": (2, 10)}, DISABLE_LOGGING_DEBUG_OUTPUT=True
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def wait_complete(self, info_hash: str, timeout: float = 30.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            found = self.api().torrents_info(torrent_hashes=info_hash)
+            if found and float(found[0].progress) >= 1:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"{self.name}: torrent {info_hash} not complete after {timeout}s")
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A file the seeder seeds, and its torrent."""
+
+    path: Path
+    torrent: Path
+    info_hash: str
+    sha256: str
+    size: int
+
+
+def make_torrent(folder: Path, name: str, size: int) -> Shared:
+    """A file of `size` pseudo-random bytes in `folder` and a trackerless .torrent for it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    block = b"".join(hashlib.sha256(f"{name}:{i}".encode()).digest() for i in range(2048))
+    data = (block * (size // len(block) + 1))[:size]
+    path.write_bytes(data)
+    t = torf.Torrent(path=path, trackers=[], private=False, piece_size=256 * 1024)
+    t.generate()
+    torrent = folder.parent / f"{name}.torrent"
+    t.write(torrent, overwrite=True)
+    return Shared(path, torrent, str(t.infohash).lower(), hashlib.sha256(data).hexdigest(), size)
+
+
+def seed(seeder: Instance, shared: Shared) -> None:
+    seeder.api().torrents_add(
+        torrent_files=shared.torrent.read_bytes(), save_path=str(shared.path.parent)
+    )
+    seeder.wait_complete(shared.info_hash)  # rechecked: it has every piece and seeds
