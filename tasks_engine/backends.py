@@ -232,8 +232,8 @@ def _missing_task(*args: Any, **kwargs: Any) -> None:
 def load_task(path: str) -> Task:
     try:
         obj = import_string(path)
-    except ImportError as exc:
-        raise UnknownDjangoTask(f"cannot import Django task {path!r}: {exc}") from exc
+    except Exception as exc:  # ImportError, or whatever the module raised at import
+        raise UnknownDjangoTask(f"cannot import Django task {path!r}: {exc!r}") from exc
     if not isinstance(obj, Task):
         raise UnknownDjangoTask(f"{path!r} is a {type(obj).__name__}, not a Django task")
     return obj
@@ -244,7 +244,10 @@ def _rebuild_task(data: DjangoTaskInput, run: WorkflowRun) -> Task:
         task = load_task(data.task)
     except UnknownDjangoTask:
         task = DurableTask(func=_missing_task, backend=data.backend)
-    return task.using(priority=run.priority, queue_name=run.queue, run_after=data.run_after)
+    task = task.using(priority=run.priority, queue_name=run.queue, run_after=data.run_after)
+    if isinstance(task, DurableTask) and task.max_attempts != data.max_attempts:
+        task = replace(task, max_attempts=data.max_attempts)  # as enqueued (`.using(...)`)
+    return task
 
 
 # -- the worker side ----------------------------------------------------------------------------

@@ -117,6 +117,7 @@ def test_using_max_attempts_overrides_the_decorator(fake_clock: FakeClock) -> No
     twice = t.boom.using(max_attempts=2)  # type: ignore[call-arg]  # a DurableTask option
     assert isinstance(twice, DurableTask)
     result = twice.enqueue("twice")
+    assert result.task.max_attempts == 2  # type: ignore[attr-defined]  # rebuilt as enqueued
     drain(fake_clock)
     assert t.boom.get_result(result.id).status == FAILED
     assert effects("boom:twice") == 2
@@ -202,8 +203,9 @@ def test_an_unimportable_task_path_fails_its_run_and_the_worker_goes_on(
 ) -> None:
     gone = tasks_engine.enqueue(DJANGO_TASK, {"task": "tests.testapp.no_such_module.task"})
     plain = tasks_engine.enqueue(DJANGO_TASK, {"task": "tests.testapp.django_tasks.not_a_task"})
+    broken = tasks_engine.enqueue(DJANGO_TASK, {"task": "tests.testapp.broken_django_tasks.x"})
     good = t.add.enqueue(1, 2)
-    assert sorted(drain(fake_clock)) == ["completed", "failed", "failed"]
+    assert sorted(drain(fake_clock)) == ["completed", "failed", "failed", "failed"]
     result = task_backends["default"].get_result(str(gone.run_id))
     assert result.status == FAILED
     [error] = result.errors
@@ -212,6 +214,8 @@ def test_an_unimportable_task_path_fails_its_run_and_the_worker_goes_on(
     assert result.task.name == "_missing_task"
     plain_error = task_backends["default"].get_result(str(plain.run_id)).errors[0].traceback
     assert "is a function, not a Django task" in plain_error
+    broken_error = task_backends["default"].get_result(str(broken.run_id)).errors[0].traceback
+    assert "RuntimeError('this module is broken on purpose')" in broken_error
     assert t.add.get_result(good.id).return_value == 3
 
 
