@@ -239,3 +239,15 @@ def test_the_hook_command_refuses_unknown_downloads() -> None:
     plan = AcquisitionPlan.objects.create(title="no run yet", source="x.mkv")
     with pytest.raises(CommandError, match="has no workflow run yet"):
         call_command("umt_download_done", f"plan:{plan.pk}", "/tmp/x")
+
+
+def test_a_fact_without_a_content_path_fails_the_run_at_once(
+    media: Path, fake_clock: FakeClock
+) -> None:
+    plan = started()
+    drain(fake_clock)
+    tasks_engine.signal(rid(plan), "download-done", {"oops": True})
+    assert drain(fake_clock) == ["failed"]
+    run = tasks_engine.get_run(rid(plan))
+    assert run is not None and run.error["type"] == "umt.downloads.BadSource"
+    assert [(s.name, s.attempt) for s in run.steps if s.name == "copy-file"] == [("copy-file", 1)]

@@ -48,7 +48,9 @@ def library_path(plan: AcquisitionPlan, source: Path, s: UmtSettings) -> Path:
     return s.library_dir / title / f"{title}{source.suffix}"
 
 
-def copy_into_library(ctx: TaskContext, plan: AcquisitionPlan, source: Path, s: UmtSettings):
+def copy_into_library(
+    ctx: TaskContext, plan: AcquisitionPlan, source: Path, s: UmtSettings
+) -> dict[str, Any]:
     """Copy, verify, rename, and commit the LibraryItem. Returns what the commit stored."""
     dest = library_path(plan, source, s)
     copier = Copier(ctx, source, dest, s.partial_dir / f"{plan.pk}-{dest.name}.part", s)
@@ -65,9 +67,10 @@ def copy_into_library(ctx: TaskContext, plan: AcquisitionPlan, source: Path, s: 
             status=AcquisitionPlan.Status.COPIED, updated_at=timezone.now()
         )
 
-    return ctx.with_attempt_token(
+    result: dict[str, Any] = ctx.with_attempt_token(
         f"umt:copy:plan:{plan.pk}", lambda info: copier.run(resumed=info.resumed), commit=commit
     )
+    return result
 
 
 @dataclass

@@ -39,5 +39,9 @@ class Timeline:
             self._line(f"       {message}")
         return view
 
+    def note(self, text: str) -> None:
+        """A line of the story that is not the run's own (the downloader's part)."""
+        self._line(text)
+
     def _line(self, text: str) -> None:
         self.write(f"  +{time.monotonic() - self.started:5.1f}s  {text}")

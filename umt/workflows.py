@@ -23,7 +23,7 @@ from tasks_engine import RetryPolicy, TaskContext, workflow
 
 from .acquisition import DOWNLOAD_DONE
 from .conf import umt_settings
-from .downloads import DownloadError, client_for, main_file
+from .downloads import BadSource, DownloadError, client_for, main_file
 from .library import copy_into_library
 from .models import AcquisitionPlan, LibraryItem
 
@@ -52,7 +52,7 @@ def acquire(ctx: TaskContext) -> dict[str, Any]:
         check=_poller(ctx, sub) if sub["check_seconds"] > 0 else None,
         check_interval=sub["check_seconds"] or 30,
     )
-    item = ctx.step.run("copy-file", lambda: copy_file(ctx, plan_id, done["content_path"]))
+    item = ctx.step.run("copy-file", lambda: copy_file(ctx, plan_id, done))
     ctx.step.run("register", lambda: register(plan_id), atomic=True)
     ctx.step.sleep("retention", timedelta(seconds=sub["retention_seconds"]))
     cleaned = ctx.step.run("cleanup", lambda: cleanup(plan_id, sub["client"], sub["ref"]))
@@ -93,7 +93,10 @@ def _poller(ctx: TaskContext, sub: dict[str, Any]) -> Any:
     return check
 
 
-def copy_file(ctx: TaskContext, plan_id: int, content_path: str) -> dict[str, Any]:
+def copy_file(ctx: TaskContext, plan_id: int, done: Any) -> dict[str, Any]:
+    content_path = done.get("content_path") if isinstance(done, dict) else None
+    if not content_path:
+        raise BadSource(f"the download-done fact carries no content_path: {done!r}")
     plan = AcquisitionPlan.objects.get(pk=plan_id)
     source = main_file(content_path)
     if not source.is_file():

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tasks_engine import NonRetryableError
+
 if TYPE_CHECKING:
     from ..models import AcquisitionPlan
 
@@ -38,6 +40,10 @@ class DownloadClient(Protocol):
 
 class DownloadError(Exception):
     """The client refused or lost a download (retried by the step's policy)."""
+
+
+class BadSource(DownloadError, NonRetryableError):
+    """The plan's source cannot be a download (not retried: it will not get better)."""
 
 
 def client_for(kind: str) -> DownloadClient:

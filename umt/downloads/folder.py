@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import DownloadError
+from . import BadSource, DownloadError
 
 if TYPE_CHECKING:
     from ..models import AcquisitionPlan
@@ -21,7 +21,7 @@ class FolderClient:
     def identify(self, plan: AcquisitionPlan) -> str:
         name = Path(plan.source).name
         if not name or name in {".", ".."}:
-            raise DownloadError(f"plan #{plan.pk}: {plan.source!r} is not a file name")
+            raise BadSource(f"plan #{plan.pk}: {plan.source!r} is not a file name")
         return str(self.root / name)
 
     def add(self, plan: AcquisitionPlan, ref: str) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import qbittorrentapi
 import torf
 
-from . import DownloadError
+from . import BadSource, DownloadError
 
 if TYPE_CHECKING:
     from ..conf import QBittorrentSettings
@@ -45,7 +45,7 @@ class QBittorrentClient:
                 return str(torf.Magnet.from_string(source).infohash).lower()
             return str(torf.Torrent.read(source).infohash).lower()
         except (torf.TorfError, OSError) as exc:
-            raise DownloadError(f"plan #{plan.pk}: cannot read {source!r}: {exc}") from exc
+            raise BadSource(f"plan #{plan.pk}: cannot read {source!r}: {exc}") from exc
 
     def add(self, plan: AcquisitionPlan, ref: str) -> None:
         if not self._info(ref):

@@ -111,10 +111,10 @@ class Command(BaseCommand):
         with path.open("wb") as f:
             for _ in range(size // MIB):
                 f.write(block)
-        timeline._line(f"downloader wrote {size // MIB} MiB to downloads/{path.name}")
+        timeline.note(f"downloader wrote {size // MIB} MiB to downloads/{path.name}")
         res = report_download_done(f"plan:{plan_id}", str(path)).signaled
         said = "delivered" if res.delivered else f"not delivered ({res.status})"
-        timeline._line(f"downloader ran the hook: umt_download_done plan:{plan_id} -> {said}")
+        timeline.note(f"downloader ran the hook: umt_download_done plan:{plan_id} -> {said}")
 
     def _report(self, plan_id: int, status: str) -> None:
         item = LibraryItem.objects.filter(plan_id=plan_id).first()

@@ -39,9 +39,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         call_command("migrate", verbosity=0, interactive=False)
         password = opts["password"] or secrets.token_urlsafe(9)
-        user, created = get_user_model().objects.get_or_create(
-            username=opts["username"], defaults={"email": ""}
-        )
+        model = get_user_model()
+        user, created = model.objects.get_or_create(**{model.USERNAME_FIELD: opts["username"]})
         user.is_staff = user.is_superuser = user.is_active = True
         user.set_password(password)
         user.save()
