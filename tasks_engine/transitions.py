@@ -10,6 +10,7 @@ Lock order: the run row first, then its step attempts.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -105,11 +106,21 @@ def _fence_params(lease: Lease) -> list[Any]:
 
 
 def _filters(pairs: list[tuple[str, int]], queues: list[str] | None) -> tuple[str, list[Any]]:
-    sql = " AND (task_name, version) IN (" + ", ".join(["(%s, %s)"] * len(pairs)) + ")"
-    params: list[Any] = [x for pair in pairs for x in pair]
+    """Only the (name, version) pairs a worker registered, and its queues: one parameter each,
+    so a worker with many workflows does not send (and parse) hundreds of parameters a claim."""
+    keys = [f"{name}@{version}" for name, version in pairs]
+    if is_postgres():
+        sql = " AND task_name || '@' || version = ANY(%s)"
+        params: list[Any] = [keys]
+        if queues:
+            sql += " AND queue = ANY(%s)"
+            params.append(list(queues))
+        return sql, params
+    sql = " AND task_name || '@' || version IN (SELECT value FROM json_each(%s))"
+    params = [json.dumps(keys)]
     if queues:
-        sql += f" AND queue IN ({placeholders(len(queues))})"
-        params += queues
+        sql += " AND queue IN (SELECT value FROM json_each(%s))"
+        params.append(json.dumps(list(queues)))
     return sql, params
 
 
