@@ -32,9 +32,12 @@ def test_adding_a_plan_in_the_admin_starts_its_run(admin_client: Client) -> None
     assert (event.type, event.payload) == (PLANNED, {"plan_id": plan.pk})
     relay_once()
     plan.refresh_from_db()
-    page = admin_client.get(f"/admin/umt/acquisitionplan/{plan.pk}/change/").content.decode()
+    url = f"/admin/umt/acquisitionplan/{plan.pk}/change/"
+    page = admin_client.get(url).content.decode()
     assert f"/admin/tasks_engine/workflowrun/{plan.run_id}/change/" in page
     assert 'name="title"' not in page  # the workflow owns the plan now
+    assert admin_client.post(url, {"title": "changed"}).status_code == 403
+    assert admin_client.get(f"/admin/umt/acquisitionplan/{plan.pk}/delete/").status_code == 403
 
 
 def test_library_items_cannot_be_added_or_changed(admin_client: Client) -> None:

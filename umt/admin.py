@@ -44,10 +44,16 @@ class AcquisitionPlanAdmin(admin.ModelAdmin):
     def run(self, obj: AcquisitionPlan) -> str:
         return run_link(obj.run_id)
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        if obj is not None:  # the workflow owns a plan once it exists
-            return [*self.fields]
-        return self.readonly_fields
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        if obj is None:  # adding: only what a person decides
+            return ["title", "client", "source", "retention_seconds"]
+        return self.fields
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the workflow owns a plan once it exists: its page is view-only
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a plan is the business record of its run and library item
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         super().save_model(request, obj, form, change)
