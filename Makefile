@@ -35,8 +35,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy tasks_engine outbox umt tests
 
+# Ours vs PgQueuer, Procrastinate, DBOS and django-tasks-db on a throwaway cluster (peers in
+# bench/.venv-peers): about 12 minutes; writes bench/results.md and bench/results.png.
 bench: $(STAMP)
-	$(BIN)/python bench/drain.py
+	$(BIN)/python bench/run_all.py
 
 clean:
 	rm -rf $(VENV) db.sqlite3
