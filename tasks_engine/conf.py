@@ -14,6 +14,9 @@ class EngineSettings:
     poll_interval: float = 1.0
     max_step_attempts_per_run: int = 1000
     notify: bool = True  # LISTEN/NOTIFY wake-ups on PostgreSQL (polling remains the fallback)
+    # Server-side parameters for the engine's statements, which psycopg prepares after a few
+    # executions. Turn off behind a pooler that cannot keep prepared statements.
+    prepared_statements: bool = True
 
     @property
     def heartbeat(self) -> float:
@@ -28,4 +31,5 @@ def engine_settings() -> EngineSettings:
         poll_interval=float(raw.get("POLL_INTERVAL", 1.0)),
         max_step_attempts_per_run=int(raw.get("MAX_STEP_ATTEMPTS_PER_RUN", 1000)),
         notify=bool(raw.get("NOTIFY", True)),
+        prepared_statements=bool(raw.get("PREPARED_STATEMENTS", True)),
     )

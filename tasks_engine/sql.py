@@ -6,6 +6,7 @@ time, so each statement is already serialised and the locking clauses are droppe
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -58,13 +59,41 @@ def placeholders(n: int) -> str:
     return ", ".join(["%s"] * n)
 
 
+def _server_side() -> bool:
+    from .conf import engine_settings
+
+    return is_postgres() and engine_settings().prepared_statements
+
+
 def execute(sql: str, params: Sequence[Any] = ()) -> int:
+    if _server_side():
+        return _pg(sql, params, fetch=False)  # type: ignore[return-value]
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return cur.rowcount
 
 
 def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    if _server_side():
+        return _pg(sql, params, fetch=True)  # type: ignore[return-value]
     with connection.cursor() as cur:
         cur.execute(sql, params)
         return list(cur.fetchall())
+
+
+def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any, ...]]:
+    """The engine's hot statements on PostgreSQL: server-side parameters, so psycopg prepares
+    a statement after a few executions and neither side re-parses (or quotes) it each time.
+    Django's error wrapping and query log (CaptureQueriesContext) still apply."""
+    import psycopg
+
+    connection.ensure_connection()
+    start = time.monotonic()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
+        cur.execute(sql, params)
+        result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
+    if connection.queries_logged:
+        connection.queries_log.append(
+            {"sql": sql, "time": f"{time.monotonic() - start:.3f}", "params": params}
+        )
+    return result
