@@ -165,7 +165,7 @@ measurement, engines alternated and the order rotated each repetition):
 - **steps**: {workflows:,} ten-step workflows drained by one worker at concurrency 8 (steps/s),
   and the median of 5 single workflows on an idle worker (enqueue → finished).
 - **RSS**: peak `VmRSS` of each worker process (and its children), sampled every 50 ms while it
-  drains {jobs:,} jobs at concurrency 16 ({rss_reps} repetition(s)).
+  drains {rss_jobs:,} jobs at concurrency 16 ({rss_reps} repetition(s)).
 
 Per-engine configuration (durable defaults everywhere: fsync and synchronous_commit on, no
 unlogged tables):
@@ -210,7 +210,8 @@ def markdown(raw: dict[str, Any], chart: bool) -> str:
     lines += ["", "¹ n/a: see *Not measured* below.", ""]
     fails = failures(raw)
     lines += ["## Not measured", "", *(fails or ["- nothing: every engine ran."]), ""]
-    sizes = {k: int(raw["args"][k]) for k in ("jobs", "enqueue_jobs", "latency_jobs", "workflows")}
+    keys = ("jobs", "enqueue_jobs", "latency_jobs", "workflows", "rss_jobs")
+    sizes = {k: int(raw["args"][k]) for k in keys}
     sizes["rss_reps"] = min(int(raw["args"]["rss_reps"]), int(raw["args"]["reps"]))
     lines += ["## Method", "", NOTES.format(**sizes)]
     lines += [

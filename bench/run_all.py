@@ -4,7 +4,7 @@ defaults), alternating engines, N repetitions; then bench/report.py writes bench
 bench/results.png.
 
     .venv/bin/python bench/run_all.py                       # the full run (about 12 minutes)
-    .venv/bin/python bench/run_all.py --jobs 200 --reps 1 --quick   # smoke test
+    .venv/bin/python bench/run_all.py --reps 1 --jobs 200 --quick   # smoke test
 
 Our numbers come from bench/engine.py (this interpreter, $BENCH_SERVER_URL pointing at the
 cluster); each peer's from bench/peers/drive_<peer>.py run with bench/.venv-peers/bin/python,
@@ -15,10 +15,12 @@ run is reported as n/a with the reason; it never fails the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import threading
@@ -117,18 +119,25 @@ def versions() -> dict[str, str]:
 
 
 def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None):
+    """Run ``cmd`` in a session of its own; on timeout, kill that whole process group (a hung
+    driver's workers included), so nothing it started outlives the measurement."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+        start_new_session=True,
+    )
     try:
-        return subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={**os.environ, **(env or {})},
-            cwd=ROOT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        return subprocess.CompletedProcess(cmd, -1, e.stdout or "", f"timed out after {timeout}s")
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        stderr = f"timed out after {timeout:.0f} s"
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
 def tail(text: str | bytes | None) -> str:
@@ -164,6 +173,7 @@ def measure_ours_rss(cmd: list[str], timeout: float, env: dict[str, str]) -> dic
         text=True,
         cwd=ROOT,
         env={**os.environ, **env},
+        start_new_session=True,
     )
     peaks: dict[int, float] = {}
     stop = threading.Event()
@@ -179,7 +189,8 @@ def measure_ours_rss(cmd: list[str], timeout: float, env: dict[str, str]) -> dic
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
     stop.set()
     sampler.join()
@@ -249,7 +260,7 @@ class Harness:
                 self.peer(e, "enqueue", rep, "enqueue", jobs=n)
 
     def drain(self, rep: int, processes: int, concurrency: int, bench: str) -> None:
-        n = self.a.jobs
+        n = self.a.rss_jobs if bench == "rss" else self.a.jobs
         names = [OURS, *PEERS] + ([PGQ_DEFAULTS] if bench == "drain1" else [])
         for e in self.engines(rep, names):
             if e == OURS:
@@ -360,10 +371,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--jobs", type=int, default=5000, help="jobs per drain")
-    p.add_argument("--enqueue-jobs", type=int, default=2000)
+    p.add_argument("--enqueue-jobs", type=int, default=1000)
     p.add_argument("--latency-jobs", type=int, default=200)
     p.add_argument("--workflows", type=int, default=200, help="10-step workflows per steps run")
     p.add_argument("--rss-reps", type=int, default=1, help="repetitions of the RSS drain")
+    p.add_argument("--rss-jobs", type=int, default=2000, help="jobs drained while sampling RSS")
     p.add_argument("--finished", type=int, default=1_000_000)
     p.add_argument("--waiting", type=int, default=100_000)
     p.add_argument("--pgbench-seconds", type=int, default=10)
@@ -373,6 +385,7 @@ def main() -> None:
     a = p.parse_args()
     if a.quick:
         a.finished, a.waiting, a.pgbench_seconds = 20_000, 2_000, 3
+        a.rss_jobs = min(a.rss_jobs, a.jobs)
     started = time.monotonic()
     load_before = os.getloadavg()
     na = ensure_peers_venv()
