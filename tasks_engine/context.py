@@ -233,7 +233,7 @@ class StepAPI(WaitSteps):
             )
             error = {**encode_error(exc), "terminal": True}
             transitions.start_step(
-                lease, key, StepKind.FUNCTION, attempt_no, run_pass, status="failed"
+                lease, key, StepKind.FUNCTION, attempt_no, run_pass, status="failed", error=error
             )
             self._remember(key, StepKind.FUNCTION, _att(0, "failed", run_pass, error=error))
             raise exc

@@ -103,7 +103,10 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         for key, rec in state.history.items()
         if key not in state.seen and rec.completed is not None
     )
-    transitions.complete_run(lease, output, unreached, has_parent=state.has_parent)
+    progress = state.progress if state.progress_dirty else None
+    transitions.complete_run(
+        lease, output, unreached, has_parent=state.has_parent, progress=progress
+    )
     if unreached:
         ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
     return "completed"

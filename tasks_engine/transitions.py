@@ -281,6 +281,7 @@ def start_step(
     *,
     status: str = "running",
     output: Any = None,
+    error: Any = None,
     wake_at: datetime | None = None,
 ) -> int:
     now = clock.now()
@@ -290,12 +291,13 @@ def start_step(
         {prefix}
         INSERT INTO {STEP} (run_id, name, kind, status, attempt, run_pass, counted, output,
             error, worker_id, lease_token, wake_at, started_at, finished_at)
-        SELECT %s, %s, %s, %s, %s, %s, TRUE, %s, NULL, %s, %s, %s, %s, %s
+        SELECT %s, %s, %s, %s, %s, %s, TRUE, %s, %s, %s, %s, %s, %s, %s
         WHERE {_fence()}
         RETURNING id
     """
     params = [*prefix_params, p_uuid(lease.run_id), name, kind, status, attempt, run_pass]
-    params += [p_json(output), lease.worker_id, p_uuid(lease.token), p_dt(wake_at), p_dt(now)]
+    params += [p_json(output), p_json(error), lease.worker_id, p_uuid(lease.token), p_dt(wake_at)]
+    params.append(p_dt(now))
     params.append(finished)
     rows = fetchall(sql, params + _fence_params(lease))
     if not rows:
@@ -392,15 +394,22 @@ def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
 
 
 def complete_run(
-    lease: Lease, output: Any, unreached: list[str], *, has_parent: bool = False
+    lease: Lease,
+    output: Any,
+    unreached: list[str],
+    *,
+    has_parent: bool = False,
+    progress: dict[str, Any] | None = None,
 ) -> None:
-    """Running -> completed. The handler returned, so every attempt of this pass is closed."""
+    """Running -> completed. The handler returned, so every attempt of this pass is closed.
+    The last progress the handler reported (not yet flushed by the heartbeat) goes along."""
     with transaction.atomic() if has_parent else _no_transaction():
         _cas_run(
             lease,
             "status = 'completed', output = %s, unreached_steps = %s, finished_at = %s,"
-            " lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL",
-            [p_json(output), p_json(unreached), p_dt(clock.now())],
+            " lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
+            " progress = COALESCE(%s, progress)",
+            [p_json(output), p_json(unreached), p_dt(clock.now()), p_json(progress)],
         )
         if has_parent:
             wake_parent(lease.run_id)

@@ -125,6 +125,9 @@ def test_step_interrupted_every_time_fails_the_run(fake_clock: FakeClock) -> Non
     assert view.status == "failed"
     assert view.error["type"] == "tasks_engine.exceptions.StepFailedError"
     assert [s.status for s in view.steps] == ["abandoned"] * 3 + ["failed"]
+    assert (
+        view.steps[-1].error["message"] == "step 'body' was interrupted 3 times without finishing"
+    )
 
 
 def test_graceful_handback_does_not_count(fake_clock: FakeClock) -> None:

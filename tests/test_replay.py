@@ -199,3 +199,11 @@ def test_input_validation_failure_at_replay_is_recorded(fake_clock: FakeClock) -
     WorkflowRun.objects.filter(pk=res.run_id).update(input={"n": "garbage"})
     drain(fake_clock)
     assert tasks_engine.get_run(res.run_id).status == "failed"
+
+
+def test_the_last_progress_of_a_quick_run_is_kept(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("quick_progress")
+    drain(fake_clock)
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == "completed"
+    assert view.progress == {"done": 5, "total": 5, "message": "chunk 5/5"}

@@ -193,3 +193,13 @@ def slow_between_steps(ctx: TaskContext) -> str:
     time.sleep(4)
     ctx.step.run("second", lambda: "two")
     return "done"
+
+
+@workflow(name="quick_progress")
+def quick_progress(ctx: TaskContext) -> str:
+    def body() -> str:
+        for i in range(5):
+            ctx.progress(i + 1, 5, f"chunk {i + 1}/5")
+        return "ok"
+
+    return ctx.step.run("body", body)
