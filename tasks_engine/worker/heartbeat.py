@@ -92,7 +92,10 @@ class Heartbeat(threading.Thread):
 
     def flush_progress(self) -> None:
         for h in self.worker.held():
-            transitions.flush_deferred(h.lease, older_than=DEFERRED_MAX_AGE)
+            try:
+                transitions.flush_deferred(h.lease, older_than=DEFERRED_MAX_AGE)
+            except LeaseLostError:
+                pass  # the renewal below finds the loss and aborts the run
             state = h.ctx._state
             if state.progress_dirty:
                 state.progress_dirty = False
