@@ -3,7 +3,7 @@ django-tasks-db on one throwaway PostgreSQL cluster (fsync on, every engine on i
 defaults), alternating engines, N repetitions; then bench/report.py writes bench/results.md and
 bench/results.png.
 
-    .venv/bin/python bench/run_all.py                       # the full run (about 12 minutes)
+    .venv/bin/python bench/run_all.py                       # the full run (see results.md)
     .venv/bin/python bench/run_all.py --reps 1 --jobs 200 --quick   # smoke test
 
 Our numbers come from bench/engine.py (this interpreter, $BENCH_SERVER_URL pointing at the
@@ -378,7 +378,7 @@ def main() -> None:
     p.add_argument("--rss-jobs", type=int, default=2000, help="jobs drained while sampling RSS")
     p.add_argument("--finished", type=int, default=1_000_000)
     p.add_argument("--waiting", type=int, default=100_000)
-    p.add_argument("--pgbench-seconds", type=int, default=10)
+    p.add_argument("--pgbench-seconds", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300, help="seconds per measurement")
     p.add_argument("--quick", action="store_true", help="small scale bench, short pgbench")
     p.add_argument("--out", type=Path, default=BENCH, help="where results.md/.png/.json go")
