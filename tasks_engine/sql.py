@@ -82,15 +82,15 @@ def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
 
 
 def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any, ...]]:
-    """The engine's hot statements on PostgreSQL: server-side parameters, so psycopg prepares
-    a statement after a few executions and neither side re-parses (or quotes) it each time.
+    """The engine's hot statements on PostgreSQL: server-side parameters and prepared
+    statements, so neither side re-parses (or quotes) them each time.
     Django's error wrapping and query log (CaptureQueriesContext) still apply."""
     import psycopg
 
     connection.ensure_connection()
     start = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
-        cur.execute(sql, params)
+        cur.execute(sql, params, prepare=True)  # the engine runs a handful of shapes, often
         result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
     if connection.queries_logged:
         connection.queries_log.append(

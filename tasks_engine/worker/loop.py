@@ -7,6 +7,7 @@ in-flight steps finish within the grace period, abort the rest, hand their runs 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
@@ -123,6 +124,8 @@ class Worker:
     def _slot(self) -> None:
         outage = Outage(self.log, "slot")
         retired = False
+        with contextlib.suppress(*DB_ERRORS):
+            connection.ensure_connection()  # connect now, not on the first run's critical path
         while not retired:
             item = self._jobs.get()
             if item is None:
