@@ -14,8 +14,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from tasks_engine import admin_paging, admin_stats, clock
-from tasks_engine.admin_paging import CappedPaginator, RunPaginator
+from tasks_engine import clock
+from tasks_engine.admin import paging as admin_paging
+from tasks_engine.admin import stats as admin_stats
+from tasks_engine.admin.paging import CappedPaginator, RunPaginator
 from tasks_engine.models import Fact, OpLedger, WorkflowRun
 from tests.browser.rundata import add_step, make_many, make_run, make_showcase
 

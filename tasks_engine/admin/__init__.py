@@ -2,8 +2,8 @@
 
 Nothing here writes an engine row. Add, change and delete answer 403 for everyone, superusers
 included; a run's change page (GET) is the read-only run page, and any POST to it is refused.
-Cancel (`admin_cancel.py`) goes through `tasks_engine.engine.cancel`.
-Lists stay fast on millions of rows: see `admin_paging.py`, `admin_stats.py`, `admin_filters.py`.
+Cancel (`admin/cancel.py`) goes through `tasks_engine.engine.cancel`.
+Lists stay fast on millions of rows: see `paging.py`, `stats.py`, `filters.py`.
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from . import admin_stats, clock
-from .admin_cancel import CancelMixin
-from .admin_filters import QueueFilter, TaskFilter, VersionFilter, search_runs
-from .admin_paging import CappedPaginator, RunPaginator
-from .admin_run_page import elapsed, humanize_seconds, run_page
-from .models import Fact, OpLedger, StepAttempt, WorkflowRun
-from .states import RunStatus
+from .. import clock
+from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
+from ..states import RunStatus
+from . import stats as admin_stats
+from .cancel import CancelMixin
+from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
+from .paging import CappedPaginator, RunPaginator
+from .run_page import elapsed, humanize_seconds, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 

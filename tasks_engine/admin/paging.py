@@ -25,7 +25,7 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
 
-from .states import RunStatus
+from ..states import RunStatus
 
 COUNT_CAP = 10_000
 

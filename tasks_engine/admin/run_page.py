@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import clock
-from .models import Fact, OpLedger, StepAttempt, WorkflowRun
-from .states import ACTIVE
+from .. import clock
+from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
+from ..states import ACTIVE
 
 # Rows shown per section; the engine caps step attempts per run at MAX_STEP_ATTEMPTS_PER_RUN.
 MAX_STEPS = 1000

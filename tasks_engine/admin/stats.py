@@ -25,9 +25,9 @@ from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
-from . import clock
-from .models import WorkflowRun
-from .states import FINISHED, RunStatus
+from .. import clock
+from ..models import WorkflowRun
+from ..states import FINISHED, RunStatus
 
 STATUS_COUNT_CAP = 10_000
 THROUGHPUT_CACHE_SECONDS = 10

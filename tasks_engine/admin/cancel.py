@@ -19,9 +19,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from . import engine
-from .exceptions import UnknownRunError
-from .states import ACTIVE
+from .. import engine
+from ..exceptions import UnknownRunError
+from ..states import ACTIVE
 
 CANCEL_PERMISSION = "tasks_engine.cancel_workflowrun"
 MAX_REASON = 2000

@@ -14,7 +14,7 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import Q, QuerySet
 
-from .definitions import registry
+from ..definitions import registry
 
 HEX = re.compile(r"^[0-9a-f]{4,32}$")
 
