@@ -94,6 +94,6 @@ def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any
         result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
     if connection.queries_logged:
         connection.queries_log.append(
-            {"sql": sql, "time": f"{time.monotonic() - start:.3f}", "params": params}
+            {"sql": sql, "time": f"{time.monotonic() - start:.3f}"}
         )
     return result

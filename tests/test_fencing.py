@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
@@ -56,8 +57,13 @@ def test_an_op_started_by_a_crashed_attempt_is_resumed(fake_clock: FakeClock) ->
     assert OpLedger.objects.get(op_key="op-2").status == "started"
     fake_clock.advance(31)
     second = claim_ctx()
-    seen = []
-    out = second.with_attempt_token("op-2", lambda info: seen.append(info.resumed) or "done")
+    seen: list[bool] = []
+
+    def fn(info) -> str:
+        seen.append(info.resumed)
+        return "done"
+
+    out = second.with_attempt_token("op-2", fn)
     assert (seen, out) == ([True], "done")
     assert OpLedger.objects.get(op_key="op-2").attempt_token == second.attempt_token
 
@@ -65,7 +71,7 @@ def test_an_op_started_by_a_crashed_attempt_is_resumed(fake_clock: FakeClock) ->
 def test_a_stale_attempt_cannot_commit(fake_clock: FakeClock) -> None:
     tasks_engine.enqueue("b")
     stale = claim_ctx()
-    holder: dict[str, object] = {}
+    holder: dict[str, Any] = {}
 
     def slow(info):
         # While this attempt works, its lease expires and another worker takes the run.
