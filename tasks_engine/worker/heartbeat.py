@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -92,10 +93,9 @@ class Heartbeat(threading.Thread):
 
     def flush_progress(self) -> None:
         for h in self.worker.held():
-            try:
+            # A refusal means the lease is gone: the renewal below finds that and aborts the run.
+            with contextlib.suppress(LeaseLostError):
                 transitions.flush_deferred(h.lease, older_than=DEFERRED_MAX_AGE)
-            except LeaseLostError:
-                pass  # the renewal below finds the loss and aborts the run
             state = h.ctx._state
             if state.progress_dirty:
                 state.progress_dirty = False
