@@ -93,7 +93,5 @@ def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any
         cur.execute(sql, params, prepare=True)  # the engine runs a handful of shapes, often
         result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
     if connection.queries_logged:
-        connection.queries_log.append(
-            {"sql": sql, "time": f"{time.monotonic() - start:.3f}"}
-        )
+        connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
     return result
