@@ -26,7 +26,7 @@ from tasks_engine.worker.dbretry import DB_ERRORS, Outage
 
 from .conf import OutboxSettings, outbox_settings
 from .models import EventStatus, OutboxEvent
-from .notify import RelayListener
+from .notify import relay_listener
 from .routes import registry
 
 ERROR_TEXT_LIMIT = 8000
@@ -170,7 +170,7 @@ class Relay:
             poll_interval=self.config.poll_interval,
         )
         if connection.vendor == "postgresql" and not self.config.burst:
-            RelayListener(self.wake.set, self.stopping, self.log).start()
+            relay_listener(self.wake.set, self.stopping, self.log).start()
         outage = Outage(self.log, "relay")
         while not self.stopping.is_set():
             self.wake.clear()  # a NOTIFY arriving during the pass triggers another pass

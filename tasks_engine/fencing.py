@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 
 from . import clock, transitions
 from .exceptions import FencingError
-from .models import OpLedger, WorkflowRun
+from .models import OpLedger
 from .serialization import to_jsonable
 
 if TYPE_CHECKING:
@@ -44,19 +44,19 @@ def with_attempt_token(
         return resumed.result
     result = to_jsonable(fn(OpInfo(op_key, resumed, lease.token)))
     with transaction.atomic():
-        holds = (
-            WorkflowRun.objects.select_for_update()
-            .filter(pk=lease.run_id, lease_token=lease.token, status="running")
-            .exists()
-        )
-        if not holds:
-            raise FencingError(f"op {op_key!r}: attempt {lease.token} no longer holds the lease")
+        _check_lease(lease, op_key)
         if commit is not None:
             commit(result)
         OpLedger.objects.filter(op_key=op_key).update(
             status=OpLedger.Status.DONE, result=result, updated_at=clock.now()
         )
     return result
+
+
+def _check_lease(lease: transitions.Lease, op_key: str) -> None:
+    """Inside the transaction: lock the run row, or refuse if this attempt lost its lease."""
+    if not transitions.lock_held_run(lease):
+        raise FencingError(f"op {op_key!r}: attempt {lease.token} no longer holds the lease")
 
 
 @dataclass(frozen=True)
@@ -69,13 +69,7 @@ def _record_start(ctx: TaskContext, op_key: str) -> bool | _Done:
     lease = ctx._state.lease
     now = clock.now()
     with transaction.atomic():
-        holds = (
-            WorkflowRun.objects.select_for_update()
-            .filter(pk=lease.run_id, lease_token=lease.token, status="running")
-            .exists()
-        )
-        if not holds:
-            raise FencingError(f"op {op_key!r}: attempt {lease.token} no longer holds the lease")
+        _check_lease(lease, op_key)
         entry = OpLedger.objects.select_for_update().filter(op_key=op_key).first()
         if entry is not None:
             if entry.status == OpLedger.Status.DONE:

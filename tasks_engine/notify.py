@@ -29,15 +29,33 @@ def wake_workers(queue: str, *, cancel: bool = False) -> None:
         cur.execute("SELECT pg_notify(%s, %s)", [CHANNEL, ("cancel:" if cancel else "") + queue])
 
 
-class Listener(threading.Thread):
-    """Holds one dedicated connection in LISTEN and calls `on_wake(payloads)` on each burst."""
+def listen_params() -> dict[str, Any]:
+    """Django's connection parameters, minus the options only Django's wrapper understands."""
+    params = dict(connections["default"].get_connection_params())
+    for key in ("cursor_factory", "context", "server_side_binding", "prepare_threshold"):
+        params.pop(key, None)
+    return params
 
-    def __init__(self, on_wake: Callable[[list[str]], None], stop: threading.Event, log: Any):
-        super().__init__(name="tasks-listener", daemon=True)
+
+class Listener(threading.Thread):
+    """Holds one dedicated connection in LISTEN on `channel` and calls `on_wake(payloads)` on
+    each burst, and once after every (re)connect to cover what was sent while it was away.
+    Used by the worker and by the outbox relay."""
+
+    def __init__(
+        self,
+        on_wake: Callable[[list[str]], None],
+        stop: threading.Event,
+        log: Any,
+        *,
+        channel: str = CHANNEL,
+        name: str = "tasks-listener",
+    ) -> None:
+        super().__init__(name=name, daemon=True)
         self.on_wake = on_wake
         self.stop = stop
         self.log = log
-        self.failed = False
+        self.channel = channel
 
     def run(self) -> None:
         import psycopg
@@ -45,21 +63,18 @@ class Listener(threading.Thread):
         outage = False
         while not self.stop.is_set():
             try:
-                params = connections["default"].get_connection_params()
-                params.pop("cursor_factory", None)
-                params.pop("context", None)
-                params.pop("server_side_binding", None)
-                params.pop("prepare_threshold", None)
-                with psycopg.connect(**params, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    self.log.info("listening for wake-ups", reconnected=outage)
+                with psycopg.connect(**listen_params(), autocommit=True) as conn:
+                    conn.execute(f"LISTEN {self.channel}")
+                    self.log.info(
+                        "listening for wake-ups", channel=self.channel, reconnected=outage
+                    )
                     outage = False
                     self.on_wake(["reconnected"])
                     self._listen(conn)
             except psycopg.Error as exc:
                 if not outage:
                     self.log.warning(
-                        "listener lost its connection; polling meanwhile", error=str(exc)
+                        "listener lost its connection; polling meanwhile", error=str(exc).strip()
                     )
                     outage = True
                 self.stop.wait(1.0)
@@ -68,4 +83,4 @@ class Listener(threading.Thread):
         while not self.stop.is_set():
             payloads = [n.payload for n in conn.notifies(timeout=1.0, stop_after=1)]
             if payloads:
-                self.on_wake(payloads)  # the worker's wake event folds bursts into one
+                self.on_wake(payloads)  # the waiter's event folds bursts into one

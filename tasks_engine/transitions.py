@@ -525,7 +525,7 @@ def set_progress(lease: Lease, progress: dict[str, Any]) -> None:
 # -- waiting ----------------------------------------------------------------------------------
 
 
-def _lock_held_run(lease: Lease) -> bool:
+def lock_held_run(lease: Lease) -> bool:
     """Lock the run row if this attempt still holds it. Inside a transaction."""
     rows = fetchall(
         f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s AND status = 'running'"
@@ -542,7 +542,7 @@ def take_fact(lease: Lease, step_id: int, key: str, fact_name: str) -> tuple[boo
     """
     flush_deferred(lease)
     with transaction.atomic():
-        if not _lock_held_run(lease):
+        if not lock_held_run(lease):
             raise LeaseLostError(f"run {lease.run_id}: lease lost while waiting for a fact")
         fact = (
             Fact.objects.filter(run_id=lease.run_id, name=fact_name, consumed_by="")
@@ -572,7 +572,7 @@ def park_run_unless(
     """
     flush_deferred(lease)
     with transaction.atomic():
-        if not _lock_held_run(lease):
+        if not lock_held_run(lease):
             raise LeaseLostError(f"run {lease.run_id}: lease lost before parking")
         if arrived():
             return False

@@ -122,7 +122,7 @@ def test_sigterm_finishes_the_current_batch_and_exits_0(relays: Start, tmp_path:
 
 def test_notify_wakes_an_idle_relay_long_before_its_poll(relays: Start) -> None:
     relay = relays("--poll-interval", "5", tag="idle")
-    wait_for(lambda: "relay listening" in relay.log(), 30, "the relay to LISTEN")
+    wait_for(lambda: "listening for wake-ups" in relay.log(), 30, "the relay to LISTEN")
     time.sleep(1.0)  # let it settle into its 5 s idle wait
     event = publish("test.record", {"key": "wake"})
     wait_for(lambda: dispatched() == 1, 5, "the event to be dispatched")
@@ -138,10 +138,10 @@ def test_relay_rides_out_a_database_outage(relays: Start) -> None:
     what a relay sees of a PostgreSQL restart, without restarting the shared server."""
     import psycopg
 
-    from outbox.notify import _listen_params
+    from tasks_engine.notify import listen_params as _listen_params
 
     relay = relays("--poll-interval", "0.2", tag="survivor")
-    wait_for(lambda: "relay listening" in relay.log(), 30, "the relay to LISTEN")
+    wait_for(lambda: "listening for wake-ups" in relay.log(), 30, "the relay to LISTEN")
     db = connection.settings_dict["NAME"]
     with connection.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
