@@ -13,6 +13,9 @@ class OutboxSettings:
     max_attempts: int = 10
     backoff_base_seconds: float = 1.0
     backoff_max_seconds: float = 300.0
+    # How long a claimed event stays hidden from other relays; after a relay dies mid-batch
+    # its events are due again once this passes (their attempt already counted).
+    claim_seconds: float = 60.0
 
     def backoff(self, attempts: int) -> timedelta:
         """Delay before the next attempt after `attempts` failed ones: base * 2**(n-1), capped."""
@@ -27,4 +30,5 @@ def outbox_settings() -> OutboxSettings:
         max_attempts=int(raw.get("MAX_ATTEMPTS", 10)),
         backoff_base_seconds=float(raw.get("BACKOFF_BASE_SECONDS", 1.0)),
         backoff_max_seconds=float(raw.get("BACKOFF_MAX_SECONDS", 300)),
+        claim_seconds=float(raw.get("CLAIM_SECONDS", 60)),
     )

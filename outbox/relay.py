@@ -1,11 +1,12 @@
 """The relay: hand due events to their routes, exactly once, and record every outcome.
 
-`relay_once(batch)` is one pass in one transaction: claim up to `batch` due pending events
-(`FOR UPDATE SKIP LOCKED` on PostgreSQL, so relays never wait on each other; on SQLite the
-transaction is `BEGIN IMMEDIATE`, which serialises relays), run each route in its own savepoint,
-then write the event's outcome. A route's writes commit together with its event's `dispatched`
-status: a relay killed mid-batch rolls the whole batch back and nothing is dispatched twice.
-A failing route rolls back only its savepoint. `Relay` is the loop around it (`runrelay`).
+`relay_once(batch)` is one pass: claim up to `batch` due pending events (`FOR UPDATE SKIP
+LOCKED` on PostgreSQL, so relays never wait on each other; on SQLite the transaction is
+`BEGIN IMMEDIATE`, which serialises relays) and count their attempt, then run each route in its
+own savepoint inside the transaction that writes the event's outcome. A route's writes commit
+together with its event's `dispatched` status: a relay killed mid-batch rolls the batch back
+and nothing is dispatched twice. A failing route rolls back only its savepoint. `Relay` is the
+loop around it (`runrelay`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ import socket
 import threading
 import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F, Value
+from django.db.models.functions import Concat
 
 from tasks_engine import clock
 from tasks_engine.logs import get_logger
@@ -48,29 +52,75 @@ class RelayCounts:
     dead: int = 0  # failed for the last time
 
 
+INTERRUPTED = "interrupted: the relay stopped while dispatching it"
+
+
 def relay_once(batch: int = 100) -> RelayCounts:
-    """Dispatch up to `batch` due pending events in one transaction; return what happened."""
+    """Dispatch up to `batch` due pending events; return what happened.
+
+    First a short transaction claims them and counts the attempt, so a route that kills its
+    relay still uses up attempts and ends `dead` instead of being retried forever. Then one
+    transaction dispatches the batch. Events whose previous claim was interrupted are suspects:
+    each is dispatched in a transaction of its own, so one poison event cannot keep taking its
+    batch-mates down with it.
+    """
     s = outbox_settings()
-    counts = {EventStatus.DISPATCHED: 0, EventStatus.PENDING: 0, EventStatus.DEAD: 0}
-    with transaction.atomic():
-        # Reads only the partial index on pending rows. Locked rows belong to another relay.
-        events = list(
-            OutboxEvent.objects.filter(status=EventStatus.PENDING, next_attempt_at__lte=clock.now())
-            .order_by("next_attempt_at", "id")
-            .select_for_update(skip_locked=True)[:batch]
-        )
-        for event in events:
-            counts[_dispatch(event, s)] += 1
+    claimed, suspects, dead = _claim(batch, s)
+    counts = {EventStatus.DISPATCHED: 0, EventStatus.PENDING: 0, EventStatus.DEAD: dead}
+    groups = [[pk] for pk in suspects] + ([claimed] if claimed else [])
+    for ids in groups:
+        with transaction.atomic():
+            events = OutboxEvent.objects.select_for_update().filter(
+                pk__in=ids, status=EventStatus.PENDING
+            )
+            for event in events.order_by("created_at", "id"):
+                counts[_dispatch(event, s)] += 1
     return RelayCounts(
-        claimed=len(events),
+        claimed=len(claimed) + len(suspects) + dead,
         dispatched=counts[EventStatus.DISPATCHED],
         retried=counts[EventStatus.PENDING],
         dead=counts[EventStatus.DEAD],
     )
 
 
+def _claim(batch: int, s: OutboxSettings) -> tuple[list[int], list[int], int]:
+    """Claim due events: (ids to dispatch together, suspects to dispatch alone, dead count)."""
+    now = clock.now()
+    with transaction.atomic():
+        # Reads only the partial index on pending rows. Locked rows belong to another relay.
+        rows = list(
+            OutboxEvent.objects.filter(status=EventStatus.PENDING, next_attempt_at__lte=now)
+            .order_by("next_attempt_at", "id")
+            .select_for_update(skip_locked=True)
+            .values_list("pk", "attempts", "max_attempts", "last_error")[:batch]
+        )
+        together, suspects, exhausted = [], [], []
+        for pk, attempts, max_attempts, last_error in rows:
+            if attempts >= (max_attempts or s.max_attempts):
+                exhausted.append(pk)  # every attempt so far died with its relay
+            elif last_error.startswith(INTERRUPTED):
+                suspects.append(pk)
+            else:
+                together.append(pk)
+        if exhausted:
+            OutboxEvent.objects.filter(pk__in=exhausted).update(
+                status=EventStatus.DEAD, last_error=f"{INTERRUPTED} on every attempt"
+            )
+        hide_until = now + timedelta(seconds=s.claim_seconds)
+        # The mark stays if this relay dies too; the outcome of the dispatch replaces it.
+        OutboxEvent.objects.filter(pk__in=together).update(
+            attempts=F("attempts") + 1,
+            next_attempt_at=hide_until,
+            last_error=Concat(Value(INTERRUPTED + "\n\n"), F("last_error")),
+        )
+        OutboxEvent.objects.filter(pk__in=suspects).update(
+            attempts=F("attempts") + 1, next_attempt_at=hide_until
+        )
+    return together, suspects, len(exhausted)
+
+
 def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
-    event.attempts += 1
+    """Run the route of a claimed event (its attempt is already counted) in a savepoint."""
     found = registry.get(event.type)
     try:
         if found is None:
@@ -88,7 +138,8 @@ def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
         return _failed(event, exc, s)
     event.status = EventStatus.DISPATCHED
     event.published_at = clock.now()
-    event.save(update_fields=["attempts", "status", "published_at"])
+    event.last_error = event.last_error.removeprefix(INTERRUPTED + "\n\n")
+    event.save(update_fields=["status", "published_at", "last_error"])
     return EventStatus.DISPATCHED
 
 
@@ -106,7 +157,7 @@ def _failed(event: OutboxEvent, exc: Exception, s: OutboxSettings) -> EventStatu
             error=str(exc),
             next_attempt_at=event.next_attempt_at.isoformat(),
         )
-    event.save(update_fields=["attempts", "status", "last_error", "next_attempt_at"])
+    event.save(update_fields=["status", "last_error", "next_attempt_at"])
     return EventStatus(event.status)
 
 

@@ -90,7 +90,12 @@ TASKS_ENGINE = {
     "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
 }
 
-OUTBOX = {"MAX_ATTEMPTS": 10, "BACKOFF_BASE_SECONDS": 1.0, "BACKOFF_MAX_SECONDS": 300}
+OUTBOX = {
+    "MAX_ATTEMPTS": 10,
+    "BACKOFF_BASE_SECONDS": 1.0,
+    "BACKOFF_MAX_SECONDS": 300,
+    "CLAIM_SECONDS": env.float("OUTBOX_CLAIM_SECONDS", default=60),
+}
 
 TASKS = {"default": {"BACKEND": "tasks_engine.backends.DurableBackend"}}
 

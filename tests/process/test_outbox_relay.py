@@ -83,7 +83,7 @@ def test_relay_sigkilled_mid_batch_loses_nothing_and_repeats_nothing(
     relays: Start, tmp_path: Path
 ) -> None:
     trace = tmp_path / "calls.txt"
-    env = {TRACE_ENV: str(trace)}
+    env = {TRACE_ENV: str(trace), "OUTBOX_CLAIM_SECONDS": "1"}
     publish_records(60, sleep=0.03)
     doomed = relays("--batch", "20", "--poll-interval", "0.2", tag="doomed", env=env)
     wait_for(lambda: len(route_calls(trace)) >= 30, 30, "the second batch to be under way")
@@ -100,7 +100,10 @@ def test_relay_sigkilled_mid_batch_loses_nothing_and_repeats_nothing(
     assert rescuer.wait(30) == 0, rescuer.log()
     keys: Counter[str] = Counter(SideEffect.objects.values_list("key", flat=True))
     assert keys == Counter(f"outbox:{i}" for i in range(60))  # each effect exactly once
-    assert OutboxEvent.objects.filter(status="dispatched", attempts=1).count() == 60
+    assert OutboxEvent.objects.filter(status="dispatched").count() == 60
+    # The killed batch's attempt was counted at its claim; the rest took one attempt each.
+    assert OutboxEvent.objects.filter(attempts=2).count() == 20
+    assert OutboxEvent.objects.filter(attempts=1).count() == 40
     assert len(route_calls(trace)) > 60  # the rolled-back calls ran again, committed once
 
 
@@ -171,3 +174,25 @@ def test_relay_rides_out_a_database_outage(relays: Start) -> None:
     assert log.count("database unavailable") == 1  # logged once per outage, not per retry
     assert log.count("database reachable again") == 1
     assert log.count("listener lost its connection") == 1
+
+
+def test_a_route_that_kills_its_relay_ends_dead_and_spares_its_batch_mates(relays: Start) -> None:
+    innocent = [publish("test.record", {"key": f"i{i}"}) for i in range(5)]
+    poison = publish("test.poison", {}, max_attempts=3)
+    codes = []
+    for i in range(8):
+        r = relays("--burst", "--batch", "10", tag=f"try{i}", env={"OUTBOX_CLAIM_SECONDS": "0"})
+        codes.append(r.wait(60))
+        poison.refresh_from_db()
+        if poison.status == "dead":
+            break
+    assert poison.status == "dead"
+    assert poison.attempts == 3
+    assert "interrupted" in poison.last_error
+    assert codes.count(-signal.SIGKILL) == 3  # one death per attempt, then no more
+    for event in innocent:
+        event.refresh_from_db()
+        assert event.status == "dispatched"
+        assert not event.last_error
+    keys = sorted(SideEffect.objects.values_list("key", flat=True))
+    assert keys == [f"outbox:i{i}" for i in range(5)]  # each exactly once

@@ -81,3 +81,12 @@ def swallows_db_error(event: OutboxEvent) -> None:
             Marker.objects.create(key="twice")
     except IntegrityError:
         pass
+
+
+@route("test.poison")
+def poison(event: OutboxEvent) -> None:
+    """Kills the relay process that dispatches it, every time."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
