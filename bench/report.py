@@ -147,7 +147,13 @@ def failures(raw: dict[str, Any]) -> list[str]:
         if "error" in r and (r["engine"], r["bench"]) not in seen:
             seen.add((r["engine"], r["bench"]))
             n = len(errors(raw["results"], r["engine"], r["bench"]))
-            out.append(f"- {r['engine']} / {r['bench']}: failed {n}{TIMES}: `{r['error']}`")
+            runs = sum(
+                x["engine"] == r["engine"] and x["bench"] == r["bench"] for x in raw["results"]
+            )
+            out.append(
+                f"- {r['engine']} / {r['bench']}: failed {n} of {runs} times"
+                f" (median of the others): `{r['error']}`"
+            )
     return out
 
 
@@ -205,13 +211,14 @@ def markdown(raw: dict[str, Any], chart: bool) -> str:
             " after). Absolute numbers are low and spread; compare engines within a row.",
             "",
         ]
+    lines += [f"> {note}" for note in raw.get("notes", [])] + ([""] if raw.get("notes") else [])
     if chart:
         lines += ["![benchmark chart](results.png)", ""]
     lines += table(raw)
     lines += ["", *extras(raw)]
-    lines += ["", "¹ n/a: see *Not measured* below.", ""]
+    lines += ["", "¹ n/a: see *Failures and n/a* below.", ""]
     fails = failures(raw)
-    lines += ["## Not measured", "", *(fails or ["- nothing: every engine ran."]), ""]
+    lines += ["## Failures and n/a", "", *(fails or ["- none: every engine ran every time."]), ""]
     keys = ("jobs", "enqueue_jobs", "latency_jobs", "workflows", "rss_jobs")
     sizes = {k: int(raw["args"][k]) for k in keys}
     sizes["rss_reps"] = min(int(raw["args"]["rss_reps"]), int(raw["args"]["reps"]))
@@ -223,11 +230,17 @@ def markdown(raw: dict[str, Any], chart: bool) -> str:
         f"- PostgreSQL {m['postgresql']} (throwaway cluster, "
         + ", ".join(f"{k}={v}" for k, v in m["postgresql_settings"].items())
         + ")",
-        f"- Python {m['python']}; ours at commit `{m['our_commit']}`",
+        f"- Python {m['python']}; ours: {code(m['our_commit'], raw.get('our_code_after'))}",
         *versions(raw["versions"]),
         "",
     ]
     return "\n".join(lines)
+
+
+def code(before: str, after: str | None) -> str:
+    if not after or after == before:
+        return f"`{before}`"
+    return f"`{before}` at the start, `{after}` at the end (engine commits landed during the run)"
 
 
 def versions(found: dict[str, str]) -> list[str]:

@@ -336,6 +336,13 @@ def pgbench(server: str, seconds: int) -> dict[str, Any]:
 # -- the machine -----------------------------------------------------------------------------
 
 
+def our_code() -> str:
+    """The commit our numbers come from, and whether the engine's files differ from it."""
+    commit = run(["git", "rev-parse", "--short", "HEAD"], 10).stdout.strip()
+    dirty = run(["git", "status", "--porcelain", "tasks_engine"], 10).stdout.strip()
+    return commit + (" + uncommitted changes in tasks_engine/" if dirty else "")
+
+
 def machine(server: str) -> dict[str, Any]:
     import psycopg
 
@@ -354,7 +361,7 @@ def machine(server: str) -> dict[str, Any]:
             k: conn.execute(f"SHOW {k}").fetchone()[0]
             for k in ("fsync", "synchronous_commit", "wal_sync_method", "shared_buffers")
         }
-    commit = run(["git", "rev-parse", "--short", "HEAD"], 10).stdout.strip()
+    commit = our_code()
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -382,6 +389,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=300, help="seconds per measurement")
     p.add_argument("--quick", action="store_true", help="small scale bench, short pgbench")
     p.add_argument("--out", type=Path, default=BENCH, help="where results.md/.png/.json go")
+    p.add_argument("--note", action="append", default=[], help="a line for results.md")
     a = p.parse_args()
     if a.quick:
         a.finished, a.waiting, a.pgbench_seconds = 20_000, 2_000, 3
@@ -420,6 +428,8 @@ def main() -> None:
         "load_before": [round(x, 2) for x in load_before],
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "wall_seconds": round(time.monotonic() - started),
+        "our_code_after": our_code(),
+        "notes": a.note,
         "na": na,
         "results": h.results,
     }
