@@ -212,14 +212,50 @@ def claim_runs(
                 SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
             ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %s
         )
-        RETURNING *
+        RETURNING {", ".join(_CLAIM_COLUMNS)}
     """
     t = p_dt(now)
     params = [t, *fparams, limit, t, *fparams, limit, t, *fparams, limit]
     params += [worker_id, p_dt(now + timedelta(seconds=lease_seconds)), t, t, limit]
-    runs = list(WorkflowRun.objects.raw(sql, params))
+    if is_postgres():
+        runs = [_run_from_row(row) for row in fetchall(sql, params)]
+    else:  # SQLite returns text for times and JSON: let Django convert them
+        runs = list(WorkflowRun.objects.raw(sql, params))
     runs.sort(key=lambda r: (-r.priority, r.created_at))
     return [Claimed(Lease(r.pk, r_uuid(r.lease_token), worker_id), r) for r in runs]
+
+
+# What the executor needs of a claimed run; the claim returns it, so nothing is read twice.
+_CLAIM_COLUMNS = (
+    "id",
+    "task_name",
+    "version",
+    "queue",
+    "status",
+    "priority",
+    "input",
+    "trace_id",
+    "attempts",
+    "failures",
+    "worker_id",
+    "lease_token",
+    "available_at",
+    "deadline_at",
+    "cancel_requested_at",
+    "cancel_reason",
+    "parent_run_id",
+    "created_at",
+    "started_at",
+)
+_JSON_COLUMNS = frozenset({"input"})
+
+
+def _run_from_row(row: tuple[Any, ...]) -> WorkflowRun:
+    values = [
+        json.loads(v) if name in _JSON_COLUMNS and isinstance(v, str) else v
+        for name, v in zip(_CLAIM_COLUMNS, row, strict=True)
+    ]
+    return WorkflowRun.from_db("default", list(_CLAIM_COLUMNS), values)
 
 
 def anything_due_before(

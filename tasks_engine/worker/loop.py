@@ -34,6 +34,7 @@ from .dbretry import DB_ERRORS, Outage
 from .heartbeat import Heartbeat
 
 BURST_HORIZON = timedelta(seconds=60)
+GATHER_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class Worker:
         self._written_off: set[uuid.UUID] = set()  # runs whose stuck slot thread was replaced
         self._signals = 0
         self.heartbeat = Heartbeat(self)
+        self._batch = max(1, config.concurrency // 2)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -89,8 +91,18 @@ class Worker:
         )
         self._start_threads()
         outage = Outage(self.log, "claim")
+        backlog = False  # the last claim filled every free slot: more work is probably queued
         while not self.stopping.is_set():
             free = self.config.concurrency - self._busy
+            if free <= 0:  # every slot busy: wait for one to free (its thread sets `wake`)
+                self.wake.wait(self.config.poll_interval)
+                self.wake.clear()
+                continue
+            if backlog and free < self._batch and self._busy:
+                # Under a backlog, let a few more slots free up so one claim serves several
+                # runs, instead of one claim per finished run.
+                time.sleep(GATHER_SECONDS)
+                free = self.config.concurrency - self._busy
             claimed: list[transitions.Claimed] = []
             try:
                 if free > 0:
@@ -105,7 +117,8 @@ class Worker:
             except DB_ERRORS as exc:
                 self.stopping.wait(outage.failed(exc))
                 continue
-            if claimed and len(claimed) == free:
+            backlog = bool(claimed) and len(claimed) == free
+            if backlog:
                 continue  # slots were all filled; claim again as soon as one frees
             self.wake.wait(self.config.poll_interval)
             self.wake.clear()
