@@ -27,7 +27,7 @@ def database(name: str = "bench") -> Iterator[str]:
         import psycopg
 
         with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{name}"')
         yield f"{server}/{name}"
         return
@@ -49,14 +49,35 @@ def setup_django(url: str) -> None:
     call_command("migrate", verbosity=0)
 
 
+LOG_DIR = ROOT / "bench" / "out"
+
+
 def worker(url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "runworker", *args],
-        env={**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **(env or {})},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-    )
+    """A `runworker` process; its output goes to bench/out/worker-*.log for diagnosis."""
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    path = LOG_DIR / f"worker-{time.time_ns()}.log"
+    with open(path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runworker", *args],
+            env={**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    proc.log_path = path  # type: ignore[attr-defined]
+    return proc
+
+
+def wait_ready(proc: subprocess.Popen[bytes], *, listening: bool, timeout: float = 60.0) -> None:
+    """Until the worker has started (and LISTENs, with NOTIFY on), then 1 s more."""
+    marker = "listening for wake-ups" if listening else "worker started"
+    path: Path = proc.log_path  # type: ignore[attr-defined]
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and marker not in path.read_text(errors="replace"):
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited {proc.returncode}: see {path}")
+        time.sleep(0.05)
+    time.sleep(1.0)
 
 
 def percentile(values: list[float], p: float) -> float:

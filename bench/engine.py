@@ -17,7 +17,7 @@ import json
 import time
 from typing import Any
 
-from common import Timer, database, percentile, setup_django, worker
+from common import Timer, database, percentile, setup_django, wait_ready, worker
 
 
 def enqueue_many(task: str, n: int, *, one_transaction: bool = True) -> None:
@@ -98,7 +98,7 @@ def cmd_latency(a: argparse.Namespace) -> dict[str, Any]:
 
         settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "NOTIFY": not a.no_notify}
         proc = worker(url, "--concurrency", "8", "--poll-interval", str(a.poll), env=env)
-        time.sleep(2.0)
+        wait_ready(proc, listening=not a.no_notify)
         ids = []
         for _ in range(a.runs):
             ids.append(enqueue("bench_noop").run_id)
@@ -189,7 +189,7 @@ def cmd_steps(a: argparse.Namespace) -> dict[str, Any]:
         from tasks_engine.models import WorkflowRun
 
         proc = worker(url, "--concurrency", "8", "--poll-interval", "0.5")
-        time.sleep(2.0)
+        wait_ready(proc, listening=True)
         single = []
         for _ in range(5):
             rid = enqueue("bench_ten_steps").run_id
