@@ -17,6 +17,8 @@ class EngineSettings:
     # Server-side parameters for the engine's statements, which psycopg prepares after a few
     # executions. Turn off behind a pooler that cannot keep prepared statements.
     prepared_statements: bool = True
+    # Workers send the hot writes of all their slots together (worker/group_commit.py).
+    group_commit: bool = True
 
     @property
     def heartbeat(self) -> float:
@@ -32,4 +34,5 @@ def engine_settings() -> EngineSettings:
         max_step_attempts_per_run=int(raw.get("MAX_STEP_ATTEMPTS_PER_RUN", 1000)),
         notify=bool(raw.get("NOTIFY", True)),
         prepared_statements=bool(raw.get("PREPARED_STATEMENTS", True)),
+        group_commit=bool(raw.get("GROUP_COMMIT", True)),
     )

@@ -214,6 +214,7 @@ def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:
     """Cancel a run and its children. False when the run had already finished."""
     rid = _run_id(run_id)
     with transaction.atomic():
+        transitions.lock_parent(rid)  # a parent parking on this run must see the cancel
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
         if run is None:
             raise UnknownRunError(f"no run with id {rid}")

@@ -55,6 +55,11 @@ class MaxStepAttemptsExceeded(NonRetryableError):
     """The run made more step attempts than MAX_STEP_ATTEMPTS_PER_RUN allows."""
 
 
+class EngineUnavailable(BaseException):
+    """An engine write could not reach the database. The worker drops the run (its lease
+    expires and any worker replays it); user code cannot catch it as a workflow error."""
+
+
 class Suspend(BaseException):
     """Unwinds the handler when the run parks. BaseException: `except Exception` can't eat it."""
 

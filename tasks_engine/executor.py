@@ -12,6 +12,7 @@ from .context import Attempt, RunState, StepRecord, TaskContext
 from .definitions import Workflow, registry
 from .exceptions import (
     DeadlineExceededError,
+    EngineUnavailable,
     LeaseLostError,
     Suspend,
     TaskCanceledError,
@@ -94,6 +95,8 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         output = to_jsonable(wf.fn(ctx))
     except Suspend:
         return "suspended"
+    except EngineUnavailable:
+        raise  # the slot treats it as a database outage; nothing can be written now
     except BaseException as exc:  # noqa: BLE001 - every outcome of user code is recorded
         return _after_exception(run, wf, ctx, exc)
     if ctx.abort_signal.aborted or state.fatal is not None:

@@ -80,6 +80,9 @@ class Lease:
     token: uuid.UUID
     worker_id: str
     deferred: DeferredCompletion = field(default_factory=DeferredCompletion, compare=False)
+    # A worker's group commit (worker/group_commit.py): the hot writes of all its slots share
+    # statements and commits. None: every write goes on its own.
+    group: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -321,6 +324,9 @@ def start_step(
     wake_at: datetime | None = None,
 ) -> int:
     now = clock.now()
+    if lease.group is not None and kind == "function" and status == "running" and output is None:
+        write = GroupWrite("start", lease, lease.deferred.take(), now, name, attempt, run_pass)
+        return int(lease.group.submit(write))
     finished = p_dt(now) if status != "running" else None
     prefix, prefix_params = _with_deferred(lease)
     sql = f"""
@@ -439,7 +445,14 @@ def complete_run(
 ) -> None:
     """Running -> completed. The handler returned, so every attempt of this pass is closed.
     The last progress the handler reported (not yet flushed by the heartbeat) goes along."""
+    if lease.group is not None and not has_parent:
+        write = GroupWrite("complete", lease, lease.deferred.take(), clock.now())
+        write.output, write.unreached, write.progress = output, unreached, progress
+        lease.group.submit(write)
+        return
     with transaction.atomic() if has_parent else _no_transaction():
+        if has_parent:
+            lock_parent(lease.run_id)
         _cas_run(
             lease,
             "status = 'completed', output = %s, unreached_steps = %s, finished_at = %s,"
@@ -453,6 +466,8 @@ def complete_run(
 
 def fail_run(lease: Lease, error: dict[str, Any], *, has_parent: bool = False) -> None:
     with transaction.atomic():
+        if has_parent:
+            lock_parent(lease.run_id)
         _cas_run(
             lease,
             "status = 'failed', error = %s, failures = failures + 1, finished_at = %s,"
@@ -505,6 +520,8 @@ def park_run(lease: Lease, waiting_on: str, wake_at: datetime | None, deadline: 
 def cancel_running_run(lease: Lease, *, has_parent: bool = False) -> None:
     """The holder of a canceled run ends it and closes whatever attempt was in flight."""
     with transaction.atomic():
+        if has_parent:
+            lock_parent(lease.run_id)
         _cas_run(
             lease,
             "status = 'canceled', finished_at = %s, lease_token = NULL, available_at = NULL,"
@@ -616,6 +633,20 @@ def park_run_unless(
         return True
 
 
+def lock_parent(child_id: uuid.UUID) -> None:
+    """Before a child's end is written: lock its parent's row, which a parent about to park
+    on this child holds while it reads the child's status. Whichever takes the lock second
+    sees the other's commit, so the parent either finds the child finished or gets woken.
+    (Waking alone is not enough: an UPDATE that finds the parent still running locks nothing.)
+    Lock order: parent before child, as cancel's cascade does."""
+    if is_postgres():
+        fetchall(
+            f"SELECT 1 FROM {RUN} WHERE id = (SELECT parent_run_id FROM {RUN} WHERE id = %s)"
+            " FOR UPDATE",
+            [p_uuid(child_id)],
+        )
+
+
 def wake_parent(child_id: uuid.UUID) -> None:
     """A child finished: wake its parent if it waits on this child (same transaction)."""
     now = clock.now()
@@ -636,3 +667,119 @@ def fact_available(run_id: uuid.UUID, fact_name: str) -> bool:
 def child_outcome(child_id: uuid.UUID) -> tuple[str, Any, Any]:
     row = WorkflowRun.objects.filter(pk=child_id).values_list("status", "output", "error").get()
     return row[0], row[1], row[2]
+
+
+# -- group commit (PostgreSQL workers) ------------------------------------------------------
+
+
+@dataclass
+class GroupWrite:
+    """One slot's hot write, sent with other slots' writes in one statement and one commit.
+
+    `kind` is "start" (a function step's fenced INSERT; `result` becomes its id) or "complete"
+    (the run's completion; `result` becomes True). Either carries the run's deferred step
+    completion. A write whose fence fails gets `error = LeaseLostError`, like a direct write.
+    """
+
+    kind: str
+    lease: Lease
+    deferred: tuple[int, Any, datetime] | None
+    at: datetime
+    name: str = ""
+    attempt: int = 0
+    run_pass: int = 0
+    output: Any = None
+    unreached: list[str] = field(default_factory=list)
+    progress: dict[str, Any] | None = None
+    result: Any = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def write_group(writes: list[GroupWrite]) -> None:
+    """Every write of the group in one statement: deferred completions first, then step
+    starts, then run completions (which reference the first two so that their fences lock the
+    run rows before this statement replaces them). Fills each write's result or error."""
+    fence = (
+        "EXISTS (SELECT 1 FROM {run} r WHERE r.id = {v}.run_id AND r.lease_token = {v}.token"
+        " AND r.status = 'running' FOR SHARE)"
+    )
+    ctes: list[str] = []
+    params: list[Any] = []
+    deferred = [w for w in writes if w.deferred is not None]
+    starts = [w for w in writes if w.kind == "start"]
+    completes = [w for w in writes if w.kind == "complete"]
+    if deferred:
+        rows = ", ".join(
+            ["(%s::bigint, %s::jsonb, %s::timestamptz, %s::uuid, %s::uuid)"] * len(deferred)
+        )
+        for w in deferred:
+            assert w.deferred is not None
+            step_id, output, finished_at = w.deferred
+            params += [step_id, p_json(output), finished_at, w.lease.run_id, w.lease.token]
+        ctes.append(f"dv (step_id, output, finished_at, run_id, token) AS (VALUES {rows})")
+        ctes.append(
+            f"d AS (UPDATE {STEP} s SET status = 'completed', output = dv.output,"
+            f" finished_at = dv.finished_at FROM dv WHERE s.id = dv.step_id"
+            f" AND s.status = 'running' AND {fence.format(run=RUN, v='dv')} RETURNING s.id)"
+        )
+    if starts:
+        rows = ", ".join(
+            ["(%s::uuid, %s::text, %s::int, %s::int, %s::text, %s::uuid, %s::timestamptz)"]
+            * len(starts)
+        )
+        for w in starts:
+            params += [w.lease.run_id, w.name, w.attempt, w.run_pass, w.lease.worker_id]
+            params += [w.lease.token, w.at]
+        ctes.append(
+            f"sv (run_id, name, attempt, run_pass, worker_id, token, started_at) AS (VALUES {rows})"
+        )
+        ctes.append(
+            f"i AS (INSERT INTO {STEP} (run_id, name, kind, status, attempt, run_pass, counted,"
+            f" worker_id, lease_token, started_at) SELECT sv.run_id, sv.name, 'function',"
+            f" 'running', sv.attempt, sv.run_pass, TRUE, sv.worker_id, sv.token, sv.started_at"
+            f" FROM sv WHERE {fence.format(run=RUN, v='sv')} RETURNING id, run_id)"
+        )
+    if completes:
+        rows = ", ".join(
+            ["(%s::uuid, %s::uuid, %s::jsonb, %s::jsonb, %s::timestamptz, %s::jsonb)"]
+            * len(completes)
+        )
+        for w in completes:
+            params += [w.lease.run_id, w.lease.token, p_json(w.output), p_json(w.unreached)]
+            params += [w.at, p_json(w.progress)]
+        after = "".join(
+            f" AND (SELECT count(*) FROM {name}) >= 0"
+            for name, present in (("d", deferred), ("i", starts))
+            if present
+        )
+        ctes.append(f"cv (run_id, token, output, unreached, at, progress) AS (VALUES {rows})")
+        ctes.append(
+            f"c AS (UPDATE {RUN} r SET status = 'completed', output = cv.output,"
+            f" unreached_steps = cv.unreached, finished_at = cv.at, updated_at = cv.at,"
+            f" lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
+            f" progress = COALESCE(cv.progress, r.progress) FROM cv WHERE r.id = cv.run_id"
+            f" AND r.lease_token = cv.token AND r.status = 'running'{after} RETURNING r.id)"
+        )
+    selects = []
+    if starts:
+        selects.append("SELECT 'i', i.id, i.run_id FROM i")
+    if completes:
+        selects.append("SELECT 'c', NULL::bigint, c.id FROM c")
+    if not selects:  # only deferred completions
+        selects.append("SELECT 'd', d.id, NULL::uuid FROM d")
+    sql = "WITH " + ", ".join(ctes) + " " + " UNION ALL ".join(selects)
+    started: dict[uuid.UUID, int] = {}
+    completed: set[uuid.UUID] = set()
+    for tag, step_id, run_id in fetchall(sql, params):
+        if tag == "i":
+            started[r_uuid(run_id)] = int(step_id)
+        elif tag == "c":
+            completed.add(r_uuid(run_id))
+    for w in writes:
+        if w.kind == "start" and w.lease.run_id in started:
+            w.result = started[w.lease.run_id]
+        elif w.kind == "complete" and w.lease.run_id in completed:
+            w.result = True
+        elif w.kind in ("start", "complete"):
+            w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")

@@ -88,6 +88,7 @@ TASKS_ENGINE = {
     "MAX_STEP_ATTEMPTS_PER_RUN": 1000,
     "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
     "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
+    "GROUP_COMMIT": env.bool("TASKS_GROUP_COMMIT", default=True),
 }
 
 OUTBOX = {

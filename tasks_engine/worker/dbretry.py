@@ -8,7 +8,9 @@ from typing import Any
 from django.db import Error as DjangoDbError
 from django.db import connection
 
-DB_ERRORS: tuple[type[BaseException], ...] = (DjangoDbError,)
+from ..exceptions import EngineUnavailable
+
+DB_ERRORS: tuple[type[BaseException], ...] = (DjangoDbError, EngineUnavailable)
 
 
 class Outage:

@@ -8,6 +8,7 @@ in-flight steps finish within the grace period, abort the rest, hand their runs 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import signal
@@ -31,6 +32,7 @@ from ..exceptions import LeaseLostError
 from ..logs import get_logger
 from ..notify import Listener
 from .dbretry import DB_ERRORS, Outage
+from .group_commit import GroupCommit
 from .heartbeat import Heartbeat
 
 BURST_HORIZON = timedelta(seconds=60)
@@ -76,6 +78,7 @@ class Worker:
         self._signals = 0
         self.heartbeat = Heartbeat(self)
         self._batch = max(1, config.concurrency // 2)
+        self.group: GroupCommit | None = None
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -172,6 +175,8 @@ class Worker:
 
     def _execute(self, item: transitions.Claimed) -> None:
         run, lease = item.run, item.lease
+        if self.group is not None:
+            lease = dataclasses.replace(lease, group=self.group)
         wf, ctx = executor.build_context(run, lease, self.draining)
         with self._lock:
             self._held[lease.run_id] = Held(lease, ctx)
@@ -240,6 +245,9 @@ class Worker:
         for _ in range(self.config.concurrency):
             self._start_slot()
         self.heartbeat.start()
+        if connection.vendor == "postgresql" and engine_settings().group_commit:
+            self.group = GroupCommit(self.log)
+            self.group.start()
         if connection.vendor == "postgresql" and engine_settings().notify:
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
