@@ -119,3 +119,16 @@ def test_a_finished_step_is_checkpointed_even_when_the_next_write_is_far_off(wor
     )
     assert status(res.run_id) == "running"
     wait_for(lambda: status(res.run_id) == "completed", 15, "the run to complete")
+
+
+def test_parents_whose_children_finish_while_they_park_are_all_woken(workers) -> None:
+    """A child that ends while its parent is still parking must not be missed (the parent
+    reads the child's status under its own row lock, and a child's end takes that lock).
+    One parent at a time on two slots: the child starts on the other slot at once and often
+    finishes within the parent's parking window; a missed wake-up is never rescued (a parent
+    waiting on a child has no timer)."""
+    w = workers("--poll-interval", "5", "--concurrency", "2")
+    listening(w)
+    for i in range(15):
+        res = tasks_engine.enqueue("parent", {"value": i})
+        wait_for(lambda res=res: status(res.run_id) == "completed", 5, f"parent {i} to complete")
