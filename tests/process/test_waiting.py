@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 from datetime import timedelta
+from functools import partial
 
 import pytest
 
@@ -19,6 +20,10 @@ IDLE = ("--poll-interval", "5")  # a slow poll: prompt reactions can only come f
 
 def status(run_id) -> str:
     return WorkflowRun.objects.get(pk=run_id).status
+
+
+def is_completed(run_id) -> bool:
+    return status(run_id) == "completed"
 
 
 def listening(worker) -> None:
@@ -130,5 +135,5 @@ def test_parents_whose_children_finish_while_they_park_are_all_woken(workers) ->
     w = workers("--poll-interval", "5", "--concurrency", "2")
     listening(w)
     for i in range(15):
-        res = tasks_engine.enqueue("parent", {"value": i})
-        wait_for(lambda res=res: status(res.run_id) == "completed", 5, f"parent {i} to complete")
+        run_id = tasks_engine.enqueue("parent", {"value": i}).run_id
+        wait_for(partial(is_completed, run_id), 5, f"parent {i} to complete")
