@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -25,8 +26,21 @@ class EngineSettings:
         return self.heartbeat_seconds or self.lease_seconds / 3
 
 
+_cached: tuple[Any, EngineSettings] | None = None
+
+
 def engine_settings() -> EngineSettings:
+    """Read on every engine statement, so parsed once per TASKS_ENGINE object (a settings
+    override in tests assigns a new one)."""
+    global _cached
     raw = getattr(settings, "TASKS_ENGINE", {}) or {}
+    if _cached is not None and _cached[0] is raw:
+        return _cached[1]
+    _cached = (raw, _parse(raw))
+    return _cached[1]
+
+
+def _parse(raw: dict[str, Any]) -> EngineSettings:
     return EngineSettings(
         lease_seconds=float(raw.get("LEASE_SECONDS", 30)),
         heartbeat_seconds=raw.get("HEARTBEAT_SECONDS"),

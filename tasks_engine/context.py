@@ -123,7 +123,7 @@ class TaskContext:
         priority: int,
         attempt: int,
         state: RunState,
-        logger: Any,
+        logger: Callable[[], Any],
     ) -> None:
         self.input = input
         self.run_id = run_id
@@ -135,9 +135,17 @@ class TaskContext:
         self.attempt = attempt
         self.attempt_token = state.lease.token
         self.abort_signal = AbortSignal()
-        self.logger = logger
+        self._make_logger = logger
+        self._logger: Any = None
         self._state = state
         self.step = StepAPI(self)
+
+    @property
+    def logger(self) -> Any:
+        """structlog, bound to run id, task, version and trace id (made on first use)."""
+        if self._logger is None:
+            self._logger = self._make_logger()
+        return self._logger
 
     def raise_if_canceled(self) -> None:
         """Raise the abort reason (TaskCanceledError, LeaseLostError, ...) once aborted."""

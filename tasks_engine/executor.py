@@ -71,7 +71,7 @@ def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threadin
         priority=run.priority,
         attempt=run.attempts,
         state=state,
-        logger=run_logger(run),
+        logger=lambda: run_logger(run),
     )
     return wf, ctx
 

@@ -15,6 +15,8 @@ from .exceptions import StepFailedError
 
 def to_jsonable(value: Any) -> Any:
     """The JSON-decoded form of `value`: what replay will return. Pydantic models dump as JSON."""
+    if value is None or type(value) in (str, int, bool):
+        return value  # already its own JSON-decoded form (the common case for a step)
     if isinstance(value, BaseModel):
         return value.model_dump(mode="json")
     try:
