@@ -1,4 +1,5 @@
-"""The engine's tables. Only `transitions.py` and `engine.py` write them."""
+"""The engine's tables. Run and step state is written only by `transitions/`; `engine.signal` adds
+facts and `fencing.py` keeps the op ledger."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Run and step statuses, and the table of every run transition with its cause.
 
-`transitions.py` implements each edge; `tests/test_states.py` checks that the two agree.
+`transitions/` implements each edge; `tests/test_states.py` checks that the two agree.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class StepKind(models.TextChoices):
 ACTIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING})
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
 
-# (from, to) -> (cause, function in transitions.py that performs it)
+# (from, to) -> (cause, function in transitions/ that performs it)
 TRANSITIONS: dict[tuple[RunStatus, RunStatus], tuple[str, str]] = {
     (RunStatus.PENDING, RunStatus.RUNNING): ("claimed by a worker", "claim_runs"),
     (RunStatus.RUNNING, RunStatus.RUNNING): ("lease expired, reclaimed", "claim_runs"),

@@ -32,7 +32,7 @@ def test_only_transitions_writes_run_status() -> None:
     )
     offenders = []
     for path in (ROOT / "tasks_engine").rglob("*.py"):
-        if path.name in {"transitions.py"} or "migrations" in path.parts:
+        if "transitions" in path.parts or "migrations" in path.parts:
             continue
         text = path.read_text()
         for line in text.splitlines():

@@ -1,0 +1,76 @@
+"""The only writer of run and step state.
+
+Every write an attempt makes is a compare-and-set on its lease token: a statement that matches
+no row means the attempt lost its lease, and raises `LeaseLostError`. On PostgreSQL the fence
+takes a share lock on the run row, so a concurrent reclaim either waits for the write or makes
+it fail; on SQLite each statement runs under the single writer lock.
+
+Modules: `claims` (create, claim, renew), `steps` (attempts and the deferred completion),
+`outcomes` (complete, fail, requeue, park, cancel, wake), `waiting` (facts, parking under
+the row lock), `group` (group commit). Everything is re-exported here; callers use
+`transitions.<name>`.
+
+Lock order: a parent's run row before its child's; a run row before its step attempts.
+"""
+
+from ._common import RUN, STEP, WORK_KINDS, Claimed, DeferredCompletion, Lease, Renewal
+from .claims import anything_due_before, claim_runs, create_run, renew_leases
+from .group import GroupWrite, write_group
+from .outcomes import (
+    cancel_idle_run,
+    cancel_running_run,
+    complete_run,
+    fail_run,
+    lock_parent,
+    park_run,
+    request_cancel,
+    requeue_run,
+    set_progress,
+    wake_parent,
+    wake_run,
+)
+from .steps import (
+    close_interrupted_attempts,
+    defer_step_completion,
+    finish_step,
+    flush_deferred,
+    start_step,
+)
+from .waiting import child_outcome, fact_available, lock_held_run, park_run_unless, take_fact
+
+__all__ = [
+    "RUN",
+    "STEP",
+    "WORK_KINDS",
+    "Claimed",
+    "DeferredCompletion",
+    "GroupWrite",
+    "Lease",
+    "Renewal",
+    "anything_due_before",
+    "cancel_idle_run",
+    "cancel_running_run",
+    "child_outcome",
+    "claim_runs",
+    "close_interrupted_attempts",
+    "complete_run",
+    "create_run",
+    "defer_step_completion",
+    "fact_available",
+    "fail_run",
+    "finish_step",
+    "flush_deferred",
+    "lock_held_run",
+    "lock_parent",
+    "park_run",
+    "park_run_unless",
+    "renew_leases",
+    "request_cancel",
+    "requeue_run",
+    "set_progress",
+    "start_step",
+    "take_fact",
+    "wake_parent",
+    "wake_run",
+    "write_group",
+]

@@ -1,0 +1,85 @@
+"""What every transition module shares: tables, the lease, and the fence."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from .. import clock
+from ..models import StepAttempt, WorkflowRun
+from ..sql import (
+    p_uuid,
+    share_lock,
+)
+
+RUN = WorkflowRun._meta.db_table
+STEP = StepAttempt._meta.db_table
+# Attempts that execute code; sleeps, fact waits and child waits are armed timers, not work.
+WORK_KINDS = "('function', 'op')"
+
+
+class DeferredCompletion:
+    """A finished step whose checkpoint rides on the run's next write (group commit per run).
+
+    A step's completion is not sent on its own: it goes in the same statement as the next
+    step's start or the run's completion, halving the round trips of a workflow. Every other
+    write of the attempt sends it first, and the heartbeat sends one that waited too long, so
+    the window in which a crash loses a finished step's result (and the step runs again, as an
+    interrupted step would) is the user code between two steps, at most about a second.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._item: tuple[int, Any, datetime] | None = None
+
+    def put(self, step_id: int, output: Any) -> tuple[int, Any, datetime] | None:
+        with self._lock:
+            previous, self._item = self._item, (step_id, output, clock.now())
+        return previous
+
+    def take(self, older_than: float | None = None) -> tuple[int, Any, datetime] | None:
+        with self._lock:
+            item = self._item
+            if item is None:
+                return None
+            if older_than is not None and (clock.now() - item[2]).total_seconds() < older_than:
+                return None
+            self._item = None
+            return item
+
+
+@dataclass(frozen=True)
+class Lease:
+    run_id: uuid.UUID
+    token: uuid.UUID
+    worker_id: str
+    deferred: DeferredCompletion = field(default_factory=DeferredCompletion, compare=False)
+    # A worker's group commit (worker/group_commit.py): the hot writes of all its slots share
+    # statements and commits. None: every write goes on its own.
+    group: Any = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    lease: Lease
+    run: WorkflowRun  # the row as the claim left it: no second read needed
+
+
+@dataclass(frozen=True)
+class Renewal:
+    cancel_requested: bool
+    deadline_passed: bool
+
+
+def _fence() -> str:
+    return (
+        f"EXISTS (SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s"
+        f" AND status = 'running'{share_lock()})"
+    )
+
+
+def _fence_params(lease: Lease) -> list[Any]:
+    return [p_uuid(lease.run_id), p_uuid(lease.token)]

@@ -1,0 +1,212 @@
+"""Creating, claiming and renewing runs."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import clock, notify
+from ..models import WorkflowRun
+from ..sql import (
+    fetchall,
+    is_postgres,
+    new_token_sql,
+    p_dt,
+    p_json,
+    p_uuid,
+    placeholders,
+    r_uuid,
+    skip_locked,
+)
+from ._common import RUN, Claimed, Lease, Renewal
+
+
+def _filters(pairs: list[tuple[str, int]], queues: list[str] | None) -> tuple[str, list[Any]]:
+    """Only the (name, version) pairs a worker registered, and its queues: one parameter each,
+    so a worker with many workflows does not send (and parse) hundreds of parameters a claim."""
+    keys = [f"{name}@{version}" for name, version in pairs]
+    if is_postgres():
+        sql = " AND task_name || '@' || version = ANY(%s)"
+        params: list[Any] = [keys]
+        if queues:
+            sql += " AND queue = ANY(%s)"
+            params.append(list(queues))
+        return sql, params
+    sql = " AND task_name || '@' || version IN (SELECT value FROM json_each(%s))"
+    params = [json.dumps(keys)]
+    if queues:
+        sql += " AND queue IN (SELECT value FROM json_each(%s))"
+        params.append(json.dumps(list(queues)))
+    return sql, params
+
+
+# -- creating ---------------------------------------------------------------------------------
+
+
+def create_run(
+    *,
+    task_name: str,
+    version: int,
+    queue: str,
+    priority: int,
+    input: Any,
+    idempotency_key: str | None,
+    input_hash: str,
+    trace_id: str,
+    available_at: datetime | None,
+    deadline_at: datetime | None,
+    parent_run_id: uuid.UUID | None,
+    parent_step: str,
+) -> uuid.UUID | None:
+    """Insert a pending run on the caller's connection (and transaction) in one statement,
+    which on PostgreSQL also NOTIFYs idle workers (delivered at commit). With an idempotency
+    key that is taken, nothing is inserted and None is returned."""
+    now = clock.now()
+    run_id = uuid.uuid4()
+    conflict = (
+        " ON CONFLICT (task_name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+        if idempotency_key is not None
+        else ""
+    )
+    sql = f"""
+        INSERT INTO {RUN} (id, task_name, version, queue, status, priority, input,
+            idempotency_key, input_hash, trace_id, attempts, failures, worker_id, available_at,
+            waiting_on, deadline_at, cancel_reason, parent_run_id, parent_step, unreached_steps,
+            created_at, updated_at)
+        VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, %s, %s, 0, 0, '', %s, '', %s, '', %s, %s,
+            '[]', %s, %s){conflict}
+        RETURNING id
+    """
+    params: list[Any] = [p_uuid(run_id), task_name, version, queue, priority, p_json(input)]
+    params += [idempotency_key, input_hash, trace_id, p_dt(available_at or now), p_dt(deadline_at)]
+    params += [p_uuid(parent_run_id), parent_step, p_dt(now), p_dt(now)]
+    if notify.enabled():
+        sql = f"WITH created AS ({sql}) SELECT id, pg_notify(%s, %s) FROM created"
+        params += [notify.CHANNEL, queue]
+    rows = fetchall(sql, params)
+    return run_id if rows else None
+
+
+# -- claiming ---------------------------------------------------------------------------------
+
+
+def claim_runs(
+    worker_id: str,
+    pairs: list[tuple[str, int]],
+    queues: list[str] | None,
+    limit: int,
+    lease_seconds: float,
+) -> list[Claimed]:
+    """Claim up to `limit` runs: expired leases first, then due timers, then pending by priority.
+
+    Each source reads its own partial index, so far-future sleepers and finished rows cost nothing.
+    """
+    if not pairs or limit <= 0:
+        return []
+    now = clock.now()
+    filt, fparams = _filters(pairs, queues)
+    lock = skip_locked()
+    sql = f"""
+        WITH expired AS (
+            SELECT id, 0 AS src, priority, available_at FROM {RUN}
+            WHERE status = 'running' AND available_at <= %s{filt}
+            ORDER BY available_at LIMIT %s{lock}
+        ), woken AS (
+            SELECT id, 1 AS src, priority, available_at FROM {RUN}
+            WHERE status = 'waiting' AND available_at <= %s{filt}
+            ORDER BY available_at LIMIT %s{lock}
+        ), due AS (
+            SELECT id, 2 AS src, priority, available_at FROM {RUN}
+            WHERE status = 'pending' AND available_at <= %s{filt}
+            ORDER BY priority DESC, available_at LIMIT %s{lock}
+        )
+        UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,
+            attempts = attempts + 1, available_at = %s, waiting_on = '',
+            started_at = COALESCE(started_at, %s), updated_at = %s
+        WHERE id IN (
+            SELECT id FROM (
+                SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
+            ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %s
+        )
+        RETURNING {", ".join(_CLAIM_COLUMNS)}
+    """
+    t = p_dt(now)
+    params = [t, *fparams, limit, t, *fparams, limit, t, *fparams, limit]
+    params += [worker_id, p_dt(now + timedelta(seconds=lease_seconds)), t, t, limit]
+    if is_postgres():
+        runs = [_run_from_row(row) for row in fetchall(sql, params)]
+    else:  # SQLite returns text for times and JSON: let Django convert them
+        runs = list(WorkflowRun.objects.raw(sql, params))
+    runs.sort(key=lambda r: (-r.priority, r.created_at))
+    return [Claimed(Lease(r.pk, r_uuid(r.lease_token), worker_id), r) for r in runs]
+
+
+# What the executor needs of a claimed run; the claim returns it, so nothing is read twice.
+_CLAIM_COLUMNS = (
+    "id",
+    "task_name",
+    "version",
+    "queue",
+    "status",
+    "priority",
+    "input",
+    "trace_id",
+    "attempts",
+    "failures",
+    "worker_id",
+    "lease_token",
+    "available_at",
+    "deadline_at",
+    "cancel_requested_at",
+    "cancel_reason",
+    "parent_run_id",
+    "created_at",
+    "started_at",
+)
+_JSON_COLUMNS = frozenset({"input"})
+
+
+def _run_from_row(row: tuple[Any, ...]) -> WorkflowRun:
+    values = [
+        json.loads(v) if name in _JSON_COLUMNS and isinstance(v, str) else v
+        for name, v in zip(_CLAIM_COLUMNS, row, strict=True)
+    ]
+    return WorkflowRun.from_db("default", list(_CLAIM_COLUMNS), values)
+
+
+def anything_due_before(
+    pairs: list[tuple[str, int]], queues: list[str] | None, horizon: datetime
+) -> bool:
+    """Whether a run this worker could claim becomes due before `horizon` (for --burst)."""
+    if not pairs:
+        return False
+    filt, fparams = _filters(pairs, queues)
+    sql = (
+        f"SELECT 1 FROM {RUN} WHERE status IN ('pending', 'running', 'waiting')"
+        f" AND available_at <= %s{filt} LIMIT 1"
+    )
+    return bool(fetchall(sql, [p_dt(horizon), *fparams]))
+
+
+def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, Renewal]:
+    """One statement renews every lease a worker holds. Runs missing from the result are lost."""
+    if not leases:
+        return {}
+    now = clock.now()
+    n = len(leases)
+    sql = f"""
+        UPDATE {RUN} SET available_at = %s
+        WHERE status = 'running' AND id IN ({placeholders(n)})
+          AND lease_token IN ({placeholders(n)})
+        RETURNING id, cancel_requested_at IS NOT NULL,
+            CASE WHEN deadline_at IS NOT NULL AND deadline_at <= %s THEN 1 ELSE 0 END
+    """
+    params = [p_dt(now + timedelta(seconds=lease_seconds))]
+    params += [p_uuid(x.run_id) for x in leases] + [p_uuid(x.token) for x in leases]
+    params.append(p_dt(now))
+    return {
+        r_uuid(rid): Renewal(bool(cancel), bool(deadline))
+        for rid, cancel, deadline in fetchall(sql, params)
+    }

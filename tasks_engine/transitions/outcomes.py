@@ -1,0 +1,216 @@
+"""Run outcomes: complete, fail, requeue, park, cancel, wake; and a parent's wake-up."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from .. import clock, notify
+from ..exceptions import LeaseLostError
+from ..models import StepAttempt, WorkflowRun
+from ..sql import (
+    execute,
+    fetchall,
+    is_postgres,
+    p_dt,
+    p_json,
+    p_uuid,
+)
+from ._common import RUN, STEP, Lease
+from .group import GroupWrite
+from .steps import _close_running_attempts, _with_deferred
+
+# -- run outcomes -----------------------------------------------------------------------------
+
+
+@contextmanager
+def _no_transaction() -> Iterator[None]:
+    yield
+
+
+def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
+    """Compare-and-set on the run row; carries a deferred step completion along."""
+    prefix, prefix_params = _with_deferred(lease)
+    # Referencing the CTE makes it run before this UPDATE touches the run row: its fence
+    # could not lock a row version this same statement had already replaced.
+    after_deferred = " AND (SELECT count(*) FROM deferred) >= 0" if prefix else ""
+    sql = (
+        f"{prefix} UPDATE {RUN} SET {assignments}, updated_at = %s"
+        f" WHERE id = %s AND lease_token = %s AND status = 'running'{after_deferred}"
+    )
+    full = [*prefix_params, *params, p_dt(clock.now()), p_uuid(lease.run_id)]
+    full.append(p_uuid(lease.token))
+    if not execute(sql, full):
+        raise LeaseLostError(f"run {lease.run_id}: lease lost")
+
+
+def complete_run(
+    lease: Lease,
+    output: Any,
+    unreached: list[str],
+    *,
+    has_parent: bool = False,
+    progress: dict[str, Any] | None = None,
+) -> None:
+    """Running -> completed. The handler returned, so every attempt of this pass is closed.
+    The last progress the handler reported (not yet flushed by the heartbeat) goes along."""
+    if lease.group is not None and not has_parent:
+        write = GroupWrite("complete", lease, lease.deferred.take(), clock.now())
+        write.output, write.unreached, write.progress = output, unreached, progress
+        lease.group.submit(write)
+        return
+    with transaction.atomic() if has_parent else _no_transaction():
+        if has_parent:
+            lock_parent(lease.run_id)
+        _cas_run(
+            lease,
+            "status = 'completed', output = %s, unreached_steps = %s, finished_at = %s,"
+            " lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
+            " progress = COALESCE(%s, progress)",
+            [p_json(output), p_json(unreached), p_dt(clock.now()), p_json(progress)],
+        )
+        if has_parent:
+            wake_parent(lease.run_id)
+
+
+def fail_run(lease: Lease, error: dict[str, Any], *, has_parent: bool = False) -> None:
+    with transaction.atomic():
+        if has_parent:
+            lock_parent(lease.run_id)
+        _cas_run(
+            lease,
+            "status = 'failed', error = %s, failures = failures + 1, finished_at = %s,"
+            " lease_token = NULL, available_at = NULL, waiting_on = ''",
+            [p_json(error), p_dt(clock.now())],
+        )
+        _close_running_attempts(lease, counted=False)
+        if has_parent:
+            wake_parent(lease.run_id)
+
+
+def requeue_run(
+    lease: Lease,
+    available_at: datetime,
+    *,
+    error: dict[str, Any] | None = None,
+    count_failure: bool = False,
+    interrupted_count: bool = False,
+    failed_step: tuple[int, dict[str, Any]] | None = None,
+) -> None:
+    """Back to `pending`: step retry backoff, workflow retry, or a graceful hand-back."""
+    with transaction.atomic():
+        _cas_run(
+            lease,
+            "status = 'pending', lease_token = NULL, available_at = %s, waiting_on = '',"
+            " failures = failures + %s, error = COALESCE(%s, error)",
+            [p_dt(available_at), 1 if count_failure else 0, p_json(error)],
+        )
+        if failed_step is not None:
+            step_id, step_error = failed_step
+            execute(
+                f"UPDATE {STEP} SET status = 'failed', error = %s, finished_at = %s"
+                f" WHERE id = %s AND status = 'running'",
+                [p_json(step_error), p_dt(clock.now()), step_id],
+            )
+        _close_running_attempts(lease, counted=interrupted_count, work_only=True)
+
+
+def park_run(lease: Lease, waiting_on: str, wake_at: datetime | None, deadline: datetime | None):
+    """Running -> waiting. The wake time is capped by the deadline so the run fails on time."""
+    if deadline is not None and (wake_at is None or deadline < wake_at):
+        wake_at = deadline
+    _cas_run(
+        lease,
+        "status = 'waiting', lease_token = NULL, available_at = %s, waiting_on = %s",
+        [p_dt(wake_at), waiting_on],
+    )
+
+
+def cancel_running_run(lease: Lease, *, has_parent: bool = False) -> None:
+    """The holder of a canceled run ends it and closes whatever attempt was in flight."""
+    with transaction.atomic():
+        if has_parent:
+            lock_parent(lease.run_id)
+        _cas_run(
+            lease,
+            "status = 'canceled', finished_at = %s, lease_token = NULL, available_at = NULL,"
+            " waiting_on = ''",
+            [p_dt(clock.now())],
+        )
+        _close_running_attempts(lease, counted=False)
+        if has_parent:
+            wake_parent(lease.run_id)
+
+
+def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
+    """Pending or waiting -> canceled. The caller holds the run's row lock."""
+    now = clock.now()
+    WorkflowRun.objects.filter(pk=run.pk, status__in=["pending", "waiting"]).update(
+        status="canceled",
+        cancel_requested_at=run.cancel_requested_at or now,
+        cancel_reason=reason,
+        finished_at=now,
+        updated_at=now,
+        available_at=None,
+        lease_token=None,
+        waiting_on="",
+    )
+    StepAttempt.objects.filter(run_id=run.pk, status="running").update(
+        status="abandoned", counted=False, finished_at=now
+    )
+    if run.parent_run_id is not None:
+        wake_parent(run.pk)
+
+
+def request_cancel(run: WorkflowRun, reason: str) -> None:
+    """Running: record the request; the holder sees it at its next heartbeat (or NOTIFY)."""
+    now = clock.now()
+    WorkflowRun.objects.filter(pk=run.pk, cancel_requested_at__isnull=True).update(
+        cancel_requested_at=now, cancel_reason=reason, updated_at=now
+    )
+
+
+def wake_run(run: WorkflowRun) -> None:
+    """Waiting -> pending, due now (a fact or child result arrived). Caller holds the row lock."""
+    now = clock.now()
+    WorkflowRun.objects.filter(pk=run.pk, status="waiting").update(
+        status="pending", available_at=now, waiting_on="", updated_at=now
+    )
+
+
+def set_progress(lease: Lease, progress: dict[str, Any]) -> None:
+    WorkflowRun.objects.filter(pk=lease.run_id, lease_token=lease.token, status="running").update(
+        progress=progress
+    )
+
+
+def lock_parent(child_id: uuid.UUID) -> None:
+    """Before a child's end is written: lock its parent's row, which a parent about to park
+    on this child holds while it reads the child's status. Whichever takes the lock second
+    sees the other's commit, so the parent either finds the child finished or gets woken.
+    (Waking alone is not enough: an UPDATE that finds the parent still running locks nothing.)
+    Lock order: parent before child, as cancel's cascade does."""
+    if is_postgres():
+        fetchall(
+            f"SELECT 1 FROM {RUN} WHERE id = (SELECT parent_run_id FROM {RUN} WHERE id = %s)"
+            " FOR UPDATE",
+            [p_uuid(child_id)],
+        )
+
+
+def wake_parent(child_id: uuid.UUID) -> None:
+    """A child finished: wake its parent if it waits on this child (same transaction)."""
+    now = clock.now()
+    rows = fetchall(
+        f"UPDATE {RUN} SET status = 'pending', available_at = %s, waiting_on = '', updated_at = %s"
+        f" WHERE id = (SELECT parent_run_id FROM {RUN} WHERE id = %s)"
+        f" AND status = 'waiting' AND waiting_on = %s RETURNING queue",
+        [p_dt(now), p_dt(now), p_uuid(child_id), f"child:{child_id}"],
+    )
+    for (queue,) in rows:
+        notify.wake_workers(queue)
