@@ -258,10 +258,9 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
             return None
 
 
-@admin.register(StepAttempt)
-class StepAttemptAdmin(ReadOnlyAdmin):
-    list_display = ("id", "run_short", "name", "kind", "attempt", "status_badge", "started", "took")
-    list_filter = ("status", "kind")
+class RunRowsAdmin(ReadOnlyAdmin):
+    """Rows that belong to a run (step attempts, facts): newest first, found by run id."""
+
     search_fields = ("run__id",)
     search_help_text = "Exact run id."
     ordering = ("-id",)
@@ -271,8 +270,14 @@ class StepAttemptAdmin(ReadOnlyAdmin):
         return _by_run_id(queryset, search_term), False
 
     @admin.display(description="run")
-    def run_short(self, step: StepAttempt) -> str:
-        return run_link(step.run_id)
+    def run_short(self, row: StepAttempt | Fact) -> str:
+        return run_link(row.run_id)
+
+
+@admin.register(StepAttempt)
+class StepAttemptAdmin(RunRowsAdmin):
+    list_display = ("id", "run_short", "name", "kind", "attempt", "status_badge", "started", "took")
+    list_filter = ("status", "kind")
 
     @admin.display(description="status")
     def status_badge(self, step: StepAttempt) -> str:
@@ -288,19 +293,8 @@ class StepAttemptAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Fact)
-class FactAdmin(ReadOnlyAdmin):
+class FactAdmin(RunRowsAdmin):
     list_display = ("id", "run_short", "name", "consumed_by", "created")
-    search_fields = ("run__id",)
-    search_help_text = "Exact run id."
-    ordering = ("-id",)
-    sortable_by = ("id",)
-
-    def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
-        return _by_run_id(queryset, search_term), False
-
-    @admin.display(description="run")
-    def run_short(self, fact: Fact) -> str:
-        return run_link(fact.run_id)
 
     @admin.display(description="created")
     def created(self, fact: Fact) -> str:
