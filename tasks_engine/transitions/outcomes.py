@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -26,11 +25,6 @@ from .group import GroupWrite
 from .steps import _close_running_attempts, _with_deferred
 
 # -- run outcomes -----------------------------------------------------------------------------
-
-
-@contextmanager
-def _no_transaction() -> Iterator[None]:
-    yield
 
 
 def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
@@ -64,31 +58,44 @@ def complete_run(
         write.output, write.unreached, write.progress = output, unreached, progress
         lease.group.submit(write)
         return
-    with transaction.atomic() if has_parent else _no_transaction():
-        if has_parent:
-            lock_parent(lease.run_id)
-        _cas_run(
-            lease,
-            "status = 'completed', output = %s, unreached_steps = %s, finished_at = %s,"
-            " lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
-            " progress = COALESCE(%s, progress)",
-            [p_json(output), p_json(unreached), p_dt(clock.now()), p_json(progress)],
-        )
-        if has_parent:
-            wake_parent(lease.run_id)
+    _end_run(
+        lease,
+        "status = 'completed', output = %s, unreached_steps = %s, finished_at = %s,"
+        " lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
+        " progress = COALESCE(%s, progress)",
+        [p_json(output), p_json(unreached), p_dt(clock.now()), p_json(progress)],
+        has_parent=has_parent,
+        close_attempts=False,
+    )
 
 
 def fail_run(lease: Lease, error: dict[str, Any], *, has_parent: bool = False) -> None:
-    with transaction.atomic():
+    _end_run(
+        lease,
+        "status = 'failed', error = %s, failures = failures + 1, finished_at = %s,"
+        " lease_token = NULL, available_at = NULL, waiting_on = ''",
+        [p_json(error), p_dt(clock.now())],
+        has_parent=has_parent,
+    )
+
+
+def _end_run(
+    lease: Lease,
+    assignments: str,
+    params: list[Any],
+    *,
+    has_parent: bool,
+    close_attempts: bool = True,
+) -> None:
+    """The one way a run ends: lock the parent first (see lock_parent), compare-and-set the
+    run, close attempts still open, wake the parent waiting on it; all in one transaction."""
+    single_statement = not has_parent and not close_attempts
+    with nullcontext() if single_statement else transaction.atomic():
         if has_parent:
             lock_parent(lease.run_id)
-        _cas_run(
-            lease,
-            "status = 'failed', error = %s, failures = failures + 1, finished_at = %s,"
-            " lease_token = NULL, available_at = NULL, waiting_on = ''",
-            [p_json(error), p_dt(clock.now())],
-        )
-        _close_running_attempts(lease, counted=False)
+        _cas_run(lease, assignments, params)
+        if close_attempts:
+            _close_running_attempts(lease, counted=False)
         if has_parent:
             wake_parent(lease.run_id)
 
@@ -133,18 +140,13 @@ def park_run(lease: Lease, waiting_on: str, wake_at: datetime | None, deadline: 
 
 def cancel_running_run(lease: Lease, *, has_parent: bool = False) -> None:
     """The holder of a canceled run ends it and closes whatever attempt was in flight."""
-    with transaction.atomic():
-        if has_parent:
-            lock_parent(lease.run_id)
-        _cas_run(
-            lease,
-            "status = 'canceled', finished_at = %s, lease_token = NULL, available_at = NULL,"
-            " waiting_on = ''",
-            [p_dt(clock.now())],
-        )
-        _close_running_attempts(lease, counted=False)
-        if has_parent:
-            wake_parent(lease.run_id)
+    _end_run(
+        lease,
+        "status = 'canceled', finished_at = %s, lease_token = NULL, available_at = NULL,"
+        " waiting_on = ''",
+        [p_dt(clock.now())],
+        has_parent=has_parent,
+    )
 
 
 def cancel_idle_run(run: WorkflowRun, reason: str) -> None:

@@ -84,12 +84,18 @@ def flush_deferred(lease: Lease, older_than: float | None = None) -> None:
 
 def _send_completion(lease: Lease, item: tuple[int, Any, datetime]) -> None:
     step_id, output, finished_at = item
+    _close_attempt(lease, step_id, "completed", output, None, finished_at)
+
+
+def _close_attempt(
+    lease: Lease, step_id: int, status: str, output: Any, error: Any, finished_at: datetime
+) -> None:
     sql = f"""
-        UPDATE {STEP} SET status = 'completed', output = %s, finished_at = %s
+        UPDATE {STEP} SET status = %s, output = %s, error = %s, finished_at = %s
         WHERE id = %s AND status = 'running' AND {_fence()}
     """
-    params = [p_json(output), p_dt(finished_at), step_id, *_fence_params(lease)]
-    if not execute(sql, params):
+    params = [status, p_json(output), p_json(error), p_dt(finished_at), step_id]
+    if not execute(sql, params + _fence_params(lease)):
         raise LeaseLostError(f"run {lease.run_id}: lease lost before step {step_id} finished")
 
 
@@ -114,13 +120,7 @@ def finish_step(
     lease: Lease, step_id: int, status: str, *, output: Any = None, error: Any = None
 ) -> None:
     flush_deferred(lease)
-    sql = f"""
-        UPDATE {STEP} SET status = %s, output = %s, error = %s, finished_at = %s
-        WHERE id = %s AND status = 'running' AND {_fence()}
-    """
-    params = [status, p_json(output), p_json(error), p_dt(clock.now()), step_id]
-    if not execute(sql, params + _fence_params(lease)):
-        raise LeaseLostError(f"run {lease.run_id}: lease lost before step {step_id} finished")
+    _close_attempt(lease, step_id, status, output, error, clock.now())
 
 
 def _close_running_attempts(lease: Lease, *, counted: bool, work_only: bool = False) -> None:
