@@ -20,7 +20,7 @@ from .exceptions import (
     Suspend,
     TaskCanceledError,
 )
-from .serialization import encode_error, rebuild_error, to_jsonable
+from .serialization import encode_error, to_jsonable
 from .states import StepKind, StepStatus
 from .waits import WaitSteps
 
@@ -224,11 +224,10 @@ class StepAPI(WaitSteps):
     ) -> Any:
         key = self._key(name)
         rec = self._record(key, StepKind.FUNCTION)
-        if rec is not None and (done := rec.completed) is not None:
-            return done.output
+        found, value = self._replayed(rec)
+        if found:
+            return value
         run_pass = self._s.run_pass
-        if rec is not None and (terminal := rec.terminal_error(run_pass)) is not None:
-            raise rebuild_error(terminal)
         policy = retry or self._s.workflow.step_retry
         failures = rec.counted_failures(run_pass) if rec else 0
         self._guard()
@@ -285,32 +284,6 @@ class StepAPI(WaitSteps):
             failed_step=(step_id, error),
         )
         raise Suspend(f"step {key} retry in {delay}s") from exc
-
-    def sleep(self, name: str, duration: timedelta | float) -> None:
-        """Durable timer: the run parks as `waiting` and holds no worker until it is due."""
-        seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
-        key = self._key(name)
-        rec = self._record(key, StepKind.SLEEP)
-        if rec is not None and rec.completed is not None:
-            return
-        lease = self._s.lease
-        armed = rec.armed if rec is not None else None
-        if armed is None:
-            self._guard()
-            wake_at = clock.now() + timedelta(seconds=max(seconds, 0))
-            step_id = transitions.start_step(
-                lease, key, StepKind.SLEEP, 1, self._s.run_pass, wake_at=wake_at
-            )
-            armed = _att(step_id, "running", self._s.run_pass, wake_at=wake_at)
-            self._remember(key, StepKind.SLEEP, armed)
-        assert armed.wake_at is not None
-        if clock.now() >= armed.wake_at:
-            transitions.finish_step(lease, armed.id, StepStatus.COMPLETED)
-            armed.status = StepStatus.COMPLETED
-            return
-        self._ctx.raise_if_canceled()
-        transitions.park_run(lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at)
-        raise Suspend(f"sleeping until {armed.wake_at.isoformat()}")
 
 
 def _att(

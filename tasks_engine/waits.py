@@ -1,4 +1,4 @@
-"""Steps that wait without holding a worker: facts and child runs (sleep lives in context.py).
+"""Steps that wait without holding a worker: durable sleep, facts and child runs.
 
 Each wait is a step attempt that is `running` while armed and `completed` (or `failed`) once
 resolved; the run parks as `waiting` in between and a fact, a child's end or a timer wakes it.
@@ -77,6 +77,25 @@ class WaitSteps:
         if (terminal := rec.terminal_error(self._s.run_pass)) is not None:
             raise rebuild_error(terminal)
         return False, None
+
+    # -- sleep --------------------------------------------------------------------------------
+
+    def sleep(self, name: str, duration: timedelta | float) -> None:
+        """Durable timer: the run parks as `waiting` and holds no worker until it is due."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
+        key = self._key(name)
+        rec = self._record(key, StepKind.SLEEP)
+        if rec is not None and rec.completed is not None:
+            return
+        wake_at = clock.now() + timedelta(seconds=max(seconds, 0))
+        armed = self._arm(key, StepKind.SLEEP, rec, wake_at=wake_at)  # keeps an armed wake time
+        assert armed.wake_at is not None
+        if clock.now() >= armed.wake_at:
+            self._resolve(armed)
+            return
+        self._ctx.raise_if_canceled()
+        transitions.park_run(self._s.lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at)
+        raise Suspend(f"sleeping until {armed.wake_at.isoformat()}")
 
     # -- facts --------------------------------------------------------------------------------
 
