@@ -13,7 +13,7 @@ from . import clock, notify, transitions
 from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError
 from .models import Fact, StepAttempt, WorkflowRun
-from .serialization import input_hash
+from .serialization import input_hash, to_jsonable
 from .states import ACTIVE, FINISHED, RunStatus
 
 
@@ -239,8 +239,6 @@ def _cancel_locked(run: WorkflowRun, reason: str) -> None:
 
 def signal(run_id: uuid.UUID | str, name: str, payload: Any = None) -> Signaled:
     """Store a fact for the run and wake it if it waits on that name."""
-    from .serialization import to_jsonable
-
     rid = _run_id(run_id)
     data = to_jsonable(payload)
     with transaction.atomic():
@@ -254,4 +252,5 @@ def signal(run_id: uuid.UUID | str, name: str, payload: Any = None) -> Signaled:
         if run.status == RunStatus.WAITING and run.waiting_on == f"fact:{name}":
             transitions.wake_run(run)
             notify.wake_workers(run.queue)
-        return Signaled(True, RunStatus.PENDING if run.status == RunStatus.WAITING else run.status)
+            return Signaled(True, RunStatus.PENDING)
+        return Signaled(True, run.status)

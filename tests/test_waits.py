@@ -144,3 +144,15 @@ def test_canceling_the_parent_cancels_the_child(fake_clock: FakeClock) -> None:
     assert child.status == "canceled"
     assert not StepAttempt.objects.filter(status="running").exists()
     assert tasks_engine.signal(res.run_id, "x") == tasks_engine.Signaled(False, "canceled")
+
+
+def test_a_fact_for_a_run_waiting_on_something_else_is_stored_but_does_not_wake_it(
+    fake_clock: FakeClock,
+) -> None:
+    res = tasks_engine.enqueue("sleeper", {"seconds": 60})
+    drain(fake_clock, horizon=0)
+    assert status(res.run_id) == "waiting"
+    out = tasks_engine.signal(res.run_id, "unrelated", 1)
+    assert out == tasks_engine.Signaled(True, "waiting")
+    assert status(res.run_id) == "waiting"
+    assert Fact.objects.filter(run_id=res.run_id, name="unrelated").count() == 1
