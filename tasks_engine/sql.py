@@ -6,20 +6,30 @@ time, so each statement is already serialised and the locking clauses are droppe
 
 from __future__ import annotations
 
+import functools
+import json
 import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 _DT = models.DateTimeField()
+NEVER_AUTOMATICALLY = 2**31 - 1  # psycopg prepare_threshold: prepare only on prepare=True
 _JSON = models.JSONField(null=True)
 
 
 def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
+    return _vendor() == "postgresql"
+
+
+@functools.cache
+def _vendor() -> str:
+    # The engine uses one database alias; its backend does not change in a process. (The
+    # lookup through Django's thread-local connection proxy is a hot-path cost otherwise.)
+    return connections[DEFAULT_DB_ALIAS].vendor
 
 
 def share_lock() -> str:
@@ -44,11 +54,29 @@ def p_uuid(value: uuid.UUID | str | None) -> Any:
 
 
 def p_dt(value: datetime | None) -> Any:
-    return _DT.get_db_prep_value(value, connection) if value is not None else None
+    if value is None:
+        return None
+    if value.tzinfo is not None and is_postgres():
+        return value  # psycopg adapts an aware datetime as it is
+    return _DT.get_db_prep_value(value, connection)
 
 
 def p_json(value: Any) -> Any:
     return _JSON.get_db_prep_value(value, connection) if value is not None else None
+
+
+def _json_scalar(value: Any) -> Any:
+    if isinstance(value, uuid.UUID | datetime):
+        return str(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def json_rows(rows: list[Any]) -> str:
+    """Many rows (dicts keyed by column) as one JSON parameter (PostgreSQL:
+    `json_to_recordset`), or a JSON array of values: one `json.dumps`
+    instead of adapting every value, and one statement text whatever the number of rows.
+    UUIDs and datetimes become their text forms, which PostgreSQL parses back exactly."""
+    return json.dumps(rows, default=_json_scalar, separators=(",", ":"))
 
 
 def r_uuid(value: Any) -> uuid.UUID:
@@ -88,8 +116,13 @@ def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any
     import psycopg
 
     connection.ensure_connection()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        # Django turns preparing off (for poolers), which also ignores prepare=True. Turn it
+        # back on only for statements that ask: an ORM query is never prepared automatically.
+        raw.prepare_threshold = NEVER_AUTOMATICALLY
     start = time.monotonic()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
+    with connection.wrap_database_errors, psycopg.Cursor(raw) as cur:
         cur.execute(sql, params, prepare=True)  # the engine runs a handful of shapes, often
         result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
     if connection.queries_logged:

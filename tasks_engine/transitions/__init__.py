@@ -14,7 +14,7 @@ Lock order: a parent's run row before its child's; a run row before its step att
 """
 
 from ._common import RUN, STEP, WORK_KINDS, Claimed, DeferredCompletion, Lease, Renewal
-from .claims import anything_due_before, claim_runs, create_run, renew_leases
+from .claims import ClaimRequest, anything_due_before, claim_runs, create_run, renew_leases
 from .group import GroupWrite, write_group
 from .outcomes import (
     cancel_idle_run,
@@ -42,6 +42,7 @@ __all__ = [
     "RUN",
     "STEP",
     "WORK_KINDS",
+    "ClaimRequest",
     "Claimed",
     "DeferredCompletion",
     "GroupWrite",

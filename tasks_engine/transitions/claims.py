@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+from django.db.models.base import ModelState
 
 from .. import clock, notify
 from ..models import WorkflowRun
@@ -26,13 +31,22 @@ from ._common import RUN, Claimed, Lease, Renewal
 def _filters(pairs: list[tuple[str, int]], queues: list[str] | None) -> tuple[str, list[Any]]:
     """Only the (name, version) pairs a worker registered, and its queues: one parameter each,
     so a worker with many workflows does not send (and parse) hundreds of parameters a claim."""
+    return _filters_for(tuple(pairs), tuple(queues or ()), is_postgres())
+
+
+@functools.lru_cache(maxsize=64)
+def _filters_for(
+    pairs: tuple[tuple[str, int], ...], queues: tuple[str, ...], postgres: bool
+) -> tuple[str, list[Any]]:
+    # A worker claims with the same filters all its life: build them (and their text forms,
+    # cheaper to send than arrays adapted value by value) once.
     keys = [f"{name}@{version}" for name, version in pairs]
-    if is_postgres():
-        sql = " AND task_name || '@' || version = ANY(%s)"
-        params: list[Any] = [keys]
+    if postgres:
+        sql = " AND task_name || '@' || version = ANY(%s::text[])"
+        params: list[Any] = [_pg_array(keys)]
         if queues:
-            sql += " AND queue = ANY(%s)"
-            params.append(list(queues))
+            sql += " AND queue = ANY(%s::text[])"
+            params.append(_pg_array(list(queues)))
         return sql, params
     sql = " AND task_name || '@' || version IN (SELECT value FROM json_each(%s))"
     params = [json.dumps(keys)]
@@ -40,6 +54,12 @@ def _filters(pairs: list[tuple[str, int]], queues: list[str] | None) -> tuple[st
         sql += " AND queue IN (SELECT value FROM json_each(%s))"
         params.append(json.dumps(list(queues)))
     return sql, params
+
+
+def _pg_array(values: list[str]) -> str:
+    """A PostgreSQL text[] literal: every element quoted, quotes and backslashes escaped."""
+    quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+    return "{" + ",".join(quoted) + "}"
 
 
 # -- creating ---------------------------------------------------------------------------------
@@ -92,26 +112,36 @@ def create_run(
 # -- claiming ---------------------------------------------------------------------------------
 
 
-def claim_runs(
-    worker_id: str,
-    pairs: list[tuple[str, int]],
-    queues: list[str] | None,
-    limit: int,
-    lease_seconds: float,
-) -> list[Claimed]:
-    """Claim up to `limit` runs: expired leases first, then due timers, then pending by priority.
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a worker claims: up to `limit` runs of its (name, version) pairs and queues."""
 
-    Each source reads its own partial index, so far-future sleepers and finished rows cost nothing.
-    """
-    if not pairs or limit <= 0:
-        return []
-    now = clock.now()
-    filt, fparams = _filters(pairs, queues)
+    worker_id: str
+    pairs: list[tuple[str, int]]
+    queues: list[str] | None
+    limit: int
+    lease_seconds: float
+
+
+def claim_statement(
+    req: ClaimRequest, now: datetime, *, exclude: str | None = None
+) -> tuple[str, str, list[Any]]:
+    """The claim as `(ctes, update, params)`: expired leases first, then due timers, then
+    pending by priority; each source reads its own partial index, so far-future sleepers and
+    finished rows cost nothing. `exclude` (a JSON array of run ids) keeps runs out of the
+    expired source: the group commit claims in the statement that writes its own runs, and a
+    row must not be updated twice in one statement."""
+    filt, fparams = _filters(req.pairs, req.queues)
     lock = skip_locked()
-    sql = f"""
-        WITH expired AS (
+    not_ours = (
+        " AND id NOT IN (SELECT json_array_elements_text(%s::json)::uuid)"
+        if exclude is not None
+        else ""
+    )
+    ctes = f"""
+        expired AS (
             SELECT id, 0 AS src, priority, available_at FROM {RUN}
-            WHERE status = 'running' AND available_at <= %s{filt}
+            WHERE status = 'running' AND available_at <= %s{filt}{not_ours}
             ORDER BY available_at LIMIT %s{lock}
         ), woken AS (
             SELECT id, 1 AS src, priority, available_at FROM {RUN}
@@ -121,7 +151,8 @@ def claim_runs(
             SELECT id, 2 AS src, priority, available_at FROM {RUN}
             WHERE status = 'pending' AND available_at <= %s{filt}
             ORDER BY priority DESC, available_at LIMIT %s{lock}
-        )
+        )"""
+    update = f"""
         UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,
             attempts = attempts + 1, available_at = %s, waiting_on = '',
             started_at = COALESCE(started_at, %s), updated_at = %s
@@ -130,21 +161,45 @@ def claim_runs(
                 SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
             ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %s
         )
-        RETURNING {", ".join(_CLAIM_COLUMNS)}
-    """
+        RETURNING {", ".join(CLAIM_COLUMNS)}"""
     t = p_dt(now)
-    params = [t, *fparams, limit, t, *fparams, limit, t, *fparams, limit]
-    params += [worker_id, p_dt(now + timedelta(seconds=lease_seconds)), t, t, limit]
+    expired_params = [t, *fparams] if exclude is None else [t, *fparams, exclude]
+    params: list[Any] = [*expired_params, req.limit, t, *fparams, req.limit, t, *fparams]
+    params += [req.limit, req.worker_id, p_dt(now + timedelta(seconds=req.lease_seconds)), t, t]
+    params.append(req.limit)
+    return ctes, update, params
+
+
+def claim_runs(
+    worker_id: str,
+    pairs: list[tuple[str, int]],
+    queues: list[str] | None,
+    limit: int,
+    lease_seconds: float,
+) -> list[Claimed]:
+    """Claim up to `limit` runs in one statement (see `claim_statement`)."""
+    if not pairs or limit <= 0:
+        return []
+    req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds)
+    ctes, update, params = claim_statement(req, clock.now())
+    sql = f"WITH {ctes} {update}"
     if is_postgres():
-        runs = [_run_from_row(row) for row in fetchall(sql, params)]
-    else:  # SQLite returns text for times and JSON: let Django convert them
-        runs = list(WorkflowRun.objects.raw(sql, params))
+        return claimed_from_rows(fetchall(sql, params), worker_id)
+    # SQLite returns text for times and JSON: let Django convert them
+    return _leases(list(WorkflowRun.objects.raw(sql, params)), worker_id)
+
+
+def claimed_from_rows(rows: list[tuple[Any, ...]], worker_id: str) -> list[Claimed]:
+    return _leases([_run_from_row(row) for row in rows], worker_id)
+
+
+def _leases(runs: list[WorkflowRun], worker_id: str) -> list[Claimed]:
     runs.sort(key=lambda r: (-r.priority, r.created_at))
     return [Claimed(Lease(r.pk, r_uuid(r.lease_token), worker_id), r) for r in runs]
 
 
 # What the executor needs of a claimed run; the claim returns it, so nothing is read twice.
-_CLAIM_COLUMNS = (
+CLAIM_COLUMNS = (
     "id",
     "task_name",
     "version",
@@ -165,15 +220,21 @@ _CLAIM_COLUMNS = (
     "created_at",
     "started_at",
 )
-_JSON_COLUMNS = frozenset({"input"})
 
 
 def _run_from_row(row: tuple[Any, ...]) -> WorkflowRun:
-    values = [
-        json.loads(v) if name in _JSON_COLUMNS and isinstance(v, str) else v
-        for name, v in zip(_CLAIM_COLUMNS, row, strict=True)
-    ]
-    return WorkflowRun.from_db("default", list(_CLAIM_COLUMNS), values)
+    """A WorkflowRun holding the claimed columns (the others load on access, as with
+    `.only()`). Built directly: `Model.from_db` would run `__init__` for every field, a
+    noticeable share of a no-op run's cost."""
+    run = WorkflowRun.__new__(WorkflowRun)
+    values = dict(zip(CLAIM_COLUMNS, row, strict=True))
+    if isinstance(values["input"], str):
+        values["input"] = json.loads(values["input"])
+    run.__dict__.update(values)
+    run._state = ModelState()
+    run._state.adding = False
+    run._state.db = DEFAULT_DB_ALIAS
+    return run
 
 
 def anything_due_before(

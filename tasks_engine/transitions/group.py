@@ -8,13 +8,23 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from .. import clock
 from ..exceptions import LeaseLostError
 from ..sql import (
     fetchall,
-    p_json,
+    json_rows,
     r_uuid,
 )
-from ._common import RUN, STEP, Lease
+from ._common import RUN, STEP, Claimed, Lease
+from .claims import CLAIM_COLUMNS, ClaimRequest, claim_statement, claimed_from_rows
+
+
+# A row set from `json_to_recordset` has no statistics (the planner guesses 100 rows): spelling
+# the join key as `= ANY(ARRAY(...))` as well keeps the lookup on the primary key, instead of a
+# scan of the table that grows with it.
+def _by_key(column: str, rows: str, key: str) -> str:
+    return f"{column} = ANY(ARRAY(SELECT {key} FROM {rows})) AND {column} = {rows}.{key}"
+
 
 # -- group commit (PostgreSQL workers) ------------------------------------------------------
 
@@ -43,10 +53,15 @@ class GroupWrite:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def write_group(writes: list[GroupWrite]) -> None:
+def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> list[Claimed]:
     """Every write of the group in one statement: deferred completions first, then step
     starts, then run completions (which reference the first two so that their fences lock the
-    run rows before this statement replaces them). Fills each write's result or error."""
+    run rows before this statement replaces them). Fills each write's result or error.
+
+    With `claim`, the same statement (and commit) claims the runs that take over the slots
+    these completions free, and returns them: under a backlog a slot gets its next run without
+    a round trip of its own. Each part's rows travel as arrays, so the statement's text (and
+    its prepared plan) does not depend on how many writes the group holds."""
     fence = (
         "EXISTS (SELECT 1 FROM {run} r WHERE r.id = {v}.run_id AND r.lease_token = {v}.token"
         " AND r.status = 'running' FOR SHARE)"
@@ -57,29 +72,46 @@ def write_group(writes: list[GroupWrite]) -> None:
     starts = [w for w in writes if w.kind == "start"]
     completes = [w for w in writes if w.kind == "complete"]
     if deferred:
-        rows = ", ".join(
-            ["(%s::bigint, %s::jsonb, %s::timestamptz, %s::uuid, %s::uuid)"] * len(deferred)
-        )
+        rows = []
         for w in deferred:
             assert w.deferred is not None
             step_id, output, finished_at = w.deferred
-            params += [step_id, p_json(output), finished_at, w.lease.run_id, w.lease.token]
-        ctes.append(f"dv (step_id, output, finished_at, run_id, token) AS (VALUES {rows})")
+            rows.append(
+                {
+                    "step_id": step_id,
+                    "output": output,
+                    "finished_at": finished_at,
+                    "run_id": w.lease.run_id,
+                    "token": w.lease.token,
+                }
+            )
+        params.append(json_rows(rows))
+        ctes.append(
+            "dv AS (SELECT * FROM json_to_recordset(%s::json) AS t (step_id bigint,"
+            " output jsonb, finished_at timestamptz, run_id uuid, token uuid))"
+        )
         ctes.append(
             f"d AS (UPDATE {STEP} s SET status = 'completed', output = dv.output,"
-            f" finished_at = dv.finished_at FROM dv WHERE s.id = dv.step_id"
+            f" finished_at = dv.finished_at FROM dv WHERE {_by_key('s.id', 'dv', 'step_id')}"
             f" AND s.status = 'running' AND {fence.format(run=RUN, v='dv')} RETURNING s.id)"
         )
     if starts:
-        rows = ", ".join(
-            ["(%s::uuid, %s::text, %s::int, %s::int, %s::text, %s::uuid, %s::timestamptz)"]
-            * len(starts)
-        )
-        for w in starts:
-            params += [w.lease.run_id, w.name, w.attempt, w.run_pass, w.lease.worker_id]
-            params += [w.lease.token, w.at]
+        rows = [
+            {
+                "run_id": w.lease.run_id,
+                "name": w.name,
+                "attempt": w.attempt,
+                "run_pass": w.run_pass,
+                "worker_id": w.lease.worker_id,
+                "token": w.lease.token,
+                "started_at": w.at,
+            }
+            for w in starts
+        ]
+        params.append(json_rows(rows))
         ctes.append(
-            f"sv (run_id, name, attempt, run_pass, worker_id, token, started_at) AS (VALUES {rows})"
+            "sv AS (SELECT * FROM json_to_recordset(%s::json) AS t (run_id uuid, name text,"
+            " attempt int, run_pass int, worker_id text, token uuid, started_at timestamptz))"
         )
         ctes.append(
             f"i AS (INSERT INTO {STEP} (run_id, name, kind, status, attempt, run_pass, counted,"
@@ -88,41 +120,63 @@ def write_group(writes: list[GroupWrite]) -> None:
             f" FROM sv WHERE {fence.format(run=RUN, v='sv')} RETURNING id, run_id)"
         )
     if completes:
-        rows = ", ".join(
-            ["(%s::uuid, %s::uuid, %s::jsonb, %s::jsonb, %s::timestamptz, %s::jsonb)"]
-            * len(completes)
-        )
-        for w in completes:
-            params += [w.lease.run_id, w.lease.token, p_json(w.output), p_json(w.unreached)]
-            params += [w.at, p_json(w.progress)]
+        rows = [
+            {
+                "run_id": w.lease.run_id,
+                "token": w.lease.token,
+                "output": w.output,
+                "unreached": w.unreached,
+                "at": w.at,
+                "progress": w.progress,
+            }
+            for w in completes
+        ]
+        params.append(json_rows(rows))
         after = "".join(
             f" AND (SELECT count(*) FROM {name}) >= 0"
             for name, present in (("d", deferred), ("i", starts))
             if present
         )
-        ctes.append(f"cv (run_id, token, output, unreached, at, progress) AS (VALUES {rows})")
+        ctes.append(
+            "cv AS (SELECT * FROM json_to_recordset(%s::json) AS t (run_id uuid, token uuid,"
+            " output jsonb, unreached jsonb, at timestamptz, progress jsonb))"
+        )
         ctes.append(
             f"c AS (UPDATE {RUN} r SET status = 'completed', output = cv.output,"
             f" unreached_steps = cv.unreached, finished_at = cv.at, updated_at = cv.at,"
             f" lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
-            f" progress = COALESCE(cv.progress, r.progress) FROM cv WHERE r.id = cv.run_id"
+            f" progress = COALESCE(cv.progress, r.progress)"
+            f" FROM cv WHERE {_by_key('r.id', 'cv', 'run_id')}"
             f" AND r.lease_token = cv.token AND r.status = 'running'{after} RETURNING r.id)"
         )
-    selects = []
+    pad = ""
+    if claim is not None:
+        claim_ctes, update, claim_params = claim_statement(
+            claim, clock.now(), exclude=json_rows([w.lease.run_id for w in writes])
+        )
+        ctes += [claim_ctes, f"k AS ({update})"]
+        params += claim_params
+        pad = ", NULL" * (len(CLAIM_COLUMNS) - 1)
+    # The claim's rows go first: UNION resolves the padding NULLs' types from them.
+    selects = ["SELECT 'k', NULL::bigint, k.* FROM k"] if claim is not None else []
     if starts:
-        selects.append("SELECT 'i', i.id, i.run_id FROM i")
+        selects.append(f"SELECT 'i', i.id, i.run_id{pad} FROM i")
     if completes:
-        selects.append("SELECT 'c', NULL::bigint, c.id FROM c")
-    if not selects:  # only deferred completions
-        selects.append("SELECT 'd', d.id, NULL::uuid FROM d")
+        selects.append(f"SELECT 'c', NULL::bigint, c.id{pad} FROM c")
+    if not starts and not completes:  # only deferred completions
+        selects.append(f"SELECT 'd', d.id, NULL::uuid{pad} FROM d")
     sql = "WITH " + ", ".join(ctes) + " " + " UNION ALL ".join(selects)
     started: dict[uuid.UUID, int] = {}
     completed: set[uuid.UUID] = set()
-    for tag, step_id, run_id in fetchall(sql, params):
+    claimed_rows: list[tuple[Any, ...]] = []
+    for row in fetchall(sql, params):
+        tag, step_id, run_id = row[:3]
         if tag == "i":
             started[r_uuid(run_id)] = int(step_id)
         elif tag == "c":
             completed.add(r_uuid(run_id))
+        elif tag == "k":
+            claimed_rows.append(row[2:])
     for w in writes:
         if w.kind == "start" and w.lease.run_id in started:
             w.result = started[w.lease.run_id]
@@ -130,3 +184,4 @@ def write_group(writes: list[GroupWrite]) -> None:
             w.result = True
         elif w.kind in ("start", "complete"):
             w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")
+    return claimed_from_rows(claimed_rows, claim.worker_id) if claim is not None else []

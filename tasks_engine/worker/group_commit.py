@@ -5,13 +5,16 @@ While one group is in flight the next one gathers, so under load each statement 
 flush) carries the writes of several runs; an idle worker sends a lone write at once. Every
 write keeps its own fence: a write whose attempt lost its lease fails alone with
 `LeaseLostError`, as it would on its own. PostgreSQL only (it needs data-modifying CTEs).
+
+Under a backlog the group also claims: a group that completes k runs claims up to k runs (plus
+any idle slot's) in the same statement, and hands them to the slots those completions free.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 
@@ -19,14 +22,23 @@ from .. import transitions
 from ..exceptions import EngineUnavailable
 from .dbretry import DB_ERRORS, Outage
 
+if TYPE_CHECKING:
+    from .loop import Worker
+
 MAX_GROUP = 64
 
 
-class GroupCommit(threading.Thread):
-    def __init__(self, log: Any) -> None:
-        super().__init__(name="tasks-group-commit", daemon=True)
+class GroupCommit:
+    def __init__(self, worker: Worker, committers: int = 2) -> None:
         self._queue: queue.Queue[transitions.GroupWrite] = queue.Queue()
-        self.log = log
+        self.worker = worker
+        self.log = worker.log
+        self.committers = committers
+
+    def start(self) -> None:
+        for i in range(self.committers):
+            name = f"tasks-group-commit-{i}"
+            threading.Thread(target=self._commit_loop, name=name, daemon=True).start()
 
     def submit(self, write: transitions.GroupWrite) -> Any:
         """Called from a slot thread: block until the write's group has committed."""
@@ -39,7 +51,7 @@ class GroupCommit(threading.Thread):
             raise write.error
         return write.result
 
-    def run(self) -> None:
+    def _commit_loop(self) -> None:
         outage = Outage(self.log, "group commit")
         while True:
             group = [self._queue.get()]
@@ -48,8 +60,11 @@ class GroupCommit(threading.Thread):
                     group.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            completing = sum(1 for w in group if w.kind == "complete")
+            claim = self.worker.reserve_for_group(completing)
+            claimed: list[transitions.Claimed] = []
             try:
-                transitions.write_group(group)
+                claimed = transitions.write_group(group, claim)
                 outage.ok()
             except DB_ERRORS as exc:
                 outage.failed(exc)  # closes the connection; the slots see the error
@@ -60,5 +75,7 @@ class GroupCommit(threading.Thread):
                 connection.close()
                 for write in group:
                     write.error = exc
+            if claim is not None:
+                self.worker.take_claimed(claimed, claim.limit)
             for write in group:
                 write.done.set()

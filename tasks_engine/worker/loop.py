@@ -78,6 +78,7 @@ class Worker:
         self._signals = 0
         self.heartbeat = Heartbeat(self)
         self._batch = max(1, config.concurrency // 2)
+        self.backlog = False  # the last claim filled every slot it asked for
         self.group: GroupCommit | None = None
 
     # -- the loop -----------------------------------------------------------------------------
@@ -94,46 +95,75 @@ class Worker:
         )
         self._start_threads()
         outage = Outage(self.log, "claim")
-        backlog = False  # the last claim filled every free slot: more work is probably queued
         while not self.stopping.is_set():
-            free = self.config.concurrency - self._busy
+            if self.backlog and self.group is None and 0 < self._free() < self._batch:
+                # Under a backlog, let a few more slots free up so one claim serves several
+                # runs, instead of one claim per finished run. (With group commit, the
+                # completions claim for the slots they free instead.)
+                time.sleep(GATHER_SECONDS)
+            free = self._reserve(self._free())
             if free <= 0:  # every slot busy: wait for one to free (its thread sets `wake`)
                 self.wake.wait(self.config.poll_interval)
                 self.wake.clear()
                 continue
-            if backlog and free < self._batch and self._busy:
-                # Under a backlog, let a few more slots free up so one claim serves several
-                # runs, instead of one claim per finished run.
-                time.sleep(GATHER_SECONDS)
-                free = self.config.concurrency - self._busy
             claimed: list[transitions.Claimed] = []
             try:
-                if free > 0:
-                    claimed = transitions.claim_runs(
-                        self.id, self.pairs, self.queues, free, self.config.lease_seconds
-                    )
-                    for item in claimed:
-                        self._dispatch(item)
-                if self.config.burst and not claimed and self._busy == 0 and not self._due_soon():
-                    break
+                claimed = transitions.claim_runs(
+                    self.id, self.pairs, self.queues, free, self.config.lease_seconds
+                )
                 outage.ok()
             except DB_ERRORS as exc:
                 self.stopping.wait(outage.failed(exc))
                 continue
-            backlog = bool(claimed) and len(claimed) == free
-            if backlog:
+            finally:
+                self.take_claimed(claimed, free)
+            if self.backlog:
                 continue  # slots were all filled; claim again as soon as one frees
+            try:
+                if self.config.burst and self._busy == 0 and not self._due_soon():
+                    break
+            except DB_ERRORS as exc:
+                self.stopping.wait(outage.failed(exc))
+                continue
             self.wake.wait(self.config.poll_interval)
             self.wake.clear()
         return self._shutdown()
 
+    # -- slot accounting: `_busy` counts slots running a run or reserved for one being claimed
+
+    def _free(self) -> int:
+        return self.config.concurrency - self._busy
+
+    def _reserve(self, n: int) -> int:
+        with self._lock:
+            n = max(0, min(n, self.config.concurrency - self._busy))
+            self._busy += n
+        return n
+
+    def reserve_for_group(self, completing: int) -> transitions.ClaimRequest | None:
+        """Under a backlog, what the group commit claims along with `completing` run
+        completions: a run for each slot they free (as soon as the group commits) and for any
+        idle slot. None: no claim (no backlog, nothing completes, or the worker is stopping)."""
+        if not completing or not self.backlog or self.draining.is_set():
+            return None
+        with self._lock:
+            n = completing + max(0, self.config.concurrency - self._busy)
+            self._busy += n
+        return transitions.ClaimRequest(
+            self.id, self.pairs, self.queues, n, self.config.lease_seconds
+        )
+
+    def take_claimed(self, claimed: list[transitions.Claimed], reserved: int) -> None:
+        """Hand claimed runs to the slots and give back the reservations they did not use.
+        A claim that filled every reserved slot means more work is probably queued."""
+        for item in claimed:
+            self._jobs.put(item)
+        with self._lock:
+            self._busy -= reserved - len(claimed)
+        self.backlog = bool(claimed) and len(claimed) == reserved
+
     def _due_soon(self) -> bool:
         return transitions.anything_due_before(self.pairs, self.queues, clock.now() + BURST_HORIZON)
-
-    def _dispatch(self, item: transitions.Claimed) -> None:
-        with self._lock:
-            self._busy += 1
-        self._jobs.put(item)
 
     # -- slots --------------------------------------------------------------------------------
 
@@ -184,11 +214,9 @@ class Worker:
             transitions.requeue_run(lease, clock.now())
             return
         try:
-            outcome = executor.execute(run, wf, ctx)
+            executor.execute(run, wf, ctx)
         except LeaseLostError as exc:
             ctx.logger.warning("lease lost; dropping the run", error=str(exc))
-            return
-        ctx.logger.debug("run pass ended", outcome=outcome)
 
     # -- shared state for the heartbeat -------------------------------------------------------
 
@@ -246,7 +274,7 @@ class Worker:
             self._start_slot()
         self.heartbeat.start()
         if connection.vendor == "postgresql" and engine_settings().group_commit:
-            self.group = GroupCommit(self.log)
+            self.group = GroupCommit(self, int(os.environ.get("GC_N", "2")))
             self.group.start()
         if connection.vendor == "postgresql" and engine_settings().notify:
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)

@@ -1,0 +1,124 @@
+"""Group commit (PostgreSQL): several slots' writes, and the claim of their successors, in one
+statement; each write keeps its own fence."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+import tasks_engine
+from tasks_engine import LeaseLostError, clock, transitions
+from tasks_engine.models import StepAttempt, WorkflowRun
+from tests.helpers import FakeClock
+
+pytestmark = pytest.mark.django_db
+
+PAIRS = [("bench_noop", 1)]
+
+
+@pytest.fixture(autouse=True)
+def _postgres_only() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("group commit needs data-modifying CTEs (PostgreSQL)")
+
+
+def claim(n: int) -> list[transitions.Claimed]:
+    return transitions.claim_runs("w", PAIRS, None, n, 30)
+
+
+def start(c: transitions.Claimed, name: str = "noop") -> transitions.GroupWrite:
+    return transitions.GroupWrite("start", c.lease, None, clock.now(), name, 1, 1)
+
+
+def complete(c: transitions.Claimed, deferred=None) -> transitions.GroupWrite:
+    write = transitions.GroupWrite("complete", c.lease, deferred, clock.now())
+    write.output = {"done": str(c.lease.run_id)}
+    return write
+
+
+def test_starts_completions_and_the_next_claim_share_one_statement() -> None:
+    for _ in range(5):
+        tasks_engine.enqueue("bench_noop")
+    first = claim(2)
+    starts = [start(c) for c in first]
+    transitions.write_group(starts)
+    assert all(isinstance(w.result, int) for w in starts)
+    completes = [
+        complete(c, (w.result, {"n": 1}, clock.now())) for c, w in zip(first, starts, strict=True)
+    ]
+    request = transitions.ClaimRequest("w2", PAIRS, None, 2, 30)
+    with CaptureQueriesContext(connection) as queries:
+        claimed = transitions.write_group(completes, request)
+    assert len(queries) == 1
+    assert all(w.result is True and w.error is None for w in completes)
+    assert len(claimed) == 2
+    assert {c.lease.run_id for c in claimed}.isdisjoint({c.lease.run_id for c in first})
+    for c in first:
+        run = WorkflowRun.objects.get(pk=c.lease.run_id)
+        assert (run.status, run.output, run.lease_token) == (
+            "completed",
+            {"done": str(c.lease.run_id)},
+            None,
+        )
+        step = StepAttempt.objects.get(run_id=c.lease.run_id)
+        assert (step.status, step.output) == ("completed", {"n": 1})
+    for c in claimed:
+        run = WorkflowRun.objects.get(pk=c.lease.run_id)
+        assert (run.status, run.worker_id, run.lease_token) == ("running", "w2", c.lease.token)
+        assert c.run.task_name == "bench_noop" and c.run.input == {}
+
+
+def test_a_write_that_lost_its_lease_fails_alone() -> None:
+    for _ in range(2):
+        tasks_engine.enqueue("bench_noop")
+    ok, stale = claim(2)
+    WorkflowRun.objects.filter(pk=stale.lease.run_id).update(lease_token=None, status="pending")
+    writes = [start(ok), start(stale)]
+    transitions.write_group(writes)
+    assert isinstance(writes[0].result, int) and writes[0].error is None
+    assert isinstance(writes[1].error, LeaseLostError)
+    assert not StepAttempt.objects.filter(run_id=stale.lease.run_id).exists()
+
+
+def test_the_claim_never_takes_a_run_the_same_statement_writes(fake_clock: FakeClock) -> None:
+    tasks_engine.enqueue("bench_noop")
+    [mine] = claim(1)
+    fake_clock.advance(60)  # its lease expired; nobody reclaimed it, so it still holds it
+    request = transitions.ClaimRequest("w2", PAIRS, None, 5, 30)
+    claimed = transitions.write_group([complete(mine)], request)
+    assert claimed == []
+    assert WorkflowRun.objects.get(pk=mine.lease.run_id).status == "completed"
+
+
+def test_the_claim_filter_quotes_task_names() -> None:
+    weird = 'we"ird,{name}\\with'
+    transitions.create_run(
+        task_name=weird,
+        version=1,
+        queue="default",
+        priority=0,
+        input={},
+        idempotency_key=None,
+        input_hash="",
+        trace_id="",
+        available_at=clock.now() - timedelta(seconds=1),
+        deadline_at=None,
+        parent_run_id=None,
+        parent_step="",
+    )
+    assert transitions.claim_runs("w", [("weird", 1)], None, 1, 30) == []
+    [c] = transitions.claim_runs("w", [(weird, 1)], None, 1, 30)
+    assert c.run.task_name == weird
+
+
+def test_engine_statements_are_prepared_on_the_server() -> None:
+    tasks_engine.enqueue("bench_noop")
+    claim(1)
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%expired%%'"
+        )
+        assert cur.fetchone()[0] >= 1
