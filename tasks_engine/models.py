@@ -63,6 +63,14 @@ class WorkflowRun(models.Model):
                 condition=~Q(status="running") | Q(lease_token__isnull=False),
                 name="run_running_has_lease",
             ),
+            # With the one above: a run has a lease token exactly while it runs. So a fence is
+            # just "id and token match", which only the primary key can answer; a fence that
+            # also said status = 'running' could be planned on the lease-expiry index, and
+            # scan every running run whenever the statistics lag behind a surge.
+            models.CheckConstraint(
+                condition=Q(status="running") | Q(lease_token__isnull=True),
+                name="run_lease_only_while_running",
+            ),
         ]
         indexes = [
             # The claim reads only this index: finished and waiting rows are not in it.

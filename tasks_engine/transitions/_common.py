@@ -75,10 +75,7 @@ class Renewal:
 
 
 def _fence() -> str:
-    return (
-        f"EXISTS (SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s"
-        f" AND status = 'running'{share_lock()})"
-    )
+    return f"EXISTS (SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s{share_lock()})"
 
 
 def _fence_params(lease: Lease) -> list[Any]:

@@ -259,7 +259,7 @@ def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, R
     n = len(leases)
     sql = f"""
         UPDATE {RUN} SET available_at = %s
-        WHERE status = 'running' AND id IN ({placeholders(n)})
+        WHERE id IN ({placeholders(n)})
           AND lease_token IN ({placeholders(n)})
         RETURNING id, cancel_requested_at IS NOT NULL,
             CASE WHEN deadline_at IS NOT NULL AND deadline_at <= %s THEN 1 ELSE 0 END

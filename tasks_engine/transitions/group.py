@@ -64,7 +64,7 @@ def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> 
     its prepared plan) does not depend on how many writes the group holds."""
     fence = (
         "EXISTS (SELECT 1 FROM {run} r WHERE r.id = {v}.run_id AND r.lease_token = {v}.token"
-        " AND r.status = 'running' FOR SHARE)"
+        " FOR SHARE)"
     )
     ctes: list[str] = []
     params: list[Any] = []
@@ -147,7 +147,7 @@ def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> 
             f" lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
             f" progress = COALESCE(cv.progress, r.progress)"
             f" FROM cv WHERE {_by_key('r.id', 'cv', 'run_id')}"
-            f" AND r.lease_token = cv.token AND r.status = 'running'{after} RETURNING r.id)"
+            f" AND r.lease_token = cv.token{after} RETURNING r.id)"
         )
     pad = ""
     if claim is not None:

@@ -35,7 +35,7 @@ def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
     after_deferred = " AND (SELECT count(*) FROM deferred) >= 0" if prefix else ""
     sql = (
         f"{prefix} UPDATE {RUN} SET {assignments}, updated_at = %s"
-        f" WHERE id = %s AND lease_token = %s AND status = 'running'{after_deferred}"
+        f" WHERE id = %s AND lease_token = %s{after_deferred}"
     )
     full = [*prefix_params, *params, p_dt(clock.now()), p_uuid(lease.run_id)]
     full.append(p_uuid(lease.token))
@@ -186,9 +186,7 @@ def wake_run(run: WorkflowRun) -> None:
 
 
 def set_progress(lease: Lease, progress: dict[str, Any]) -> None:
-    WorkflowRun.objects.filter(pk=lease.run_id, lease_token=lease.token, status="running").update(
-        progress=progress
-    )
+    WorkflowRun.objects.filter(pk=lease.run_id, lease_token=lease.token).update(progress=progress)
 
 
 def lock_parent(child_id: uuid.UUID) -> None:

@@ -25,7 +25,7 @@ from .steps import finish_step, flush_deferred
 def lock_held_run(lease: Lease) -> bool:
     """Lock the run row if this attempt still holds it. Inside a transaction."""
     rows = fetchall(
-        f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s AND status = 'running'"
+        f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s"
         + (" FOR UPDATE" if is_postgres() else ""),
         _fence_params(lease),
     )
