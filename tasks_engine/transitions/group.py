@@ -50,7 +50,8 @@ class GroupWrite:
     progress: dict[str, Any] | None = None
     result: Any = None
     error: BaseException | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    detached: bool = False  # nobody waits for it (worker/group_commit.py)
+    done: threading.Event | None = None  # set when committed (the waiting slot's own event)
 
 
 def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> list[Claimed]:

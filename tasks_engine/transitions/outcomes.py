@@ -56,7 +56,7 @@ def complete_run(
     if lease.group is not None and not has_parent:
         write = GroupWrite("complete", lease, lease.deferred.take(), clock.now())
         write.output, write.unreached, write.progress = output, unreached, progress
-        lease.group.submit(write)
+        lease.group.submit(write, wait=False)  # the worker's group commits it (or logs why not)
         return
     _end_run(
         lease,

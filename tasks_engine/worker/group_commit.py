@@ -1,10 +1,12 @@
 """Group commit: the hot writes of every slot of a worker share statements and commits.
 
-A slot that starts a step or completes a run hands the write to this thread and waits for it.
-While one group is in flight the next one gathers, so under load each statement (and each WAL
-flush) carries the writes of several runs; an idle worker sends a lone write at once. Every
-write keeps its own fence: a write whose attempt lost its lease fails alone with
-`LeaseLostError`, as it would on its own. PostgreSQL only (it needs data-modifying CTEs).
+A slot that starts a step hands the write to this thread and waits for it. A slot that
+completes a run hands over the write and its slot: it takes its next run at once, and the
+group gives the slot on to a run it claims (or frees it) after the commit. While one group is
+in flight the next one gathers, so under load each statement (and each WAL flush) carries the
+writes of several runs; an idle worker sends a lone write at once. Every write keeps its own
+fence: a write whose attempt lost its lease fails alone with `LeaseLostError`, as it would on
+its own. PostgreSQL only (it needs data-modifying CTEs).
 
 Under a backlog the group also claims: a group that completes k runs claims up to k runs (plus
 any idle slot's) in the same statement, and hands them to the slots those completions free.
@@ -29,27 +31,46 @@ MAX_GROUP = 64
 
 
 class GroupCommit:
-    def __init__(self, worker: Worker, committers: int = 2) -> None:
+    def __init__(self, worker: Worker, committers: int = 1) -> None:
         self._queue: queue.Queue[transitions.GroupWrite] = queue.Queue()
         self.worker = worker
         self.log = worker.log
         self.committers = committers
+        self._slot_state = threading.local()
 
     def start(self) -> None:
         for i in range(self.committers):
             name = f"tasks-group-commit-{i}"
             threading.Thread(target=self._commit_loop, name=name, daemon=True).start()
 
-    def submit(self, write: transitions.GroupWrite) -> Any:
-        """Called from a slot thread: block until the write's group has committed."""
+    def submit(self, write: transitions.GroupWrite, *, wait: bool = True) -> Any:
+        """Called from a slot thread: block until the write's group has committed and return
+        its result. Without `wait` (a run's last write), return at once: the slot goes with the
+        write, see `took_slot`."""
+        if not wait:
+            write.detached = True
+            self._slot_state.slot = True
+            self._queue.put(write)
+            return None
+        done = getattr(self._slot_state, "done", None)
+        if done is None:  # one event per slot thread, reused: a slot waits for one write
+            done = self._slot_state.done = threading.Event()
+        done.clear()
+        write.done = done
         self._queue.put(write)
-        write.done.wait()
+        done.wait()
         if isinstance(write.error, DB_ERRORS):
             # Not the workflow's failure: the run is dropped and replayed after its lease.
             raise EngineUnavailable(str(write.error)) from write.error
         if write.error is not None:
             raise write.error
         return write.result
+
+    def took_slot(self) -> bool:
+        """Whether the run this slot thread just finished handed its slot to the group."""
+        taken = getattr(self._slot_state, "slot", False)
+        self._slot_state.slot = False
+        return taken
 
     def _commit_loop(self) -> None:
         outage = Outage(self.log, "group commit")
@@ -60,8 +81,8 @@ class GroupCommit:
                     group.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            completing = sum(1 for w in group if w.kind == "complete")
-            claim = self.worker.reserve_for_group(completing)
+            handed_over = sum(1 for w in group if w.detached)
+            claim = self.worker.reserve_for_group(handed_over)
             claimed: list[transitions.Claimed] = []
             try:
                 claimed = transitions.write_group(group, claim)
@@ -75,7 +96,13 @@ class GroupCommit:
                 connection.close()
                 for write in group:
                     write.error = exc
-            if claim is not None:
-                self.worker.take_claimed(claimed, claim.limit)
+            self.worker.after_group(claimed, claim.limit if claim else 0, handed_over)
             for write in group:
-                write.done.set()
+                if write.done is not None:
+                    write.done.set()
+                elif write.error is not None:  # nobody waits for it: the run is dropped
+                    self.log.warning(
+                        "run completion not written; dropping the run",
+                        run_id=str(write.lease.run_id),
+                        error=str(write.error),
+                    )

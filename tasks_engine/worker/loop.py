@@ -140,18 +140,33 @@ class Worker:
             self._busy += n
         return n
 
-    def reserve_for_group(self, completing: int) -> transitions.ClaimRequest | None:
-        """Under a backlog, what the group commit claims along with `completing` run
-        completions: a run for each slot they free (as soon as the group commits) and for any
-        idle slot. None: no claim (no backlog, nothing completes, or the worker is stopping)."""
-        if not completing or not self.backlog or self.draining.is_set():
+    def reserve_for_group(self, handed_over: int) -> transitions.ClaimRequest | None:
+        """Under a backlog, what the group commit claims along with the completions of
+        `handed_over` runs: a run for each slot they handed over, and for any idle slot (which
+        it reserves). None: no claim (no backlog, nothing completes, or the worker stops)."""
+        if not handed_over or not self.backlog or self.draining.is_set():
             return None
         with self._lock:
-            n = completing + max(0, self.config.concurrency - self._busy)
-            self._busy += n
+            idle = max(0, self.config.concurrency - self._busy)
+            self._busy += idle
         return transitions.ClaimRequest(
-            self.id, self.pairs, self.queues, n, self.config.lease_seconds
+            self.id, self.pairs, self.queues, handed_over + idle, self.config.lease_seconds
         )
+
+    def after_group(
+        self, claimed: list[transitions.Claimed], reserved: int, handed_over: int
+    ) -> None:
+        """The slots a group held (handed over by completed runs, plus those it reserved) go to
+        the runs it claimed; the rest are freed."""
+        for item in claimed:
+            self._jobs.put(item)
+        held = max(reserved, handed_over)
+        with self._lock:
+            self._busy -= held - len(claimed)
+        if reserved:
+            self.backlog = len(claimed) == reserved
+        if held > len(claimed):
+            self.wake.set()
 
     def take_claimed(self, claimed: list[transitions.Claimed], reserved: int) -> None:
         """Hand claimed runs to the slots and give back the reservations they did not use.
@@ -188,14 +203,20 @@ class Worker:
                     "run crashed the executor", run_id=str(lease.run_id), error=str(exc)
                 )
             finally:
+                # A completion handed to the group commit took this slot along (the group
+                # frees it or gives it to a claimed run): this thread no longer counts it.
+                handed_over = self.group is not None and self.group.took_slot()
                 with self._lock:
                     self._held.pop(lease.run_id, None)
                     retired = lease.run_id in self._written_off
                     if retired:  # a replacement thread already took this slot
                         self._written_off.discard(lease.run_id)
-                    else:
+                        if handed_over:
+                            self._busy += 1  # the group frees a slot this run no longer had
+                    elif not handed_over:
                         self._busy -= 1
-                self.wake.set()
+                if not handed_over:
+                    self.wake.set()
         connection.close()
 
     def _start_slot(self) -> None:
@@ -274,7 +295,7 @@ class Worker:
             self._start_slot()
         self.heartbeat.start()
         if connection.vendor == "postgresql" and engine_settings().group_commit:
-            self.group = GroupCommit(self, int(os.environ.get("GC_N", "2")))
+            self.group = GroupCommit(self)
             self.group.start()
         if connection.vendor == "postgresql" and engine_settings().notify:
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
