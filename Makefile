@@ -36,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/mypy tasks_engine outbox umt tests
 
 # Ours vs PgQueuer, Procrastinate, DBOS and django-tasks-db on a throwaway cluster (peers in
-# bench/.venv-peers): 18 min measured on the shared 2-core machine (fewer when quiet); writes
+# bench/.venv-peers): about 12 min on the shared 2-core machine, peers install included; writes
 # bench/results.md and bench/results.png.
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

@@ -1,6 +1,6 @@
 """Our engine on its own: drain, enqueue rate, pickup latency, claim rate at scale.
 
-    python bench/engine.py drain --runs 2000 --concurrency 8 [--processes 1]
+    python bench/engine.py drain --runs 2000 --concurrency 8 [--processes 1] [--max-seconds 10]
     python bench/engine.py enqueue --runs 2000
     python bench/engine.py latency --runs 200 [--no-notify]
     python bench/engine.py scale --waiting 100000 [--finished 0] --runs 2000
@@ -57,6 +57,39 @@ def span(task: str) -> float:
     return (agg["b"] - agg["a"]).total_seconds()
 
 
+def drained_within(task: str, procs: list[Any], max_seconds: float) -> tuple[int, float] | None:
+    """Wait for the burst workers to empty the queue; with `max_seconds`, stop them that long
+    after the first run started and return (runs finished by then, max_seconds). None: the
+    queue emptied first."""
+    from datetime import timedelta
+
+    from django.db.models import Min
+
+    from tasks_engine.models import WorkflowRun
+
+    first = None
+    while any(p.poll() is None for p in procs):
+        if max_seconds and first is None:
+            first = WorkflowRun.objects.filter(task_name=task).aggregate(a=Min("started_at"))["a"]
+        if first is not None and (clock_now() - first).total_seconds() >= max_seconds:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait()
+            cutoff = first + timedelta(seconds=max_seconds)
+            done = WorkflowRun.objects.filter(task_name=task, finished_at__lte=cutoff).count()
+            queued = WorkflowRun.objects.filter(task_name=task).count()
+            return None if done == queued else (done, max_seconds)
+        time.sleep(0.05)
+    return None
+
+
+def clock_now() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
 def cmd_drain(a: argparse.Namespace) -> dict[str, Any]:
     with database() as url:
         setup_django(url)
@@ -65,16 +98,19 @@ def cmd_drain(a: argparse.Namespace) -> dict[str, Any]:
             worker(url, "--concurrency", str(a.concurrency), "--burst") for _ in range(a.processes)
         ]
         with Timer() as t:
-            for p in procs:
-                p.wait()
-        wait_all_finished("bench_noop", a.runs, 5)
-        s = span("bench_noop")
+            window = drained_within("bench_noop", procs, a.max_seconds)
+        if window is None:
+            wait_all_finished("bench_noop", a.runs, 5)
+            done, seconds = a.runs, span("bench_noop")
+        else:
+            done, seconds = window
         return {
             "bench": "drain",
             "runs": a.runs,
             "processes": a.processes,
             "concurrency": a.concurrency,
-            "runs_per_s": round(a.runs / s, 1),
+            "finished": done,
+            "runs_per_s": round(done / seconds, 1),
             "wall_s_incl_startup": round(t.seconds, 2),
         }
 
@@ -219,6 +255,12 @@ def main() -> None:
     d.add_argument("--runs", type=int, default=2000)
     d.add_argument("--concurrency", type=int, default=8)
     d.add_argument("--processes", type=int, default=1)
+    d.add_argument(
+        "--max-seconds",
+        type=float,
+        default=0,
+        help="measure at most this long (0: the whole queue)",
+    )
     e = sub.add_parser("enqueue")
     e.add_argument("--runs", type=int, default=2000)
     lat = sub.add_parser("latency")

@@ -246,7 +246,7 @@ class Harness:
         cmd = [str(PEERS_PY), str(BENCH / "peers" / PEERS[name][0])]
         cmd += ["--dsn", f"{self.server}/{db}", "--mode", mode]
         for k, v in opts.items():
-            cmd += [f"--{k}", str(v)]
+            cmd += [f"--{k.replace('_', '-')}", str(v)]
         self.record(engine, bench, rep, measure(cmd, self.a.timeout))
 
     # -- the benchmarks, one repetition each --
@@ -265,11 +265,20 @@ class Harness:
         for e in self.engines(rep, names):
             if e == OURS:
                 args = ["drain", "--runs", str(n), "--concurrency", str(concurrency)]
-                args += ["--processes", str(processes)]
+                args += ["--processes", str(processes), "--max-seconds", str(self.a.drain_seconds)]
                 self.ours(bench, rep, *args, rss=bench == "rss")
             else:
                 c = 0 if e == PGQ_DEFAULTS else concurrency
-                self.peer(e, bench, rep, "drain", jobs=n, processes=processes, concurrency=c)
+                self.peer(
+                    e,
+                    bench,
+                    rep,
+                    "drain",
+                    jobs=n,
+                    processes=processes,
+                    concurrency=c,
+                    max_seconds=self.a.drain_seconds,
+                )
 
     def latency(self, rep: int) -> None:
         n = self.a.latency_jobs
@@ -378,6 +387,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--jobs", type=int, default=5000, help="jobs per drain")
+    p.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=10,
+        help="a drain is measured until its queue is empty or for this long, whichever is first",
+    )
     p.add_argument("--enqueue-jobs", type=int, default=1000)
     p.add_argument("--latency-jobs", type=int, default=200)
     p.add_argument("--workflows", type=int, default=200, help="10-step workflows per steps run")

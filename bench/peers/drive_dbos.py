@@ -99,7 +99,7 @@ class Conductor:
         self.enqueue_bulk(a.jobs, ten_steps)
         procs = harness.spawn_workers(script, a, 1)
         try:
-            seconds = harness.watch(a.dsn, progress_sql(a.jobs), a.jobs, procs)
+            _, seconds = harness.watch(a.dsn, progress_sql(a.jobs), a.jobs, procs)
         finally:
             harness.stop_workers(procs, a)
         return {

@@ -36,6 +36,12 @@ def parse_args(description: str) -> argparse.Namespace:
     p.add_argument("--processes", type=int, default=1)
     p.add_argument("--mode", choices=["enqueue", "drain", "latency", "steps"], default="drain")
     p.add_argument("--gap", type=float, default=0.02, help="latency: seconds between enqueues")
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=0,
+        help="drain: measure at most this long after the first job leaves the queue (0: all)",
+    )
     p.add_argument("--role", choices=["main", "worker"], default="main", help=argparse.SUPPRESS)
     p.add_argument("--keep-db", action="store_true", help=argparse.SUPPRESS)
     return p.parse_args()
@@ -126,10 +132,18 @@ def stop_workers(procs: list[subprocess.Popen[bytes]], a: argparse.Namespace) ->
 # -- watching a drain --------------------------------------------------------------------------
 
 
-def watch(dsn: str, sql: str, n: int, procs: list[subprocess.Popen[bytes]], timeout=600) -> float:
-    """Poll ``sql`` (returning: still queued, finished) every 10 ms; seconds from the first job
-    leaving the queue to the last one finishing, as seen in the database (each event placed
-    mid-way between the poll that saw it and the one before)."""
+def watch(
+    dsn: str,
+    sql: str,
+    n: int,
+    procs: list[subprocess.Popen[bytes]],
+    timeout: float = 600,
+    max_seconds: float = 0,
+) -> tuple[int, float]:
+    """Poll ``sql`` (returning: still queued, finished) every 10 ms; (jobs finished, seconds)
+    from the first job leaving the queue to the last one finishing, as seen in the database
+    (each event placed mid-way between the poll that saw it and the one before). With
+    ``max_seconds``, stop counting that long after the first job left the queue."""
     t0 = None
     end = time.monotonic() + timeout
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -140,7 +154,9 @@ def watch(dsn: str, sql: str, n: int, procs: list[subprocess.Popen[bytes]], time
             if t0 is None and queued < n:
                 t0 = (last + now) / 2
             if finished >= n:
-                return max((last + now) / 2 - t0, now - last)
+                return n, max((last + now) / 2 - t0, now - last)
+            if max_seconds and t0 is not None and now - t0 >= max_seconds:
+                return finished, now - t0
             if time.monotonic() > end:
                 raise TimeoutError(f"only {finished}/{n} finished")
             if all(p.poll() is not None for p in procs):
@@ -269,14 +285,17 @@ def _conduct(a: argparse.Namespace, script: str, peer: dict[str, Any]) -> dict[s
         procs = spawn_workers(script, a, a.processes, env)
         try:
             with RssSampler([p.pid for p in procs]) as rss:
-                seconds = watch(a.dsn, peer["progress_sql"], a.jobs, procs)
+                done, seconds = watch(
+                    a.dsn, peer["progress_sql"], a.jobs, procs, max_seconds=a.max_seconds
+                )
         finally:
             stop_workers(procs, a)
         return {
             **base,
             "processes": a.processes,
             "concurrency": peer.get("concurrency", a.concurrency),
-            "per_s": round(a.jobs / seconds, 1),
+            "finished": done,
+            "per_s": round(done / seconds, 1),
             "rss_mib": rss.max_mib(),
         }
     if a.mode == "latency":
