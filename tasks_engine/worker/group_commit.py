@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from .loop import Worker
 
 MAX_GROUP = 64
+# How long a group waits for the writes of slots still in user code. Short: under load it
+# doubles the writes per statement (half the statements and commits), and a lone run (every
+# executing run already waits in the group) never waits.
+GATHER_SECONDS = 0.0003
 
 
 class GroupCommit:
@@ -72,15 +77,31 @@ class GroupCommit:
         self._slot_state.slot = False
         return taken
 
+    def _gather(self) -> list[transitions.GroupWrite]:
+        """The next group: every write queued now, and those that slots still running user code
+        send within GATHER_SECONDS (a run whose slot waits in this group sends nothing more)."""
+        group = [self._queue.get()]
+        deadline = time.monotonic() + GATHER_SECONDS
+        while len(group) < MAX_GROUP:
+            try:
+                group.append(self._queue.get_nowait())
+                continue
+            except queue.Empty:
+                pass
+            waiting = sum(1 for w in group if not w.detached)
+            remaining = deadline - time.monotonic()
+            if waiting >= self.worker.executing() or remaining <= 0:
+                break
+            try:
+                group.append(self._queue.get(timeout=remaining))
+            except queue.Empty:
+                break
+        return group
+
     def _commit_loop(self) -> None:
         outage = Outage(self.log, "group commit")
         while True:
-            group = [self._queue.get()]
-            while len(group) < MAX_GROUP:
-                try:
-                    group.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            group = self._gather()
             handed_over = sum(1 for w in group if w.detached)
             claim = self.worker.reserve_for_group(handed_over)
             claimed: list[transitions.Claimed] = []

@@ -241,6 +241,10 @@ class Worker:
 
     # -- shared state for the heartbeat -------------------------------------------------------
 
+    def executing(self) -> int:
+        """Runs in slots right now (each sends its writes to the group commit)."""
+        return len(self._held)
+
     def held(self) -> list[Held]:
         with self._lock:
             return [h for h in self._held.values() if not h.lost]
