@@ -36,8 +36,15 @@ class WorkflowRun(models.Model):
     deadline_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.TextField(blank=True)
+    # Indexed below only where set: most runs have no parent, and a full index would take an
+    # entry (for NULL) on every write of every run.
     parent_run = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="children",
+        db_index=False,
     )
     parent_step = models.CharField(max_length=300, blank=True)
     progress = models.JSONField(null=True, blank=True)
@@ -99,6 +106,9 @@ class WorkflowRun(models.Model):
             models.Index(
                 fields=["finished_at"], condition=Q(finished_at__isnull=False), name="run_finished"
             ),
+            models.Index(
+                fields=["parent_run"], condition=Q(parent_run__isnull=False), name="run_parent"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -106,7 +116,10 @@ class WorkflowRun(models.Model):
 
 
 class StepAttempt(models.Model):
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="step_attempts")
+    # No index of its own: step_attempt_unique (run, name, attempt) leads with it.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="step_attempts", db_index=False
+    )
     name = models.CharField(max_length=300, help_text="Step key: name, or name#n for repeats.")
     kind = models.CharField(max_length=16, choices=StepKind.choices, default=StepKind.FUNCTION)
     status = models.CharField(max_length=16, choices=StepStatus.choices)
@@ -137,7 +150,10 @@ class StepAttempt(models.Model):
 
 
 class Fact(models.Model):
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="facts")
+    # No index of its own: fact_run_name (run, name, id) leads with it.
+    run = models.ForeignKey(
+        WorkflowRun, on_delete=models.CASCADE, related_name="facts", db_index=False
+    )
     name = models.CharField(max_length=200)
     payload = models.JSONField(null=True, blank=True)
     consumed_by = models.CharField(max_length=300, blank=True, help_text="Step key that took it.")
