@@ -36,17 +36,16 @@ GATHER_SECONDS = 0.0003
 
 
 class GroupCommit:
-    def __init__(self, worker: Worker, committers: int = 1) -> None:
+    def __init__(self, worker: Worker) -> None:
         self._queue: queue.Queue[transitions.GroupWrite] = queue.Queue()
         self.worker = worker
         self.log = worker.log
-        self.committers = committers
         self._slot_state = threading.local()
 
     def start(self) -> None:
-        for i in range(self.committers):
-            name = f"tasks-group-commit-{i}"
-            threading.Thread(target=self._commit_loop, name=name, daemon=True).start()
+        # One committer: two (each with its own connection) measured no faster, with half-size
+        # groups and twice the commits.
+        threading.Thread(target=self._commit_loop, name="tasks-group-commit", daemon=True).start()
 
     def submit(self, write: transitions.GroupWrite, *, wait: bool = True) -> Any:
         """Called from a slot thread: block until the write's group has committed and return

@@ -295,12 +295,12 @@ class Worker:
     # -- start and stop -----------------------------------------------------------------------
 
     def _start_threads(self) -> None:
+        if connection.vendor == "postgresql" and engine_settings().group_commit:
+            self.group = GroupCommit(self)  # before the slots, so that every run uses it
+            self.group.start()
         for _ in range(self.config.concurrency):
             self._start_slot()
         self.heartbeat.start()
-        if connection.vendor == "postgresql" and engine_settings().group_commit:
-            self.group = GroupCommit(self)
-            self.group.start()
         if connection.vendor == "postgresql" and engine_settings().notify:
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
