@@ -122,3 +122,25 @@ def test_engine_statements_are_prepared_on_the_server() -> None:
             "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%expired%%'"
         )
         assert cur.fetchone()[0] >= 1
+
+
+def test_a_prefetched_run_left_waiting_for_a_slot_is_handed_back(fake_clock: FakeClock) -> None:
+    import time as _time
+
+    from tasks_engine.definitions import registry
+    from tasks_engine.worker import Worker, WorkerConfig
+    from tasks_engine.worker.loop import PREFETCH_MAX_AGE
+
+    tasks_engine.enqueue("bench_noop")
+    worker = Worker(WorkerConfig(workflows=(registry.get("bench_noop", 1),), concurrency=2))
+    request = worker.reserve_for_group(0)
+    assert request is None  # nothing completes: no claim rides along
+    [item] = claim(1)
+    worker._busy = 3  # two slots running, this run queued for the next one that frees
+    worker._jobs.put(item)
+    worker.hand_back_stale(item.at + PREFETCH_MAX_AGE / 2)
+    assert worker._jobs.qsize() == 1  # not stale yet
+    worker.hand_back_stale(_time.monotonic() + PREFETCH_MAX_AGE + 1)
+    assert worker._jobs.qsize() == 0 and worker._busy == 2
+    run = WorkflowRun.objects.get(pk=item.lease.run_id)
+    assert (run.status, run.lease_token) == ("pending", None)

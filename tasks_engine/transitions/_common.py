@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -66,6 +67,7 @@ class Lease:
 class Claimed:
     lease: Lease
     run: WorkflowRun  # the row as the claim left it: no second read needed
+    at: float = field(default_factory=time.monotonic, compare=False)  # when claimed
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ class Heartbeat(threading.Thread):
                 kicked = self.kick.is_set()
                 self.kick.clear()
                 try:
+                    w.hand_back_stale(time.monotonic())
                     self.flush_progress()
                     self.write_off_stuck()
                     if kicked or time.monotonic() >= next_renew:

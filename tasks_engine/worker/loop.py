@@ -36,6 +36,7 @@ from .group_commit import GroupCommit
 from .heartbeat import Heartbeat
 
 BURST_HORIZON = timedelta(seconds=60)
+PREFETCH_MAX_AGE = 1.0
 GATHER_SECONDS = 0.005
 
 
@@ -49,6 +50,7 @@ class WorkerConfig:
     poll_interval: float = 1.0
     grace_seconds: float = 30.0
     burst: bool = False
+    prefetch: int | None = None  # None: concurrency // 2
 
 
 @dataclass
@@ -78,6 +80,11 @@ class Worker:
         self._signals = 0
         self.heartbeat = Heartbeat(self)
         self._batch = max(1, config.concurrency // 2)
+        # Runs the group commit may claim beyond the free slots, queued for the next slot that
+        # frees: a completing slot then starts its next run in the same group as its
+        # completion, instead of one group later. Handed back if not started within
+        # PREFETCH_MAX_AGE.
+        self.prefetch = config.concurrency // 2 if config.prefetch is None else config.prefetch
         self.backlog = False  # the last claim filled every slot it asked for
         self.group: GroupCommit | None = None
 
@@ -129,7 +136,8 @@ class Worker:
             self.wake.clear()
         return self._shutdown()
 
-    # -- slot accounting: `_busy` counts slots running a run or reserved for one being claimed
+    # -- slot accounting: `_busy` counts runs in slots, queued for one (prefetched), or being
+    # claimed (reserved); it may exceed the concurrency by the prefetch
 
     def _free(self) -> int:
         return self.config.concurrency - self._busy
@@ -142,12 +150,13 @@ class Worker:
 
     def reserve_for_group(self, handed_over: int) -> transitions.ClaimRequest | None:
         """Under a backlog, what the group commit claims along with the completions of
-        `handed_over` runs: a run for each slot they handed over, and for any idle slot (which
-        it reserves). None: no claim (no backlog, nothing completes, or the worker stops)."""
+        `handed_over` runs: a run for each slot they handed over, and for any idle slot or
+        free prefetch place (which it reserves). None: no claim (no backlog, nothing
+        completes, or the worker stops)."""
         if not handed_over or not self.backlog or self.draining.is_set():
             return None
         with self._lock:
-            idle = max(0, self.config.concurrency - self._busy)
+            idle = max(0, self.config.concurrency + self.prefetch - self._busy)
             self._busy += idle
         return transitions.ClaimRequest(
             self.id, self.pairs, self.queues, handed_over + idle, self.config.lease_seconds
@@ -176,6 +185,21 @@ class Worker:
         with self._lock:
             self._busy -= reserved - len(claimed)
         self.backlog = bool(claimed) and len(claimed) == reserved
+
+    def hand_back_stale(self, now: float) -> None:
+        """Prefetched runs that waited PREFETCH_MAX_AGE for a slot (its steps are slow) go
+        back to the queue for any worker, rather than wait here for as long as a lease lasts."""
+        with self._jobs.mutex:
+            stale = [i for i in self._jobs.queue if i is not None and now - i.at > PREFETCH_MAX_AGE]
+            for item in stale:
+                self._jobs.queue.remove(item)
+        for item in stale:
+            with self._lock:
+                self._busy -= 1
+            with contextlib.suppress(LeaseLostError, *DB_ERRORS):
+                transitions.requeue_run(item.lease, clock.now())
+        if stale:
+            self.wake.set()
 
     def _due_soon(self) -> bool:
         return transitions.anything_due_before(self.pairs, self.queues, clock.now() + BURST_HORIZON)

@@ -136,6 +136,7 @@ def run_command(*args: str) -> subprocess.CompletedProcess[str]:
         ["runworker", "--task", "nope@1"],
         ["runworker", "--task", "nope"],
         ["runworker", "--concurrency", "0"],
+        ["runworker", "--prefetch", "-1"],
         ["runworker", "--lease-seconds", "abc"],
         ["runworker", "--bogus"],
         ["tasks", "enqueue", "noop", "--input", "{bad json"],

@@ -10,7 +10,14 @@ from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
 from tasks_engine.worker import Worker, WorkerConfig
 
-from ._args import OneLineErrors, non_negative_float, positive_float, positive_int, task_ref
+from ._args import (
+    OneLineErrors,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    task_ref,
+)
 
 
 class Command(OneLineErrors, BaseCommand):
@@ -23,6 +30,14 @@ class Command(OneLineErrors, BaseCommand):
             type=positive_int,
             default=4,
             help="runs executed at once (default: %(default)r)",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=non_negative_int,
+            default=None,
+            metavar="N",
+            help="runs claimed ahead, under a backlog, for slots about to free; handed back "
+            "after 1 s unstarted (default: concurrency / 2; 0 for long steps)",
         )
         parser.add_argument(
             "--queue",
@@ -81,6 +96,7 @@ class Command(OneLineErrors, BaseCommand):
             workflows=tuple(workflows),
             queues=tuple(opts["queue"]),
             concurrency=opts["concurrency"],
+            prefetch=opts["prefetch"],
             lease_seconds=lease,
             heartbeat_seconds=heartbeat,
             poll_interval=opts["poll_interval"],
