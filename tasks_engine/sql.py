@@ -109,6 +109,27 @@ def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return list(cur.fetchall())
 
 
+def prepare_engine_statements(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """On every new PostgreSQL connection (connection_created; no transaction is open yet, so
+    the setting cannot be rolled back with one):
+
+    - Django turns preparing off (for poolers), which also ignores prepare=True: turn it back on
+      for the statements that ask, and only those (an ORM query is never prepared).
+    - Plan them once. A custom plan per execution re-estimates `available_at <= now` against
+      the indexes' actual ends, which grows with the table: with a million finished runs a
+      claim took 1.0 ms instead of 0.6 (0.7 with a generic plan). Only prepared statements
+      have cached plans, so ORM queries are unaffected."""
+    from .conf import engine_settings
+
+    if connection.vendor != "postgresql" or not engine_settings().prepared_statements:
+        return
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        raw.prepare_threshold = NEVER_AUTOMATICALLY
+    with connection.cursor() as cur:
+        cur.execute("SET plan_cache_mode = force_generic_plan")
+
+
 def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any, ...]]:
     """The engine's hot statements on PostgreSQL: server-side parameters and prepared
     statements, so neither side re-parses (or quotes) them each time.
@@ -118,9 +139,7 @@ def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any
     connection.ensure_connection()
     raw = connection.connection
     if raw.prepare_threshold is None:
-        # Django turns preparing off (for poolers), which also ignores prepare=True. Turn it
-        # back on only for statements that ask: an ORM query is never prepared automatically.
-        raw.prepare_threshold = NEVER_AUTOMATICALLY
+        raw.prepare_threshold = NEVER_AUTOMATICALLY  # see prepare_engine_statements
     start = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(raw) as cur:
         cur.execute(sql, params, prepare=True)  # the engine runs a handful of shapes, often

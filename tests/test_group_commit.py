@@ -122,6 +122,8 @@ def test_engine_statements_are_prepared_on_the_server() -> None:
             "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE '%%expired%%'"
         )
         assert cur.fetchone()[0] >= 1
+        cur.execute("SHOW plan_cache_mode")  # planned once, not per execution
+        assert cur.fetchone()[0] == "force_generic_plan"
 
 
 def test_a_prefetched_run_left_waiting_for_a_slot_is_handed_back(fake_clock: FakeClock) -> None:
