@@ -65,13 +65,14 @@ def drained_within(task: str, procs: list[Any], max_seconds: float) -> tuple[int
 
     from django.db.models import Min
 
+    from tasks_engine import clock
     from tasks_engine.models import WorkflowRun
 
     first = None
     while any(p.poll() is None for p in procs):
         if max_seconds and first is None:
             first = WorkflowRun.objects.filter(task_name=task).aggregate(a=Min("started_at"))["a"]
-        if first is not None and (clock_now() - first).total_seconds() >= max_seconds:
+        if first is not None and (clock.now() - first).total_seconds() >= max_seconds:
             for p in procs:
                 p.terminate()
             for p in procs:
@@ -82,12 +83,6 @@ def drained_within(task: str, procs: list[Any], max_seconds: float) -> tuple[int
             return None if done == queued else (done, max_seconds)
         time.sleep(0.05)
     return None
-
-
-def clock_now() -> Any:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC)
 
 
 def cmd_drain(a: argparse.Namespace) -> dict[str, Any]:
@@ -231,7 +226,7 @@ def cmd_scale(a: argparse.Namespace) -> dict[str, Any]:
     from django.core.management import call_command
 
     with database() as url:
-        server = url.rsplit("/", 1)[0]
+        server, empty_db = url.rsplit("/", 1)
         with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
             conn.execute('DROP DATABASE IF EXISTS "bench_loaded" WITH (FORCE)')
             conn.execute('CREATE DATABASE "bench_loaded"')
@@ -242,7 +237,7 @@ def cmd_scale(a: argparse.Namespace) -> dict[str, Any]:
         fill(a.waiting, a.finished)
         empty, loaded = [], []
         for _ in range(3):
-            for name, rates in (("bench", empty), ("bench_loaded", loaded)):
+            for name, rates in ((empty_db, empty), ("bench_loaded", loaded)):
                 use_database(name)
                 rates.append(claim_rate(a.runs))
         e, lo = median(empty), median(loaded)

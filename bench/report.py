@@ -170,9 +170,8 @@ measurement, engines alternated and the order rotated each repetition):
   timestamps); the peers' drivers poll their job table every 10 ms.
 - **latency**: one idle worker, {latency_jobs:,} jobs enqueued 20 ms apart; ours is
   `created_at → started_at`, a peer's job records `time.time()` minus the enqueue time carried
-  in its payload. The peers' drivers wait until their worker says it is set up, then 1 s;
-  `bench/engine.py latency` waits a fixed 2 s after starting our worker, so on a loaded machine
-  our first job can include the end of worker start-up (it shows in our p99, not the p50).
+  in its payload. Every driver, ours included, waits until its worker says it is set up (ours:
+  listening for wake-ups), then 1 s.
 - **steps**: {workflows:,} ten-step workflows drained by one worker at concurrency 8 (steps/s),
   and the median of 5 single workflows on an idle worker (enqueue → finished).
 - **RSS**: peak `VmRSS` of each worker process (and its children), sampled every 50 ms while it

@@ -136,12 +136,9 @@ def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any
     Django's error wrapping and query log (CaptureQueriesContext) still apply."""
     import psycopg
 
-    connection.ensure_connection()
-    raw = connection.connection
-    if raw.prepare_threshold is None:
-        raw.prepare_threshold = NEVER_AUTOMATICALLY  # see prepare_engine_statements
+    connection.ensure_connection()  # a new connection is set up by prepare_engine_statements
     start = time.monotonic()
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as cur:
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
         cur.execute(sql, params, prepare=True)  # the engine runs a handful of shapes, often
         result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
     if connection.queries_logged:

@@ -37,7 +37,7 @@ from .heartbeat import Heartbeat
 
 BURST_HORIZON = timedelta(seconds=60)
 PREFETCH_MAX_AGE = 1.0
-GATHER_SECONDS = 0.005
+CLAIM_GATHER_SECONDS = 0.005  # without group commit (whose own gather is in group_commit.py)
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class Worker:
                 # Under a backlog, let a few more slots free up so one claim serves several
                 # runs, instead of one claim per finished run. (With group commit, the
                 # completions claim for the slots they free instead.)
-                time.sleep(GATHER_SECONDS)
+                time.sleep(CLAIM_GATHER_SECONDS)
             free = self._reserve(self._free())
             if free <= 0:  # every slot busy: wait for one to free (its thread sets `wake`)
                 self.wake.wait(self.config.poll_interval)
@@ -124,6 +124,7 @@ class Worker:
                 continue
             finally:
                 self.take_claimed(claimed, free)
+                self.backlog = len(claimed) == free  # every slot filled: more is probably queued
             if self.backlog:
                 continue  # slots were all filled; claim again as soon as one frees
             try:
@@ -167,24 +168,19 @@ class Worker:
     ) -> None:
         """The slots a group held (handed over by completed runs, plus those it reserved) go to
         the runs it claimed; the rest are freed."""
-        for item in claimed:
-            self._jobs.put(item)
         held = max(reserved, handed_over)
-        with self._lock:
-            self._busy -= held - len(claimed)
+        self.take_claimed(claimed, held)
         if reserved:
             self.backlog = len(claimed) == reserved
         if held > len(claimed):
             self.wake.set()
 
-    def take_claimed(self, claimed: list[transitions.Claimed], reserved: int) -> None:
-        """Hand claimed runs to the slots and give back the reservations they did not use.
-        A claim that filled every reserved slot means more work is probably queued."""
+    def take_claimed(self, claimed: list[transitions.Claimed], held: int) -> None:
+        """Hand claimed runs to the slots and give back the `held` slots they did not take."""
         for item in claimed:
             self._jobs.put(item)
         with self._lock:
-            self._busy -= reserved - len(claimed)
-        self.backlog = bool(claimed) and len(claimed) == reserved
+            self._busy -= held - len(claimed)
 
     def hand_back_stale(self, now: float) -> None:
         """Prefetched runs that waited PREFETCH_MAX_AGE for a slot (its steps are slow) go

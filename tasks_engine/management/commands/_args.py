@@ -5,47 +5,37 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 
-def positive_int(value: str) -> int:
+def _number[N: (int, float)](
+    value: str, parse: Callable[[str], N], ok: Callable[[N], bool], what: str
+) -> N:
+    """`value` parsed and checked, or an argparse error that says what was expected."""
     try:
-        n = int(value)
+        n = parse(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value!r}") from None
+    if not ok(n):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {value!r}")
     return n
+
+
+def positive_int(value: str) -> int:
+    return _number(value, int, lambda n: n >= 1, "a positive integer")
 
 
 def non_negative_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value!r}")
-    return n
+    return _number(value, int, lambda n: n >= 0, "an integer >= 0")
 
 
 def positive_float(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value!r}") from None
-    if not math.isfinite(f) or f <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {value!r}")
-    return f
+    return _number(value, float, lambda f: math.isfinite(f) and f > 0, "a positive number")
 
 
 def non_negative_float(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}") from None
-    if not math.isfinite(f) or f < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value!r}")
-    return f
+    return _number(value, float, lambda f: math.isfinite(f) and f >= 0, "a number >= 0")
 
 
 def json_value(value: str) -> Any:
