@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -77,6 +77,12 @@ def json_rows(rows: list[Any]) -> str:
     instead of adapting every value, and one statement text whatever the number of rows.
     UUIDs and datetimes become their text forms, which PostgreSQL parses back exactly."""
     return json.dumps(rows, default=_json_scalar, separators=(",", ":"))
+
+
+def r_dt(value: Any) -> datetime:
+    """A datetime read by a raw statement (SQLite returns its text form, in UTC)."""
+    parsed = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 def r_uuid(value: Any) -> uuid.UUID:

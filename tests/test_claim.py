@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 
@@ -141,3 +142,23 @@ def test_graceful_handback_does_not_count(fake_clock: FakeClock) -> None:
     assert (step.status, step.counted) == ("abandoned", False)
     drain(fake_clock)
     assert tasks_engine.get_run(res.run_id).status == "completed"
+
+
+def test_renewal_reports_cancel_and_deadline_only_when_set(fake_clock: FakeClock) -> None:
+    """SQLite folded `cancel_requested_at IS NOT NULL` in RETURNING to true: every renewal
+    reported a cancel, and every step longer than a heartbeat was canceled."""
+    plain = tasks_engine.enqueue("b").run_id
+    later = tasks_engine.enqueue("b", deadline_at=fake_clock.now() + timedelta(hours=1)).run_id
+    due = tasks_engine.enqueue("b", deadline_at=fake_clock.now() + timedelta(seconds=5)).run_id
+    leases = {c.run_id: c for c in claim("w", [("b", 1)], None, 3, 30)}
+    canceled = tasks_engine.enqueue("b").run_id
+    [leases[canceled]] = claim("w", [("b", 1)], None, 1, 30)
+    tasks_engine.cancel(canceled, "by hand")
+    fake_clock.advance(10)
+    renewed = transitions.renew_leases(list(leases.values()), 30)
+    assert renewed[plain] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
+    assert renewed[later] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
+    assert renewed[due] == transitions.Renewal(cancel_requested=False, deadline_passed=True)
+    assert renewed[canceled] == transitions.Renewal(cancel_requested=True, deadline_passed=False)
+    expiry = WorkflowRun.objects.get(pk=plain).available_at
+    assert expiry == fake_clock.now() + timedelta(seconds=30)

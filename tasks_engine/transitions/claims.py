@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 import json
 import uuid
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.base import ModelState
 
 from .. import clock, notify
@@ -22,6 +23,7 @@ from ..sql import (
     p_json,
     p_uuid,
     placeholders,
+    r_dt,
     r_uuid,
     skip_locked,
 )
@@ -181,12 +183,13 @@ def claim_runs(
     if not pairs or limit <= 0:
         return []
     req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds)
-    ctes, update, params = claim_statement(req, clock.now())
-    sql = f"WITH {ctes} {update}"
     if is_postgres():
-        return claimed_from_rows(fetchall(sql, params), worker_id)
-    # SQLite returns text for times and JSON: let Django convert them
-    return _leases(list(WorkflowRun.objects.raw(sql, params)), worker_id)
+        ctes, update, params = claim_statement(req, clock.now())
+        return claimed_from_rows(fetchall(f"WITH {ctes} {update}", params), worker_id)
+    with _write_lock():  # the lease starts once the write lock is held
+        ctes, update, params = claim_statement(req, clock.now())
+        # SQLite returns text for times and JSON: let Django convert them
+        return _leases(list(WorkflowRun.objects.raw(f"WITH {ctes} {update}", params)), worker_id)
 
 
 def claimed_from_rows(rows: list[tuple[Any, ...]], worker_id: str) -> list[Claimed]:
@@ -252,22 +255,33 @@ def anything_due_before(
 
 
 def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, Renewal]:
-    """One statement renews every lease a worker holds. Runs missing from the result are lost."""
+    """One statement renews every lease a worker holds. Runs missing from the result are lost.
+
+    Plain columns come back, never `col IS [NOT] NULL`: SQLite (3.35 to at least 3.40) folds
+    such a test in a RETURNING clause as if the column were NOT NULL whenever the table's first
+    column is, and answered "cancel requested" for every renewed run."""
     if not leases:
         return {}
-    now = clock.now()
     n = len(leases)
     sql = f"""
         UPDATE {RUN} SET available_at = %s
         WHERE id IN ({placeholders(n)})
           AND lease_token IN ({placeholders(n)})
-        RETURNING id, cancel_requested_at IS NOT NULL,
-            CASE WHEN deadline_at IS NOT NULL AND deadline_at <= %s THEN 1 ELSE 0 END
+        RETURNING id, cancel_requested_at, deadline_at
     """
-    params = [p_dt(now + timedelta(seconds=lease_seconds))]
-    params += [p_uuid(x.run_id) for x in leases] + [p_uuid(x.token) for x in leases]
-    params.append(p_dt(now))
+    with _write_lock():
+        now = clock.now()  # after the lock: a renewal that waited for it still grants a full lease
+        params = [p_dt(now + timedelta(seconds=lease_seconds))]
+        params += [p_uuid(x.run_id) for x in leases] + [p_uuid(x.token) for x in leases]
+        rows = fetchall(sql, params)
     return {
-        r_uuid(rid): Renewal(bool(cancel), bool(deadline))
-        for rid, cancel, deadline in fetchall(sql, params)
+        r_uuid(rid): Renewal(cancel is not None, deadline is not None and r_dt(deadline) <= now)
+        for rid, cancel, deadline in rows
     }
+
+
+def _write_lock() -> AbstractContextManager[Any]:
+    """SQLite has one writer: its BEGIN IMMEDIATE waits for the write lock, so times computed
+    inside the block (lease expiries) start when the write can actually happen. PostgreSQL
+    needs no transaction for a single statement."""
+    return nullcontext() if is_postgres() else transaction.atomic()
