@@ -14,7 +14,7 @@ from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError
 from .models import Fact, StepAttempt, WorkflowRun
 from .serialization import input_hash, to_jsonable
-from .states import ACTIVE, FINISHED, RunStatus
+from .states import FINISHED, RunStatus
 
 
 @dataclass(frozen=True)
@@ -220,21 +220,8 @@ def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:
             raise UnknownRunError(f"no run with id {rid}")
         if run.status in FINISHED:
             return False
-        _cancel_locked(run, reason or "")
+        transitions.cancel_active(run, reason or "")
     return True
-
-
-def _cancel_locked(run: WorkflowRun, reason: str) -> None:
-    if run.status == RunStatus.RUNNING:
-        transitions.request_cancel(run, reason)
-        notify.wake_workers(run.queue, cancel=True)
-    else:
-        transitions.cancel_idle_run(run, reason)
-    children = WorkflowRun.objects.select_for_update().filter(
-        parent_run_id=run.pk, status__in=list(ACTIVE)
-    )
-    for child in children:
-        _cancel_locked(child, reason or f"parent run {run.pk} canceled")
 
 
 def signal(run_id: uuid.UUID | str, name: str, payload: Any = None) -> Signaled:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
 
 from . import clock, transitions
-from .exceptions import FencingError
-from .models import OpLedger
+from .exceptions import FencingError, Suspend
+from .models import OpLedger, WorkflowRun
 from .serialization import to_jsonable
 
 if TYPE_CHECKING:
@@ -39,17 +40,20 @@ def with_attempt_token(
     lease = ctx._state.lease
     ctx.raise_if_canceled()
     transitions.flush_deferred(lease)
-    resumed = _record_start(ctx, op_key)
-    if isinstance(resumed, _Done):
-        return resumed.result
-    result = to_jsonable(fn(OpInfo(op_key, resumed, lease.token)))
+    started = _record_start(lease, op_key)
+    if isinstance(started, _Done):
+        return started.result
+    if isinstance(started, _Busy):
+        # Another run's live attempt is inside this op: come back when it is likely done
+        # rather than touch the outside world beside it.
+        transitions.requeue_run(lease, started.retry_at)
+        raise Suspend(f"op {op_key!r} is in progress in run {started.holder}")
+    result = to_jsonable(fn(OpInfo(op_key, started, lease.token)))
     with transaction.atomic():
         _check_lease(lease, op_key)
         if commit is not None:
             commit(result)
-        OpLedger.objects.filter(op_key=op_key).update(
-            status=OpLedger.Status.DONE, result=result, updated_at=clock.now()
-        )
+        _store_result(lease, op_key, result)
     return result
 
 
@@ -59,35 +63,74 @@ def _check_lease(lease: transitions.Lease, op_key: str) -> None:
         raise FencingError(f"op {op_key!r}: attempt {lease.token} no longer holds the lease")
 
 
+@transitions.attempt_write
+def _store_result(lease: transitions.Lease, op_key: str, result: Any) -> None:
+    """Only the attempt the ledger names may store the result: one that another attempt took
+    the op over from (its run reclaimed, or another run after this one lost its lease) is
+    refused, and its business writes roll back with it."""
+    stored = OpLedger.objects.filter(
+        op_key=op_key, attempt_token=lease.token, status=OpLedger.Status.STARTED
+    ).update(status=OpLedger.Status.DONE, result=result, updated_at=clock.now())
+    if not stored:
+        raise FencingError(f"op {op_key!r}: attempt {lease.token} no longer owns the op")
+
+
 @dataclass(frozen=True)
 class _Done:
     result: Any
 
 
-def _record_start(ctx: TaskContext, op_key: str) -> bool | _Done:
-    """Commit "this attempt started op_key". Returns whether an earlier attempt had started it."""
-    lease = ctx._state.lease
+@dataclass(frozen=True)
+class _Busy:
+    holder: UUID
+    retry_at: datetime
+
+
+BUSY_RETRY_SECONDS = 5.0
+
+
+@transitions.attempt_write
+def _record_start(lease: transitions.Lease, op_key: str) -> bool | _Done | _Busy:
+    """Commit "this attempt started op_key". Returns whether an earlier attempt had started it
+    (`resumed`), its stored result, or that a live attempt of another run is inside it."""
     now = clock.now()
     with transaction.atomic():
         _check_lease(lease, op_key)
         entry = OpLedger.objects.select_for_update().filter(op_key=op_key).first()
-        if entry is not None:
-            if entry.status == OpLedger.Status.DONE:
-                return _Done(entry.result)
-            entry.attempt_token = lease.token
-            entry.updated_at = now
-            entry.save(update_fields=["attempt_token", "updated_at"])
-            return True
-        try:
-            with transaction.atomic():
-                OpLedger.objects.create(
-                    op_key=op_key,
-                    run_id=lease.run_id,
-                    attempt_token=lease.token,
-                    status=OpLedger.Status.STARTED,
-                    created_at=now,
-                    updated_at=now,
-                )
-        except IntegrityError:
-            return True  # another attempt started it at the same instant
-        return False
+        if entry is None:
+            try:
+                with transaction.atomic():
+                    OpLedger.objects.create(
+                        op_key=op_key,
+                        run_id=lease.run_id,
+                        attempt_token=lease.token,
+                        status=OpLedger.Status.STARTED,
+                        created_at=now,
+                        updated_at=now,
+                    )
+                return False
+            except IntegrityError:  # another attempt started it at the same instant
+                entry = OpLedger.objects.select_for_update().get(op_key=op_key)
+        if entry.status == OpLedger.Status.DONE:
+            return _Done(entry.result)
+        holder = _live_holder(entry)
+        if holder is not None and entry.attempt_token != lease.token:
+            return _Busy(holder[0], min(holder[1], now + timedelta(seconds=BUSY_RETRY_SECONDS)))
+        entry.run_id, entry.attempt_token, entry.updated_at = lease.run_id, lease.token, now
+        entry.save(update_fields=["run_id", "attempt_token", "updated_at"])
+        return True
+
+
+def _live_holder(entry: OpLedger) -> tuple[UUID, datetime] | None:
+    """The run whose attempt the entry names, and its lease expiry, if that attempt still holds
+    its lease (its run's current token is the entry's)."""
+    if entry.run_id is None:
+        return None
+    row = (
+        WorkflowRun.objects.filter(pk=entry.run_id, lease_token=entry.attempt_token)
+        .values_list("pk", "available_at")
+        .first()
+    )
+    if row is None or row[1] is None:
+        return None
+    return row[0], row[1]

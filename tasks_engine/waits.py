@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.db import transaction
 
@@ -16,6 +16,7 @@ from . import clock, transitions
 from .exceptions import FactTimeoutError, Suspend, TaskCanceledError
 from .serialization import encode_error, rebuild_error, to_jsonable
 from .states import FINISHED, RunStatus, StepKind, StepStatus
+from .transitions import Parking
 
 if TYPE_CHECKING:
     from .context import Attempt, RunState, StepRecord, TaskContext
@@ -94,7 +95,10 @@ class WaitSteps:
             self._resolve(armed)
             return
         self._ctx.raise_if_canceled()
-        transitions.park_run(self._s.lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at)
+        if not transitions.park_run(
+            self._s.lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at
+        ):
+            self._canceled()
         raise Suspend(f"sleeping until {armed.wake_at.isoformat()}")
 
     # -- facts --------------------------------------------------------------------------------
@@ -135,13 +139,16 @@ class WaitSteps:
             if check is not None:
                 next_check = clock.now() + timedelta(seconds=check_interval)
                 wake = next_check if wake is None else min(wake, next_check)
-            if transitions.park_run_unless(
+            parking = transitions.park_run_unless(
                 lease,
                 f"fact:{name}",
                 wake,
                 self._s.deadline_at,
                 lambda: transitions.fact_available(lease.run_id, name),
-            ):
+            )
+            if parking is Parking.CANCELED:
+                self._canceled()
+            if parking is Parking.PARKED:
                 raise Suspend(f"waiting for fact {name}")
 
     # -- child runs ---------------------------------------------------------------------------
@@ -155,8 +162,6 @@ class WaitSteps:
         queue: str | None = None,
     ) -> Any:
         """Start a child run and wait for its output; its failure is raised here."""
-        from .engine import enqueue
-
         key = self._key(name)
         rec = self._record(key, StepKind.CHILD)
         found, value = self._replayed(rec)
@@ -167,19 +172,20 @@ class WaitSteps:
         if armed is None:
             self._guard()  # outside the transaction: a hand-back must not roll back with it
             with transaction.atomic():
+                if transitions.lock_for_child(lease):
+                    self._canceled()
                 armed = self._arm(key, StepKind.CHILD, rec, guarded=True)
-                child = enqueue(
+                child_id = _start_child(
                     workflow_or_name,
                     input,
-                    idempotency_key=f"child:{lease.run_id}:{key}",
+                    idempotency_key=_child_key(lease.run_id, key, armed.run_pass),
                     queue=queue,
                     trace_id=self._ctx.trace_id,
                     parent_run_id=lease.run_id,
                     parent_step=key,
                 )
-            child_id = child.run_id
         else:
-            child_id = self._child_of(key)
+            child_id = _child_of(lease.run_id, _child_key(lease.run_id, key, armed.run_pass))
         while True:
             status, output, error = transitions.child_outcome(child_id)
             if status == RunStatus.COMPLETED:
@@ -194,20 +200,46 @@ class WaitSteps:
                 self._resolve(armed, error=exc)
                 raise exc
             self._ctx.raise_if_canceled()
-            if transitions.park_run_unless(
+            parking = transitions.park_run_unless(
                 lease,
                 f"child:{child_id}",
                 None,
                 self._s.deadline_at,
                 lambda: transitions.child_outcome(child_id)[0] in FINISHED,
-            ):
+            )
+            if parking is Parking.CANCELED:
+                self._canceled()
+            if parking is Parking.PARKED:
                 raise Suspend(f"waiting for child run {child_id}")
 
-    def _child_of(self, key: str) -> Any:
-        from .models import WorkflowRun
+    def _canceled(self) -> NoReturn:
+        """Cancel was requested (found under the run's row lock): nothing new starts, and the
+        run ends canceled even if user code catches the error."""
+        exc = TaskCanceledError(f"run {self._ctx.run_id} was canceled")
+        self._s.cancel_requested = True
+        self._ctx.abort_signal.abort(exc)
+        raise exc
 
-        return (
-            WorkflowRun.objects.filter(parent_run_id=self._s.lease.run_id, parent_step=key)
-            .values_list("pk", flat=True)
-            .get()
-        )
+
+def _child_key(run_id: Any, key: str, run_pass: int) -> str:
+    """The child's idempotency key: one child per step and workflow pass (a workflow retry
+    starts the child again instead of getting the failed one back)."""
+    return f"child:{run_id}:{key}" + (f":pass{run_pass}" if run_pass > 1 else "")
+
+
+@transitions.attempt_write
+def _start_child(workflow_or_name: Workflow | str, input: Any, **options: Any) -> Any:
+    from .engine import enqueue
+
+    return enqueue(workflow_or_name, input, **options).run_id
+
+
+@transitions.attempt_write
+def _child_of(parent_id: Any, idempotency_key: str) -> Any:
+    from .models import WorkflowRun
+
+    return (
+        WorkflowRun.objects.filter(parent_run_id=parent_id, idempotency_key=idempotency_key)
+        .values_list("pk", flat=True)
+        .get()
+    )

@@ -13,10 +13,21 @@ the row lock), `group` (group commit). Everything is re-exported here; callers u
 Lock order: a parent's run row before its child's; a run row before its step attempts.
 """
 
-from ._common import RUN, STEP, WORK_KINDS, Claimed, DeferredCompletion, Lease, Renewal
+from ._common import (
+    RUN,
+    STEP,
+    WORK_KINDS,
+    Claimed,
+    DeferredCompletion,
+    Lease,
+    Renewal,
+    attempt_write,
+)
 from .claims import ClaimRequest, anything_due_before, claim_runs, create_run, renew_leases
 from .group import GroupWrite, write_group
 from .outcomes import (
+    cancel_active,
+    cancel_children,
     cancel_idle_run,
     cancel_running_run,
     complete_run,
@@ -36,7 +47,15 @@ from .steps import (
     flush_deferred,
     start_step,
 )
-from .waiting import child_outcome, fact_available, lock_held_run, park_run_unless, take_fact
+from .waiting import (
+    Parking,
+    child_outcome,
+    fact_available,
+    lock_for_child,
+    lock_held_run,
+    park_run_unless,
+    take_fact,
+)
 
 __all__ = [
     "RUN",
@@ -47,8 +66,12 @@ __all__ = [
     "DeferredCompletion",
     "GroupWrite",
     "Lease",
+    "Parking",
     "Renewal",
     "anything_due_before",
+    "attempt_write",
+    "cancel_active",
+    "cancel_children",
     "cancel_idle_run",
     "cancel_running_run",
     "child_outcome",
@@ -61,6 +84,7 @@ __all__ = [
     "fail_run",
     "finish_step",
     "flush_deferred",
+    "lock_for_child",
     "lock_held_run",
     "lock_parent",
     "park_run",

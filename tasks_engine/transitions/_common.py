@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.db import Error as DatabaseError
+
 from .. import clock
+from ..exceptions import EngineUnavailable
 from ..models import StepAttempt, WorkflowRun
 from ..sql import (
     p_uuid,
@@ -40,6 +45,12 @@ class DeferredCompletion:
         with self._lock:
             previous, self._item = self._item, (step_id, output, clock.now())
         return previous
+
+    def restore(self, item: tuple[int, Any, datetime]) -> None:
+        """Put back a completion whose write failed, unless a newer one took its place."""
+        with self._lock:
+            if self._item is None:
+                self._item = item
 
     def take(self, older_than: float | None = None) -> tuple[int, Any, datetime] | None:
         with self._lock:
@@ -82,3 +93,20 @@ def _fence() -> str:
 
 def _fence_params(lease: Lease) -> list[Any]:
     return [p_uuid(lease.run_id), p_uuid(lease.token)]
+
+
+def attempt_write[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
+    """Marks a write (or read) an attempt makes while it runs. A database error there (a
+    dropped connection, a deadlock, a serialization failure, a statement timeout, SQLite's
+    "database is locked") is an outage, not the workflow's failure: it becomes
+    `EngineUnavailable`, a BaseException that unwinds user code like a suspension; the worker
+    backs off and the run is replayed."""
+
+    @functools.wraps(fn)
+    def write(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except DatabaseError as exc:
+            raise EngineUnavailable(f"{fn.__name__}: {exc}".strip()) from exc
+
+    return write

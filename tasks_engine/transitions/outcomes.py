@@ -20,29 +20,43 @@ from ..sql import (
     p_json,
     p_uuid,
 )
-from ._common import RUN, STEP, Lease
+from ..states import ACTIVE, RunStatus
+from ._common import RUN, STEP, Lease, attempt_write
 from .group import GroupWrite
 from .steps import _close_running_attempts, _with_deferred
 
 # -- run outcomes -----------------------------------------------------------------------------
 
 
-def _cas_run(lease: Lease, assignments: str, params: list[Any]) -> None:
-    """Compare-and-set on the run row; carries a deferred step completion along."""
+def _cas_run(lease: Lease, assignments: str, params: list[Any], *, condition: str = "") -> int:
+    """Compare-and-set on the run row; carries a deferred step completion along. With
+    `condition`, a held run that does not meet it is left as it is and 0 is returned."""
     prefix, prefix_params = _with_deferred(lease)
     # Referencing the CTE makes it run before this UPDATE touches the run row: its fence
     # could not lock a row version this same statement had already replaced.
     after_deferred = " AND (SELECT count(*) FROM deferred) >= 0" if prefix else ""
     sql = (
         f"{prefix} UPDATE {RUN} SET {assignments}, updated_at = %s"
-        f" WHERE id = %s AND lease_token = %s{after_deferred}"
+        f" WHERE id = %s AND lease_token = %s{after_deferred}{condition}"
     )
     full = [*prefix_params, *params, p_dt(clock.now()), p_uuid(lease.run_id)]
     full.append(p_uuid(lease.token))
-    if not execute(sql, full):
+    changed = execute(sql, full)
+    if not changed and not (condition and _holds(lease)):
         raise LeaseLostError(f"run {lease.run_id}: lease lost")
+    return changed
 
 
+def _holds(lease: Lease) -> bool:
+    return bool(
+        fetchall(
+            f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s",
+            [p_uuid(lease.run_id), p_uuid(lease.token)],
+        )
+    )
+
+
+@attempt_write
 def complete_run(
     lease: Lease,
     output: Any,
@@ -69,6 +83,7 @@ def complete_run(
     )
 
 
+@attempt_write
 def fail_run(lease: Lease, error: dict[str, Any], *, has_parent: bool = False) -> None:
     _end_run(
         lease,
@@ -76,6 +91,7 @@ def fail_run(lease: Lease, error: dict[str, Any], *, has_parent: bool = False) -
         " lease_token = NULL, available_at = NULL, waiting_on = ''",
         [p_json(error), p_dt(clock.now())],
         has_parent=has_parent,
+        children_reason=f"parent run {lease.run_id} failed",
     )
 
 
@@ -86,20 +102,26 @@ def _end_run(
     *,
     has_parent: bool,
     close_attempts: bool = True,
+    children_reason: str | None = None,
 ) -> None:
     """The one way a run ends: lock the parent first (see lock_parent), compare-and-set the
-    run, close attempts still open, wake the parent waiting on it; all in one transaction."""
-    single_statement = not has_parent and not close_attempts
+    run, close attempts still open, cancel children still unfinished (`children_reason`: a
+    failed or canceled run leaves none behind), wake the parent waiting on it; all in one
+    transaction."""
+    single_statement = not has_parent and not close_attempts and children_reason is None
     with nullcontext() if single_statement else transaction.atomic():
         if has_parent:
             lock_parent(lease.run_id)
         _cas_run(lease, assignments, params)
         if close_attempts:
             _close_running_attempts(lease, counted=False)
+        if children_reason is not None:
+            cancel_children(lease.run_id, children_reason)
         if has_parent:
             wake_parent(lease.run_id)
 
 
+@attempt_write
 def requeue_run(
     lease: Lease,
     available_at: datetime,
@@ -127,17 +149,27 @@ def requeue_run(
         _close_running_attempts(lease, counted=interrupted_count, work_only=True)
 
 
-def park_run(lease: Lease, waiting_on: str, wake_at: datetime | None, deadline: datetime | None):
-    """Running -> waiting. The wake time is capped by the deadline so the run fails on time."""
+@attempt_write
+def park_run(
+    lease: Lease, waiting_on: str, wake_at: datetime | None, deadline: datetime | None
+) -> bool:
+    """Running -> waiting, unless cancel was requested (then False, and nothing changes: the
+    holder ends the run canceled). One statement: a cancel that commits first is seen by its
+    condition, one that commits later finds the run waiting and cancels it there. The wake
+    time is capped by the deadline so the run fails on time."""
     if deadline is not None and (wake_at is None or deadline < wake_at):
         wake_at = deadline
-    _cas_run(
-        lease,
-        "status = 'waiting', lease_token = NULL, available_at = %s, waiting_on = %s",
-        [p_dt(wake_at), waiting_on],
+    return bool(
+        _cas_run(
+            lease,
+            "status = 'waiting', lease_token = NULL, available_at = %s, waiting_on = %s",
+            [p_dt(wake_at), waiting_on],
+            condition=" AND cancel_requested_at IS NULL",
+        )
     )
 
 
+@attempt_write
 def cancel_running_run(lease: Lease, *, has_parent: bool = False) -> None:
     """The holder of a canceled run ends it and closes whatever attempt was in flight."""
     _end_run(
@@ -146,6 +178,7 @@ def cancel_running_run(lease: Lease, *, has_parent: bool = False) -> None:
         " waiting_on = ''",
         [p_dt(clock.now())],
         has_parent=has_parent,
+        children_reason=f"parent run {lease.run_id} canceled",
     )
 
 
@@ -169,6 +202,26 @@ def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
         wake_parent(run.pk)
 
 
+def cancel_active(run: WorkflowRun, reason: str) -> None:
+    """Cancel an unfinished run whose row lock the caller holds, and its children: a pending or
+    waiting run ends now; a running one is asked to stop (its holder ends it)."""
+    if run.status == RunStatus.RUNNING:
+        request_cancel(run, reason)
+        notify.wake_workers(run.queue, cancel=True)
+    else:
+        cancel_idle_run(run, reason)
+    cancel_children(run.pk, reason or f"parent run {run.pk} canceled")
+
+
+def cancel_children(run_id: uuid.UUID, reason: str) -> None:
+    """Cancel every unfinished child of a run (parent's row locked first, then the child's)."""
+    children = WorkflowRun.objects.select_for_update().filter(
+        parent_run_id=run_id, status__in=list(ACTIVE)
+    )
+    for child in children:
+        cancel_active(child, reason)
+
+
 def request_cancel(run: WorkflowRun, reason: str) -> None:
     """Running: record the request; the holder sees it at its next heartbeat (or NOTIFY)."""
     now = clock.now()
@@ -185,6 +238,7 @@ def wake_run(run: WorkflowRun) -> None:
     )
 
 
+@attempt_write
 def set_progress(lease: Lease, progress: dict[str, Any]) -> None:
     WorkflowRun.objects.filter(pk=lease.run_id, lease_token=lease.token).update(progress=progress)
 

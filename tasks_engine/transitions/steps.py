@@ -15,12 +15,13 @@ from ..sql import (
     p_json,
     p_uuid,
 )
-from ._common import STEP, WORK_KINDS, Lease, _fence, _fence_params
+from ._common import STEP, WORK_KINDS, Lease, _fence, _fence_params, attempt_write
 from .group import GroupWrite
 
 # -- steps ------------------------------------------------------------------------------------
 
 
+@attempt_write
 def close_interrupted_attempts(lease: Lease) -> int:
     """On reclaim: attempts a crashed holder left `running` become `abandoned` (and count)."""
     sql = f"""
@@ -32,6 +33,7 @@ def close_interrupted_attempts(lease: Lease) -> int:
     return execute(sql, [now, p_uuid(lease.run_id), p_uuid(lease.token), *_fence_params(lease)])
 
 
+@attempt_write
 def start_step(
     lease: Lease,
     name: str,
@@ -68,6 +70,7 @@ def start_step(
     return int(rows[0][0])
 
 
+@attempt_write
 def defer_step_completion(lease: Lease, step_id: int, output: Any) -> None:
     """Record a step as completed with the run's next write (see DeferredCompletion)."""
     previous = lease.deferred.put(step_id, output)
@@ -75,11 +78,16 @@ def defer_step_completion(lease: Lease, step_id: int, output: Any) -> None:
         _send_completion(lease, previous)
 
 
+@attempt_write
 def flush_deferred(lease: Lease, older_than: float | None = None) -> None:
     """Send a deferred step completion now (before any write that cannot carry it)."""
     item = lease.deferred.take(older_than)
     if item is not None:
-        _send_completion(lease, item)
+        try:
+            _send_completion(lease, item)
+        except BaseException:
+            lease.deferred.restore(item)  # the run goes on: its next write must still carry it
+            raise
 
 
 def _send_completion(lease: Lease, item: tuple[int, Any, datetime]) -> None:
@@ -116,6 +124,7 @@ def _with_deferred(lease: Lease) -> tuple[str, list[Any]]:
     return sql, [p_json(output), p_dt(finished_at), step_id, *_fence_params(lease)]
 
 
+@attempt_write
 def finish_step(
     lease: Lease, step_id: int, status: str, *, output: Any = None, error: Any = None
 ) -> None:

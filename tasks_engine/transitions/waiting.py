@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Callable
 from datetime import datetime
@@ -15,13 +16,14 @@ from ..sql import (
     fetchall,
     is_postgres,
 )
-from ._common import RUN, Lease, _fence_params
+from ._common import RUN, Lease, _fence_params, attempt_write
 from .outcomes import park_run
 from .steps import finish_step, flush_deferred
 
 # -- waiting ----------------------------------------------------------------------------------
 
 
+@attempt_write
 def lock_held_run(lease: Lease) -> bool:
     """Lock the run row if this attempt still holds it. Inside a transaction."""
     rows = fetchall(
@@ -32,6 +34,7 @@ def lock_held_run(lease: Lease) -> bool:
     return bool(rows)
 
 
+@attempt_write
 def take_fact(lease: Lease, step_id: int, key: str, fact_name: str) -> tuple[bool, Any]:
     """Consume the oldest fact of that name no earlier wait took, and complete the wait step.
 
@@ -54,33 +57,59 @@ def take_fact(lease: Lease, step_id: int, key: str, fact_name: str) -> tuple[boo
         return True, fact[1]
 
 
+class Parking(enum.Enum):
+    PARKED = "parked"  # the run is waiting now
+    ARRIVED = "arrived"  # the awaited thing came meanwhile: go on without parking
+    CANCELED = "canceled"  # cancel was requested: end the run instead
+
+
+@attempt_write
 def park_run_unless(
     lease: Lease,
     waiting_on: str,
     wake_at: datetime | None,
     deadline: datetime | None,
     arrived: Callable[[], bool],
-) -> bool:
-    """Running -> waiting, unless `arrived()` says the awaited thing came meanwhile.
+) -> Parking:
+    """Running -> waiting, unless `arrived()` says the awaited thing came meanwhile, or cancel
+    was requested.
 
-    `arrived` runs under the run's row lock: a fact or child result that committed after the
-    handler decided to park is seen here, and one that commits later finds the run waiting
-    (signal and child completion lock the same row), so no wake-up is lost.
+    Both are checked under the run's row lock: a fact, child result or cancel that committed
+    after the handler decided to park is seen here, and one that commits later finds the run
+    waiting (signal, child completion and cancel lock the same row), so none is lost.
     """
     flush_deferred(lease)
     with transaction.atomic():
         if not lock_held_run(lease):
             raise LeaseLostError(f"run {lease.run_id}: lease lost before parking")
         if arrived():
-            return False
-        park_run(lease, waiting_on, wake_at, deadline)
-        return True
+            return Parking.ARRIVED
+        if park_run(lease, waiting_on, wake_at, deadline):
+            return Parking.PARKED
+        return Parking.CANCELED
 
 
+@attempt_write
 def fact_available(run_id: uuid.UUID, fact_name: str) -> bool:
     return Fact.objects.filter(run_id=run_id, name=fact_name, consumed_by="").exists()
 
 
+@attempt_write
 def child_outcome(child_id: uuid.UUID) -> tuple[str, Any, Any]:
     row = WorkflowRun.objects.filter(pk=child_id).values_list("status", "output", "error").get()
     return row[0], row[1], row[2]
+
+
+@attempt_write
+def lock_for_child(lease: Lease) -> bool:
+    """Before a run starts a child (inside that transaction): lock the run row if this attempt
+    holds it and return whether cancel was requested. A cancel that commits first is seen here;
+    one that commits later waits for this lock and then finds the child to cascade to."""
+    rows = fetchall(
+        f"SELECT cancel_requested_at FROM {RUN} WHERE id = %s AND lease_token = %s"
+        + (" FOR SHARE" if is_postgres() else ""),
+        _fence_params(lease),
+    )
+    if not rows:
+        raise LeaseLostError(f"run {lease.run_id}: lease lost before starting a child")
+    return rows[0][0] is not None

@@ -38,6 +38,7 @@ class Heartbeat(threading.Thread):
                 self.kick.wait(min(PROGRESS_FLUSH_SECONDS, w.config.heartbeat_seconds))
                 kicked = self.kick.is_set()
                 self.kick.clear()
+                self.abort_unrenewed()
                 try:
                     w.hand_back_stale(time.monotonic())
                     self.flush_progress()
@@ -47,21 +48,40 @@ class Heartbeat(threading.Thread):
                         next_renew = time.monotonic() + w.config.heartbeat_seconds
                     outage.ok()
                 except DB_ERRORS as exc:
-                    self.stop.wait(outage.failed(exc))
+                    # Back off, but not past a heartbeat: leases must be renewed or given up.
+                    self.stop.wait(min(outage.failed(exc), w.config.heartbeat_seconds))
         except BaseException as exc:  # a dead heartbeat must stop the worker, not leave it blind
             w.log.exception("heartbeat crashed; stopping the worker", error=str(exc))
             w.request_stop()
         finally:
             connection.close()
 
+    def abort_unrenewed(self) -> None:
+        """A lease this worker could not renew for a whole lease period (the database is
+        unreachable) may be another worker's by now: stop the step instead of running on."""
+        w = self.worker
+        now = time.monotonic()
+        for h in w.held():
+            if now - h.renewed_at > w.config.lease_seconds:
+                w.lose(
+                    h,
+                    LeaseLostError(
+                        f"run {h.lease.run_id}: lease not renewed for "
+                        f"{now - h.renewed_at:.0f}s (lease {w.config.lease_seconds:g}s)"
+                    ),
+                )
+
     def renew_once(self) -> dict:
         w = self.worker
         held = w.held()
         if not held:
             return {}
+        sent = time.monotonic()
         renewed = transitions.renew_leases([h.lease for h in held], w.config.lease_seconds)
         for h in held:
             r = renewed.get(h.lease.run_id)
+            if r is not None:
+                h.renewed_at = sent
             if r is None:
                 w.lose(h, LeaseLostError(f"run {h.lease.run_id}: lease lost"))
             elif r.cancel_requested:

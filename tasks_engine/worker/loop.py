@@ -57,6 +57,7 @@ class WorkerConfig:
 class Held:
     lease: transitions.Lease
     ctx: TaskContext
+    renewed_at: float  # monotonic time the lease was last known to be granted (claim, renewal)
     lost: bool = False
     abort_deadline: float | None = None  # monotonic time after which the run is written off
 
@@ -216,8 +217,12 @@ class Worker:
                 self._execute(item)
                 outage.ok()
             except DB_ERRORS as exc:
-                # The run keeps its lease until it expires; whoever claims it then replays it.
+                # An outage, not the run's failure: back off, then hand the run back so that
+                # it is replayed at once (if that fails too, its lease expires and any worker
+                # replays it). The interrupted attempt does not count against its retries.
                 time.sleep(outage.failed(exc))
+                with contextlib.suppress(LeaseLostError, *DB_ERRORS):
+                    transitions.requeue_run(lease, clock.now())
             except Exception as exc:
                 self.log.exception(
                     "run crashed the executor", run_id=str(lease.run_id), error=str(exc)
@@ -250,7 +255,7 @@ class Worker:
             lease = dataclasses.replace(lease, group=self.group)
         wf, ctx = executor.build_context(run, lease, self.draining)
         with self._lock:
-            self._held[lease.run_id] = Held(lease, ctx)
+            self._held[lease.run_id] = Held(lease, ctx, renewed_at=item.at)
         if self.draining.is_set():
             transitions.requeue_run(lease, clock.now())
             return
