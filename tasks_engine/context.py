@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from . import clock, transitions
+from . import clock, sqlite_bounds, transitions
 from .exceptions import (
     LeaseLostError,
     MaxStepAttemptsExceeded,
@@ -239,15 +239,13 @@ class StepAPI(WaitSteps):
                 f"step {key!r} was interrupted {failures} times without finishing"
             )
             error = {**encode_error(exc), "terminal": True}
-            transitions.start_step(
-                lease, key, StepKind.FUNCTION, attempt_no, run_pass, status="failed", error=error
-            )
+            self._start(key, StepKind.FUNCTION, attempt_no, status="failed", error=error)
             self._remember(key, StepKind.FUNCTION, _att(0, "failed", run_pass, error=error))
             raise exc
-        step_id = transitions.start_step(lease, key, StepKind.FUNCTION, attempt_no, run_pass)
+        step_id = self._start(key, StepKind.FUNCTION, attempt_no)
         try:
             if atomic:
-                with transaction.atomic():
+                with sqlite_bounds.atomic_step(transaction.atomic(), key):
                     output = to_jsonable(fn())
                     transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
             else:

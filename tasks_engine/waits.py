@@ -45,9 +45,7 @@ class WaitSteps:
         if not guarded:
             self._guard()
         attempt_no = len(rec.attempts) + 1 if rec else 1
-        step_id = transitions.start_step(
-            self._s.lease, key, kind, attempt_no, self._s.run_pass, **fields
-        )
+        step_id = self._start(key, kind, attempt_no, **fields)
         armed = Attempt(
             step_id,
             StepStatus.RUNNING,
@@ -59,6 +57,15 @@ class WaitSteps:
         )
         self._remember(key, kind, armed)
         return armed
+
+    def _start(self, key: str, kind: str, attempt_no: int, **fields: Any) -> int:
+        """Record a step attempt; refused once cancel is requested (the run then ends)."""
+        try:
+            return transitions.start_step(
+                self._s.lease, key, kind, attempt_no, self._s.run_pass, **fields
+            )
+        except TaskCanceledError:
+            self._canceled()
 
     def _resolve(self, armed: Attempt, *, output: Any = None, error: BaseException | None = None):
         lease = self._s.lease

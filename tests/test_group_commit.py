@@ -146,3 +146,16 @@ def test_a_prefetched_run_left_waiting_for_a_slot_is_handed_back(fake_clock: Fak
     assert worker._jobs.qsize() == 0 and worker._busy == 2
     run = WorkflowRun.objects.get(pk=item.lease.run_id)
     assert (run.status, run.lease_token) == ("pending", None)
+
+
+def test_a_start_after_a_cancel_is_refused_alone() -> None:
+    tasks_engine.enqueue("bench_noop")
+    tasks_engine.enqueue("bench_noop")
+    canceled, other = claim(2)
+    tasks_engine.cancel(canceled.lease.run_id, "operator")
+    writes = [start(canceled), start(other)]
+    transitions.write_group(writes)
+    assert isinstance(writes[0].error, LeaseLostError)  # the slot then finds it still holds
+    assert transitions.holds(canceled.lease)  # the run: a cancel, not a lost lease
+    assert isinstance(writes[1].result, int) and writes[1].error is None
+    assert not StepAttempt.objects.filter(run_id=canceled.lease.run_id).exists()

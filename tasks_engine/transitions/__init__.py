@@ -22,6 +22,7 @@ from ._common import (
     Lease,
     Renewal,
     attempt_write,
+    holds,
 )
 from .claims import ClaimRequest, anything_due_before, claim_runs, create_run, renew_leases
 from .group import GroupWrite, write_group
@@ -84,6 +85,7 @@ __all__ = [
     "fail_run",
     "finish_step",
     "flush_deferred",
+    "holds",
     "lock_for_child",
     "lock_held_run",
     "lock_parent",

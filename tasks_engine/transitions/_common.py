@@ -17,6 +17,7 @@ from .. import clock
 from ..exceptions import EngineUnavailable
 from ..models import StepAttempt, WorkflowRun
 from ..sql import (
+    fetchall,
     p_uuid,
     share_lock,
 )
@@ -87,8 +88,19 @@ class Renewal:
     deadline_passed: bool
 
 
-def _fence() -> str:
-    return f"EXISTS (SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s{share_lock()})"
+def _fence(*, unless_canceled: bool = False) -> str:
+    canceled = " AND cancel_requested_at IS NULL" if unless_canceled else ""
+    return (
+        f"EXISTS (SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s{canceled}{share_lock()})"
+    )
+
+
+def holds(lease: Lease) -> bool:
+    """Whether the attempt still holds its run: after a fenced write with a further condition
+    matched nothing, this tells a lost lease from the condition."""
+    return bool(
+        fetchall(f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s", _fence_params(lease))
+    )
 
 
 def _fence_params(lease: Lease) -> list[Any]:

@@ -67,6 +67,8 @@ def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> 
         "EXISTS (SELECT 1 FROM {run} r WHERE r.id = {v}.run_id AND r.lease_token = {v}.token"
         " FOR SHARE)"
     )
+    # No step starts once cancel is requested (the holder then ends the run canceled).
+    start_fence = fence.replace(" FOR SHARE", " AND r.cancel_requested_at IS NULL FOR SHARE")
     ctes: list[str] = []
     params: list[Any] = []
     deferred = [w for w in writes if w.deferred is not None]
@@ -118,7 +120,7 @@ def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> 
             f"i AS (INSERT INTO {STEP} (run_id, name, kind, status, attempt, run_pass, counted,"
             f" worker_id, lease_token, started_at) SELECT sv.run_id, sv.name, 'function',"
             f" 'running', sv.attempt, sv.run_pass, TRUE, sv.worker_id, sv.token, sv.started_at"
-            f" FROM sv WHERE {fence.format(run=RUN, v='sv')} RETURNING id, run_id)"
+            f" FROM sv WHERE {start_fence.format(run=RUN, v='sv')} RETURNING id, run_id)"
         )
     if completes:
         rows = [

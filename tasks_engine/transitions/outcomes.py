@@ -21,7 +21,7 @@ from ..sql import (
     p_uuid,
 )
 from ..states import ACTIVE, RunStatus
-from ._common import RUN, STEP, Lease, attempt_write
+from ._common import RUN, STEP, Lease, attempt_write, holds
 from .group import GroupWrite
 from .steps import _close_running_attempts, _with_deferred
 
@@ -42,18 +42,9 @@ def _cas_run(lease: Lease, assignments: str, params: list[Any], *, condition: st
     full = [*prefix_params, *params, p_dt(clock.now()), p_uuid(lease.run_id)]
     full.append(p_uuid(lease.token))
     changed = execute(sql, full)
-    if not changed and not (condition and _holds(lease)):
+    if not changed and not (condition and holds(lease)):
         raise LeaseLostError(f"run {lease.run_id}: lease lost")
     return changed
-
-
-def _holds(lease: Lease) -> bool:
-    return bool(
-        fetchall(
-            f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s",
-            [p_uuid(lease.run_id), p_uuid(lease.token)],
-        )
-    )
 
 
 @attempt_write

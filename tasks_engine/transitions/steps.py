@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import clock
-from ..exceptions import LeaseLostError
+from ..exceptions import LeaseLostError, TaskCanceledError
 from ..sql import (
     execute,
     fetchall,
@@ -15,7 +15,7 @@ from ..sql import (
     p_json,
     p_uuid,
 )
-from ._common import STEP, WORK_KINDS, Lease, _fence, _fence_params, attempt_write
+from ._common import STEP, WORK_KINDS, Lease, _fence, _fence_params, attempt_write, holds
 from .group import GroupWrite
 
 # -- steps ------------------------------------------------------------------------------------
@@ -46,10 +46,16 @@ def start_step(
     error: Any = None,
     wake_at: datetime | None = None,
 ) -> int:
+    """A fenced INSERT of the step's attempt, which no attempt may make once cancel is
+    requested: then it raises TaskCanceledError and writes nothing (the run's holder ends it
+    canceled), so a cancel reaches every step, sleep and wait that would begin after it."""
     now = clock.now()
     if lease.group is not None and kind == "function" and status == "running" and output is None:
         write = GroupWrite("start", lease, lease.deferred.take(), now, name, attempt, run_pass)
-        return int(lease.group.submit(write))
+        try:
+            return int(lease.group.submit(write))
+        except LeaseLostError:
+            _refused_start(lease, name)
     finished = p_dt(now) if status != "running" else None
     prefix, prefix_params = _with_deferred(lease)
     sql = f"""
@@ -57,7 +63,7 @@ def start_step(
         INSERT INTO {STEP} (run_id, name, kind, status, attempt, run_pass, counted, output,
             error, worker_id, lease_token, wake_at, started_at, finished_at)
         SELECT %s, %s, %s, %s, %s, %s, TRUE, %s, %s, %s, %s, %s, %s, %s
-        WHERE {_fence()}
+        WHERE {_fence(unless_canceled=True)}
         RETURNING id
     """
     params = [*prefix_params, p_uuid(lease.run_id), name, kind, status, attempt, run_pass]
@@ -66,8 +72,14 @@ def start_step(
     params.append(finished)
     rows = fetchall(sql, params + _fence_params(lease))
     if not rows:
-        raise LeaseLostError(f"run {lease.run_id}: lease lost before step {name!r} started")
+        _refused_start(lease, name)
     return int(rows[0][0])
+
+
+def _refused_start(lease: Lease, name: str) -> NoReturn:
+    if holds(lease):
+        raise TaskCanceledError(f"run {lease.run_id} was canceled before step {name!r}")
+    raise LeaseLostError(f"run {lease.run_id}: lease lost before step {name!r} started")
 
 
 @attempt_write
