@@ -195,6 +195,22 @@ def test_staff_with_permission_may_cancel(canceller: Client) -> None:
     assert (run.status, run.cancel_reason) == ("canceled", "by staff")
 
 
+def test_cancel_permission_without_view_permission_gets_403() -> None:
+    """Cancel acts on runs the user may see: the cancel permission alone is not enough."""
+    others = tuple(f"view_{m}" for m in MODELS if m != "workflowrun")
+    blind = staff_client(*others, "cancel_workflowrun")
+    pending, waiting = make_run("pending"), make_run("waiting", waiting_on="sleep:nap")
+    before = snapshot()
+    assert blind.get(url("workflowrun", "change", pending.pk)).status_code == 403
+    assert blind.get(url("workflowrun", "cancel", pending.pk)).status_code == 403
+    for run in (pending, waiting):
+        response = blind.post(url("workflowrun", "cancel", run.pk), {"reason": "blind"})
+        assert response.status_code == 403
+    assert action(blind, [pending.pk, waiting.pk]).status_code == 403
+    assert action(blind, [pending.pk, waiting.pk], confirm="yes", reason="x").status_code == 403
+    assert snapshot() == before
+
+
 def test_cancel_needs_csrf() -> None:
     user = User.objects.create_superuser("root", "r@example.com", "pw")
     client = Client(enforce_csrf_checks=True)

@@ -1,6 +1,7 @@
 """Cancel from the admin: the run page's button and the `cancel_selected` list action.
 
-Both need the permission `tasks_engine.cancel_workflowrun` and both go through
+Both need the permission `tasks_engine.cancel_workflowrun` and the view permission on runs
+(a user who cannot see a run cannot cancel it: 403, nothing changes), and both go through
 `tasks_engine.engine.cancel`, never the ORM: the engine records the reason, cancels idle runs
 at once, asks the worker holding a running one to stop, and cancels children.
 """
@@ -39,7 +40,11 @@ class CancelMixin:
     model: Any
 
     def has_cancel_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm(CANCEL_PERMISSION)
+        # Cancel acts on runs the user can see: without the view permission the run page, the
+        # list and the confirmation page are not theirs, so neither is the cancel (403).
+        if not request.user.has_perm(CANCEL_PERMISSION):
+            return False
+        return bool(self.has_view_permission(request, obj))  # type: ignore[attr-defined]
 
     def cancel_urls(self) -> list[Any]:
         info = (self.model._meta.app_label, self.model._meta.model_name)
