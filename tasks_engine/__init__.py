@@ -20,6 +20,7 @@ from .exceptions import (
     TaskCanceledError,
     UnknownRunError,
     UnknownTaskError,
+    UnstorableValueError,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "TaskContext",
     "UnknownRunError",
     "UnknownTaskError",
+    "UnstorableValueError",
     "Workflow",
     "cancel",
     "enqueue",

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .exceptions import NonRetryableError, UnknownTaskError
 
@@ -36,12 +38,29 @@ class RetryPolicy:
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the `failures`-th failure (1-based)."""
-        base = self.initial_interval * self.backoff_coefficient ** max(failures - 1, 0)
+        try:
+            base = self.initial_interval * self.backoff_coefficient ** max(failures - 1, 0)
+        except OverflowError:  # a large max_attempts: the cap applies long before this
+            base = math.inf
         delay = min(base, self.max_interval)
         return delay + (random.random() * delay * self.jitter if self.jitter else 0.0)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return not isinstance(exc, (NonRetryableError, *self.non_retryable))
+
+
+def _input_error(
+    task: str, found: tuple[tuple[str | int, ...], str], value: Any
+) -> ValidationError:
+    loc, what = found
+    detail: InitErrorDetails = {
+        "type": PydanticCustomError(
+            "unstorable_value", "cannot be stored as JSON: it holds {what}", {"what": what}
+        ),
+        "loc": loc,
+        "input": value,
+    }
+    return ValidationError.from_exception_data(f"input of {task}", [detail])
 
 
 DEFAULT_STEP_RETRY = RetryPolicy()
@@ -65,15 +84,23 @@ class Workflow:
         return f"{self.name}@{self.version}"
 
     def validate_input(self, data: Any) -> Any:
-        """Validated input as stored (JSON). Raises pydantic.ValidationError."""
-        if self.input_model is None:
-            from .serialization import to_jsonable
+        """Validated input as stored (JSON). Raises pydantic.ValidationError, also for a value
+        JSON cannot hold exactly (NaN, ±Infinity, a NUL character, a type with no JSON form)
+        instead of storing something else (pydantic's JSON mode turns NaN into null)."""
+        from .serialization import to_jsonable, unstorable
 
-            return to_jsonable(data if data is not None else {})
+        if self.input_model is None:
+            value = data if data is not None else {}
+            if (found := unstorable(value)) is not None:
+                raise _input_error(self.key, found, value)
+            return to_jsonable(value)
         if isinstance(data, self.input_model):
             model = self.input_model.model_validate(data.model_dump())
         else:
             model = self.input_model.model_validate(data if data is not None else {})
+        # Types with a JSON form of pydantic's own (datetimes, UUIDs, ...) are fine here.
+        if (found := unstorable(model.model_dump(), foreign_ok=True)) is not None:
+            raise _input_error(self.key, found, data)
         return model.model_dump(mode="json")
 
     def load_input(self, stored: Any) -> Any:

@@ -5,30 +5,98 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import traceback
 from typing import Any
 
 from pydantic import BaseModel
 
-from .exceptions import StepFailedError
+from .exceptions import StepFailedError, UnstorableValueError
 
 
-def to_jsonable(value: Any) -> Any:
-    """The JSON-decoded form of `value`: what replay will return. Pydantic models dump as JSON."""
-    if value is None or type(value) in (str, int, bool):
+def to_jsonable(value: Any, what: str = "value") -> Any:
+    """The JSON-decoded form of `value`: what replay will return. Pydantic models dump as JSON.
+
+    A value JSON cannot hold exactly is refused with `UnstorableValueError` naming what and
+    where: a type JSON has no form for (a datetime, a set), NaN or ±Infinity (not standard
+    JSON, and PostgreSQL's jsonb refuses them), and a NUL character in a string (jsonb refuses
+    it too). Refused here, where it is produced, it can never fail a statement it shares
+    with other runs' writes.
+    """
+    kind = type(value)
+    if value is None or kind is int or kind is bool:
         return value  # already its own JSON-decoded form (the common case for a step)
+    if kind is str:
+        if "\x00" in value:
+            raise _unstorable(what, value)
+        return value
     if isinstance(value, BaseModel):
+        _refuse_unstorable(what, value.model_dump())  # JSON mode would turn NaN into null
         return value.model_dump(mode="json")
     try:
-        return json.loads(json.dumps(value, default=_default))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"step results must be JSON-serialisable: {exc}") from exc
+        text = json.dumps(value, default=_default, allow_nan=False)
+    except (TypeError, ValueError):
+        raise _unstorable(what, value) from None
+    if "\\u0000" in text:  # rare: make sure it is a NUL and not the six characters \u0000
+        _refuse_unstorable(what, value)
+    return json.loads(text)
 
 
 def _default(value: Any) -> Any:
     if isinstance(value, BaseModel):
+        _refuse_unstorable("value", value.model_dump())
         return value.model_dump(mode="json")
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+Path = tuple[str | int, ...]
+
+
+def unstorable(value: Any, *, foreign_ok: bool = False) -> tuple[Path, str] | None:
+    """Where and why `value` cannot be stored as JSON, e.g. (("when",), "a datetime"), or None
+    when it can. `foreign_ok`: ignore values of other types (a serialiser of its own, such as
+    pydantic's, turns them into JSON); floats and strings are still checked."""
+    if value is None or isinstance(value, bool | int):
+        return None
+    if isinstance(value, str):
+        return ((), "a string with a NUL character") if "\x00" in value else None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else ((), f"the float {value!r}")
+    if isinstance(value, BaseModel):
+        return unstorable(value.model_dump(), foreign_ok=True)
+    items: Any
+    if isinstance(value, dict):
+        for key in value:
+            if isinstance(key, str) and "\x00" in key:
+                return (key,), "a key with a NUL character"
+            if not foreign_ok and not (key is None or isinstance(key, str | int | float | bool)):
+                return (str(key),), f"a key of type {type(key).__name__}"
+        items = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    elif foreign_ok:
+        return None
+    else:
+        return (), f"a {type(value).__name__}"
+    for where, item in items:
+        found = unstorable(item, foreign_ok=foreign_ok)
+        if found is not None:
+            return (where, *found[0]), found[1]
+    return None
+
+
+def _refuse_unstorable(what: str, value: Any) -> None:
+    if unstorable(value) is not None:
+        raise _unstorable(what, value)
+
+
+def _unstorable(what: str, value: Any) -> UnstorableValueError:
+    path, why = unstorable(value) or ((), f"a {type(value).__name__}")
+    where = " at " + "".join(f"[{p!r}]" for p in path) if path else ""
+    return UnstorableValueError(
+        f"{what} cannot be stored as JSON: it holds {why}{where} (JSON holds null, booleans, "
+        "finite numbers, strings without NUL, lists and objects with string keys)"
+    )
 
 
 def canonical_json(value: Any) -> str:
@@ -40,11 +108,20 @@ def input_hash(value: Any) -> str:
 
 
 def encode_error(exc: BaseException) -> dict[str, str]:
+    """The stored form of an error: shown in the admin and by `manage.py tasks inspect`.
+
+    Secrets are redacted as in the logs (`logs.redact_text`), and NUL characters, which
+    PostgreSQL's jsonb refuses (the row would fail to store), become U+FFFD.
+    """
+    from .logs import redact_text
+
     cls = type(exc)
+    message = str(exc).replace("\x00", "\ufffd")
+    trace = "".join(traceback.format_exception(exc)).replace("\x00", "\ufffd")
     return {
         "type": f"{cls.__module__}.{cls.__qualname__}",
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
+        "message": redact_text(message),
+        "traceback": redact_text(trace),
     }
 
 

@@ -39,10 +39,17 @@ def non_negative_float(value: str) -> float:
 
 
 def json_value(value: str) -> Any:
+    """Standard JSON only: Python's parser also takes NaN and Infinity, which JSON has not."""
     try:
-        return json.loads(value)
+        return json.loads(value, parse_constant=_not_json)
     except json.JSONDecodeError as exc:
         raise argparse.ArgumentTypeError(f"malformed JSON: {exc}") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"malformed JSON: {exc}") from None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not standard JSON")
 
 
 def task_ref(value: str) -> tuple[str, int]:

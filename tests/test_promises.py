@@ -1,0 +1,275 @@
+"""Promises the engine makes under racing cancels, poisoned values and engine-side database
+errors (each test failed on the engine before its fix). Both databases, in-process."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import OperationalError
+from pydantic import ValidationError
+
+import tasks_engine
+from tasks_engine import RetryPolicy, UnstorableValueError, executor, fencing, transitions
+from tasks_engine.exceptions import EngineUnavailable, FencingError
+from tasks_engine.models import OpLedger, StepAttempt, WorkflowRun
+from tasks_engine.serialization import to_jsonable
+from tests.helpers import FakeClock, drain
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db
+
+
+def run(run_id: Any) -> WorkflowRun:
+    return WorkflowRun.objects.get(pk=run_id)
+
+
+def claim(task: str, worker: str = "w") -> tuple[transitions.Claimed, Any, Any]:
+    [c] = transitions.claim_runs(worker, [(task, 1)], None, 1, 30)
+    wf, ctx = executor.build_context(c.run, c.lease, threading.Event())
+    return c, wf, ctx
+
+
+# -- a cancel that lands while a step runs --------------------------------------------------
+
+
+@pytest.mark.parametrize("then", ["sleep", "fact", "child", "step"])
+def test_a_cancel_during_a_step_is_not_lost_when_the_run_then_parks(
+    fake_clock: FakeClock, then: str
+) -> None:
+    rid = tasks_engine.enqueue("cancel_then_park", {"then": then}).run_id
+    assert drain(fake_clock, horizon=0) == ["canceled"]
+    r = run(rid)
+    assert (r.status, r.cancel_reason) == ("canceled", "from the step")
+    assert not WorkflowRun.objects.filter(parent_run_id=rid).exists()  # no child started
+    assert not SideEffect.objects.filter(key="after").exists()  # no step started
+    assert not StepAttempt.objects.filter(run_id=rid, status="running").exists()
+
+
+def test_a_child_started_before_the_cancel_is_canceled_with_its_parent(
+    fake_clock: FakeClock,
+) -> None:
+    parent = tasks_engine.enqueue("parent", {"value": 1, "sleep": 60}).run_id
+    drain(fake_clock, horizon=0)  # the parent waits on its child, which sleeps
+    [child] = WorkflowRun.objects.filter(parent_run_id=parent)
+    assert tasks_engine.cancel(parent) is True
+    assert (run(parent).status, run(child.pk).status) == ("canceled", "canceled")
+
+
+def test_a_run_that_fails_leaves_no_child_running(fake_clock: FakeClock) -> None:
+    parent = tasks_engine.enqueue(
+        "parent", {"value": 1, "sleep": 3600}, deadline_at=fake_clock.now()
+    ).run_id
+    c, wf, ctx = claim("parent")
+    # The child was started by an earlier pass; the parent now fails on its deadline.
+    child = tasks_engine.enqueue("child_echo", {"sleep": 3600}, parent_run_id=parent).run_id
+    fake_clock.advance(1)
+    assert executor.execute(c.run, wf, ctx) == "failed"
+    assert (run(parent).status, run(child).status) == ("failed", "canceled")
+
+
+# -- engine-side database errors are outages ------------------------------------------------
+
+
+def break_statements(monkeypatch: pytest.MonkeyPatch, module: Any, needle: str) -> list[str]:
+    """The next statement of `module` whose SQL contains `needle` fails as a dropped
+    connection would; returns the log of statements that failed."""
+    failed: list[str] = []
+    for name in ("execute", "fetchall"):
+        real = getattr(module, name, None)
+        if real is None:
+            continue
+
+        def broken(sql: str, params: Any = (), _real: Any = real) -> Any:
+            if needle in sql and not failed:
+                failed.append(sql)
+                raise OperationalError("server closed the connection unexpectedly")
+            return _real(sql, params)
+
+        monkeypatch.setattr(module, name, broken)
+    return failed
+
+
+@pytest.mark.parametrize(
+    ("module", "needle"),
+    [
+        (transitions.outcomes, "status = 'waiting'"),  # parking
+        (transitions.steps, "INSERT INTO"),  # the sleep's timer
+    ],
+)
+def test_a_database_error_in_an_engine_write_is_an_outage_not_a_failure(
+    fake_clock: FakeClock, module: Any, needle: str
+) -> None:
+    rid = tasks_engine.enqueue("swallows_suspension").run_id
+    c, wf, ctx = claim("swallows_suspension")
+    with pytest.MonkeyPatch.context() as mp:
+        failed = break_statements(mp, module, needle)
+        with pytest.raises(EngineUnavailable):  # user code's `except Exception` can't catch it
+            executor.execute(c.run, wf, ctx)
+    assert failed
+    assert run(rid).status == "running"  # nothing ended: the run is replayed
+    transitions.requeue_run(c.lease, fake_clock.now())  # what the worker's slot does next
+    drain(fake_clock)
+    assert (run(rid).status, run(rid).output) == ("completed", "slept")
+
+
+def test_a_database_error_while_taking_a_fact_is_an_outage(fake_clock: FakeClock) -> None:
+    rid = tasks_engine.enqueue("fact_waiter", {"count": 1}).run_id
+    tasks_engine.signal(rid, "item", "x")
+    c, wf, ctx = claim("fact_waiter")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            transitions.waiting.Fact.objects,
+            "filter",
+            lambda *a, **k: (_ for _ in ()).throw(OperationalError("deadlock detected")),
+        )
+        with pytest.raises(EngineUnavailable):
+            executor.execute(c.run, wf, ctx)
+    fake_clock.advance(31)
+    drain(fake_clock)
+    assert (run(rid).status, run(rid).output) == ("completed", ["x"])
+
+
+def test_a_deferred_completion_whose_flush_failed_still_rides_on_the_next_write() -> None:
+    tasks_engine.enqueue("b")
+    c, _, _ = claim("b")
+    step = transitions.start_step(c.lease, "s", "function", 1, 1)
+    transitions.defer_step_completion(c.lease, step, "out")
+    item = c.lease.deferred.take()
+    assert item is not None
+    c.lease.deferred.restore(item)  # what flush_deferred does when its write fails
+    transitions.complete_run(c.lease, "done", [])
+    assert StepAttempt.objects.get(pk=step).status == "completed"
+
+
+# -- values that cannot be stored ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["datetime", "set", "nan", "inf", "nul", "nul-key"])
+def test_an_unstorable_step_result_fails_the_step_once_without_retrying(
+    fake_clock: FakeClock, kind: str
+) -> None:
+    rid = tasks_engine.enqueue("bad_step_result", {"kind": kind}).run_id
+    assert drain(fake_clock) == ["failed"]
+    r = run(rid)
+    assert SideEffect.objects.filter(key="produce", run_id=rid).count() == 1
+    assert r.error["type"] == "tasks_engine.exceptions.UnstorableValueError"
+    assert "cannot be stored as JSON" in r.error["message"]
+    [attempt] = StepAttempt.objects.filter(run_id=rid, name="produce")
+    assert attempt.status == "failed"
+
+
+@pytest.mark.parametrize("kind", ["datetime", "nan", "nul"])
+def test_an_unstorable_run_output_fails_the_run_instead_of_looping(
+    fake_clock: FakeClock, kind: str
+) -> None:
+    rid = tasks_engine.enqueue("bad_output_after_sleep", {"kind": kind}).run_id
+    drain(fake_clock)
+    r = run(rid)
+    assert (r.status, r.error["type"]) == ("failed", "tasks_engine.exceptions.UnstorableValueError")
+
+
+def test_unstorable_values_are_named_in_the_message() -> None:
+    with pytest.raises(UnstorableValueError, match=r"a date at \['when'\]"):
+        to_jsonable({"when": __import__("datetime").date(2026, 1, 1)}, "step 'x' result")
+    with pytest.raises(UnstorableValueError, match=r"float nan at \[1\]"):
+        to_jsonable([1, math.nan])
+    with pytest.raises(UnstorableValueError, match="NUL"):
+        to_jsonable("a\x00b")
+    assert to_jsonable({"text": "the six characters \\u0000"}) == {
+        "text": "the six characters \\u0000"
+    }
+
+
+@pytest.mark.parametrize("celsius", [math.nan, math.inf, -math.inf])
+def test_non_finite_input_is_a_validation_error_and_writes_nothing(celsius: float) -> None:
+    with pytest.raises(ValidationError, match="cannot be stored as JSON"):
+        tasks_engine.enqueue("reading", {"celsius": celsius})
+    with pytest.raises(ValidationError):
+        tasks_engine.enqueue("b", {"x": celsius})  # a workflow without an input model
+    assert not WorkflowRun.objects.exists()
+
+
+def test_a_nul_in_input_is_a_validation_error_and_writes_nothing() -> None:
+    with pytest.raises(ValidationError):
+        tasks_engine.enqueue("reading", {"celsius": 1.0, "label": "a\x00b"})
+    assert not WorkflowRun.objects.exists()
+
+
+def test_a_signal_payload_that_cannot_be_stored_is_refused() -> None:
+    rid = tasks_engine.enqueue("fact_waiter").run_id
+    with pytest.raises(UnstorableValueError):
+        tasks_engine.signal(rid, "item", {"x": math.nan})
+    assert not run(rid).facts.exists()
+
+
+@pytest.mark.parametrize("value", ['{"celsius": NaN}', '{"celsius": Infinity}', "[-Infinity]"])
+def test_the_cli_refuses_non_standard_json(value: str, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises((SystemExit, CommandError)) as refused:  # argparse's own exit, code 2
+        call_command("tasks", "enqueue", "reading", "--input", value, stdout=StringIO())
+    assert "not standard JSON" in str(refused.value) + capsys.readouterr().err
+    assert not WorkflowRun.objects.exists()
+
+
+# -- retries --------------------------------------------------------------------------------
+
+
+def test_a_workflow_retry_starts_a_failed_child_again(fake_clock: FakeClock) -> None:
+    rid = tasks_engine.enqueue("retrying_parent").run_id
+    drain(fake_clock)
+    r = run(rid)
+    assert (r.status, r.output) == ("completed", "second child ok")
+    children = WorkflowRun.objects.filter(parent_run_id=rid).order_by("created_at")
+    assert [c.status for c in children] == ["failed", "completed"]
+
+
+def test_a_long_retry_budget_does_not_overflow_the_backoff() -> None:
+    policy = RetryPolicy(max_attempts=5000, initial_interval=1.0, backoff_coefficient=10.0)
+    assert policy.delay(1100) == policy.max_interval
+    assert RetryPolicy(max_attempts=5000).delay(4999) == 60.0
+
+
+# -- the op ledger across runs ----------------------------------------------------------------
+
+
+def test_an_op_in_progress_in_another_run_is_not_entered_beside_it(fake_clock: FakeClock) -> None:
+    a = tasks_engine.enqueue("op_user", {"op_key": "download:42"}, idempotency_key="a").run_id
+    b = tasks_engine.enqueue("op_user", {"op_key": "download:42"}, idempotency_key="b").run_id
+    ca, _, _ = claim("op_user")
+    assert ca.lease.run_id == a
+    assert fencing._record_start(ca.lease, "download:42") is False  # A is inside the op
+    cb, wf, ctx = claim("op_user", "w2")
+    assert executor.execute(cb.run, wf, ctx) == "suspended"  # B waits for A instead
+    assert not SideEffect.objects.filter(key="op-fn").exists()
+    assert run(b).status == "pending"
+    # A's worker dies; B takes the op over once A's lease is gone.
+    fake_clock.advance(31)
+    WorkflowRun.objects.filter(pk=a).update(status="pending", lease_token=None)
+    drain(fake_clock)
+    assert {run(a).status, run(b).status} == {"completed"}
+    # A's old attempt can no longer store a result for the op B finished.
+    with pytest.raises(FencingError):
+        fencing._store_result(ca.lease, "download:42", "stale")
+    entry = OpLedger.objects.get(op_key="download:42")
+    assert (entry.status, entry.result) == ("done", "done")
+    assert SideEffect.objects.filter(key="op-fn").count() == 1
+
+
+def test_a_stale_attempt_cannot_mark_an_op_done_after_another_took_it_over(
+    fake_clock: FakeClock,
+) -> None:
+    tasks_engine.enqueue("op_user", {"op_key": "k"})
+    old, _, _ = claim("op_user")
+    assert fencing._record_start(old.lease, "k") is False
+    fake_clock.advance(31)
+    new, _, _ = claim("op_user", "w2")  # the lease expired and another worker took the run
+    assert fencing._record_start(new.lease, "k") is True  # resumed
+    with pytest.raises(FencingError):
+        fencing._store_result(old.lease, "k", "stale")
+    assert json.dumps(OpLedger.objects.get(op_key="k").result) == "null"

@@ -1,0 +1,113 @@
+"""Workflows for the promises the adversarial review broke (issue: every promise under
+adversarial schedules): cancel racing a park or a child, poisoned values, engine outages,
+workflow retries of children, the op ledger across runs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from pydantic import BaseModel
+
+import tasks_engine
+from tasks_engine import RetryPolicy, TaskContext, workflow
+
+from .models import SideEffect
+
+
+class Then(BaseModel):
+    then: str = "sleep"  # what the run does after its first step: sleep | fact | child | step
+
+
+def _once(ctx: TaskContext, key: str, value: Any = None) -> Any:
+    SideEffect.objects.create(key=key, run_id=ctx.run_id)
+    return value
+
+
+@workflow(name="cancel_then_park", input=Then)
+def cancel_then_park(ctx: TaskContext) -> str:
+    """Its first step cancels the run (as an operator could at that moment); then it parks."""
+    ctx.step.run("cancel-me", lambda: tasks_engine.cancel(ctx.run_id, "from the step"))
+    if ctx.input.then == "sleep":
+        ctx.step.sleep("week", dt.timedelta(days=7))
+    elif ctx.input.then == "step":
+        ctx.step.run("after", lambda: _once(ctx, "after"))
+    elif ctx.input.then == "fact":
+        ctx.step.wait_for_fact("never")
+    else:
+        ctx.step.run_child("child_echo", {"value": 1}, name="kid")
+    return "parked and woke"
+
+
+@workflow(name="swallows_suspension")
+def swallows_suspension(ctx: TaskContext) -> str:
+    """User code that catches Exception around a wait must not swallow the engine's outage."""
+    try:
+        ctx.step.sleep("nap", 60)
+    except Exception as exc:  # noqa: BLE001 - the point of the test
+        return f"caught {type(exc).__name__}"
+    return "slept"
+
+
+class Value(BaseModel):
+    kind: str
+
+
+def bad_value(kind: str) -> Any:
+    return {
+        "datetime": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+        "set": {1, 2},
+        "nan": float("nan"),
+        "inf": [1.0, float("inf")],
+        "nul": {"name": "a\x00b"},
+        "nul-key": {"a\x00": 1},
+    }[kind]
+
+
+@workflow(name="bad_step_result", input=Value)
+def bad_step_result(ctx: TaskContext) -> Any:
+    return ctx.step.run("produce", lambda: _once(ctx, "produce", bad_value(ctx.input.kind)))
+
+
+@workflow(name="bad_output_after_sleep", input=Value)
+def bad_output_after_sleep(ctx: TaskContext) -> Any:
+    ctx.step.sleep("nap", 1)
+    return bad_value(ctx.input.kind)
+
+
+class Reading(BaseModel):
+    celsius: float
+    label: str = ""
+
+
+@workflow(name="reading", input=Reading)
+def reading(ctx: TaskContext) -> float:
+    return ctx.input.celsius
+
+
+@workflow(name="failing_child")
+def failing_child(ctx: TaskContext) -> str:
+    """Fails on its first run (per parent pass): a parent's workflow retry must start a new one."""
+    SideEffect.objects.create(key="child-ran", run_id=ctx.run_id)
+    if SideEffect.objects.filter(key="child-ran").count() == 1:
+        raise ValueError("first child fails")
+    return "second child ok"
+
+
+@workflow(name="retrying_parent", retry=RetryPolicy(max_attempts=2, initial_interval=0.0))
+def retrying_parent(ctx: TaskContext) -> str:
+    return ctx.step.run_child("failing_child", {}, name="kid")
+
+
+@workflow(name="long_retry_budget", step_retry=RetryPolicy(max_attempts=5000, initial_interval=0))
+def long_retry_budget(ctx: TaskContext) -> str:
+    return ctx.step.run("flaky", lambda: _once(ctx, "flaky", "ok"))
+
+
+class Op(BaseModel):
+    op_key: str
+
+
+@workflow(name="op_user", input=Op)
+def op_user(ctx: TaskContext) -> Any:
+    return ctx.with_attempt_token(ctx.input.op_key, lambda info: _once(ctx, "op-fn", "done"))
