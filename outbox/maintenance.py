@@ -1,15 +1,30 @@
-"""Pruning of dispatched events (`manage.py tasks prune`). Pending and dead events are kept."""
+"""Pruning of dispatched events (`manage.py tasks prune`). Pending and dead events are kept.
+
+In batches, each its own short transaction, like the runs (tasks_engine/maintenance.py)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import transaction
 
-def prune_dispatched(cutoff: datetime) -> int:
-    """Delete events dispatched before `cutoff`; return how many were deleted."""
+PRUNE_BATCH = 500
+
+
+def prune_dispatched(cutoff: datetime, *, batch: int = PRUNE_BATCH) -> int:
+    """Delete events dispatched before `cutoff`, `batch` per transaction; return how many."""
     from .models import EventStatus, OutboxEvent
 
-    deleted, _ = OutboxEvent.objects.filter(
-        status=EventStatus.DISPATCHED, published_at__lt=cutoff
-    ).delete()
-    return deleted
+    total = 0
+    while True:
+        with transaction.atomic():
+            ids = list(
+                OutboxEvent.objects.filter(status=EventStatus.DISPATCHED, published_at__lt=cutoff)
+                .order_by("published_at")
+                .values_list("pk", flat=True)[:batch]
+            )
+            if ids:
+                deleted, _ = OutboxEvent.objects.filter(pk__in=ids).delete()
+                total += deleted
+        if len(ids) < batch:
+            return total

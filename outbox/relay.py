@@ -5,8 +5,10 @@ LOCKED` on PostgreSQL, so relays never wait on each other; on SQLite the transac
 `BEGIN IMMEDIATE`, which serialises relays) and count their attempt, then run each route in its
 own savepoint inside the transaction that writes the event's outcome. A route's writes commit
 together with its event's `dispatched` status: a relay killed mid-batch rolls the batch back
-and nothing is dispatched twice. A failing route rolls back only its savepoint. `Relay` is the
-loop around it (`runrelay`).
+and nothing is dispatched twice. A failing route rolls back only its savepoint. On PostgreSQL
+the batch shares one transaction; on SQLite each event has its own, because a transaction there
+holds the database's only write lock, and one slow route must not hold it (and stall every
+worker) for the routes of its whole batch. `Relay` is the loop around it (`runrelay`).
 """
 
 from __future__ import annotations
@@ -60,14 +62,17 @@ def relay_once(batch: int = 100) -> RelayCounts:
 
     First a short transaction claims them and counts the attempt, so a route that kills its
     relay still uses up attempts and ends `dead` instead of being retried forever. Then one
-    transaction dispatches the batch. Events whose previous claim was interrupted are suspects:
-    each is dispatched in a transaction of its own, so one poison event cannot keep taking its
-    batch-mates down with it.
+    transaction dispatches the batch (on SQLite: one per event). Events whose previous claim
+    was interrupted are suspects: each is dispatched in a transaction of its own, so one poison
+    event cannot keep taking its batch-mates down with it.
     """
     s = outbox_settings()
     claimed, suspects, dead = _claim(batch, s)
     counts = {EventStatus.DISPATCHED: 0, EventStatus.PENDING: 0, EventStatus.DEAD: dead}
-    groups = [[pk] for pk in suspects] + ([claimed] if claimed else [])
+    if connection.vendor == "sqlite":  # one write lock for everyone: hold it per event
+        groups = [[pk] for pk in suspects + claimed]
+    else:
+        groups = [[pk] for pk in suspects] + ([claimed] if claimed else [])
     for ids in groups:
         with transaction.atomic():
             events = OutboxEvent.objects.select_for_update().filter(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core import checks
 
 from .conf import engine_settings
@@ -32,4 +33,46 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         errors.append(
             checks.Error("TASKS_ENGINE POLL_INTERVAL must be > 0", id="tasks_engine.E004")
         )
+    errors += _sqlite_atomic_step_bound(s)
     return errors
+
+
+def _sqlite_atomic_step_bound(s: Any) -> list[checks.CheckMessage]:
+    """On SQLite an atomic step holds the only write lock while its code runs: warn when the
+    bound lets it hold that lock long enough for other workers' leases to lapse. A sound bound
+    says nothing: a warning on every SQLite start would be noise."""
+    bound = s.sqlite_atomic_step_seconds
+    if bound is not None and bound < 0:
+        return [
+            checks.Error(
+                "TASKS_ENGINE SQLITE_ATOMIC_STEP_SECONDS must be >= 0 (0 or None: no bound)",
+                id="tasks_engine.E005",
+            )
+        ]
+    if not any(db["ENGINE"] == "django.db.backends.sqlite3" for db in settings.DATABASES.values()):
+        return []
+    hint = (
+        "An atomic step holds SQLite's only write lock while its code runs, and every "
+        "worker's writes (lease renewals too) wait for it. Keep SQLITE_ATOMIC_STEP_SECONDS "
+        f"at most half of LEASE_SECONDS ({s.lease_seconds / 2:g}s); see docs/SQLITE.md."
+    )
+    if not bound:
+        return [
+            checks.Warning(
+                "TASKS_ENGINE SQLITE_ATOMIC_STEP_SECONDS is disabled: on SQLite a frozen "
+                "atomic step stalls every worker",
+                hint=hint,
+                id="tasks_engine.W001",
+            )
+        ]
+    if bound > s.lease_seconds / 2:
+        return [
+            checks.Warning(
+                f"TASKS_ENGINE SQLITE_ATOMIC_STEP_SECONDS ({bound:g}s) is more than half of "
+                f"LEASE_SECONDS ({s.lease_seconds:g}s): on SQLite other workers' leases can "
+                "lapse while an atomic step holds the write lock",
+                hint=hint,
+                id="tasks_engine.W001",
+            )
+        ]
+    return []

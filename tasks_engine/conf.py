@@ -20,6 +20,9 @@ class EngineSettings:
     prepared_statements: bool = True
     # Workers send the hot writes of all their slots together (worker/group_commit.py).
     group_commit: bool = True
+    # SQLite only: an atomic step holds the database's only write lock while its code runs;
+    # past this many seconds it is rolled back and fails (sqlite_bounds.py). None or 0: no bound.
+    sqlite_atomic_step_seconds: float | None = 5.0
 
     @property
     def heartbeat(self) -> float:
@@ -49,4 +52,9 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         notify=bool(raw.get("NOTIFY", True)),
         prepared_statements=bool(raw.get("PREPARED_STATEMENTS", True)),
         group_commit=bool(raw.get("GROUP_COMMIT", True)),
+        sqlite_atomic_step_seconds=_optional_float(raw.get("SQLITE_ATOMIC_STEP_SECONDS", 5.0)),
     )
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)

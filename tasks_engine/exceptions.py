@@ -55,6 +55,11 @@ class MaxStepAttemptsExceeded(NonRetryableError):
     """The run made more step attempts than MAX_STEP_ATTEMPTS_PER_RUN allows."""
 
 
+class UnstorableValueError(NonRetryableError, TypeError, ValueError):
+    """A value cannot be stored as JSON: a datetime, a set, NaN, ±Infinity, a NUL character.
+    A step that returns one fails at once, without retrying (its side effects ran once)."""
+
+
 class EngineUnavailable(BaseException):
     """An engine write could not reach the database. The worker drops the run (its lease
     expires and any worker replays it); user code cannot catch it as a workflow error."""
@@ -66,3 +71,7 @@ class Suspend(BaseException):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
+
+
+class AtomicStepTimeoutError(NonRetryableError):
+    """An atomic step held SQLite's write lock past SQLITE_ATOMIC_STEP_SECONDS: rolled back."""

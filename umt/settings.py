@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
@@ -62,11 +63,17 @@ _db = DATABASES["default"]
 if _db["ENGINE"] == "django.db.backends.sqlite3":
     # select_for_update() is a no-op on SQLite: serialise writers with BEGIN IMMEDIATE,
     # let readers run beside the writer (WAL) and wait for the write lock instead of failing.
+    # synchronous=FULL syncs the WAL on every commit: a finished step or a `done` ledger entry
+    # survives a power loss. NORMAL (SQLITE_SYNCHRONOUS=normal) syncs only at checkpoints:
+    # faster, but the last commits can be lost, and their steps run again (docs/SQLITE.md).
+    _sync = env.str("SQLITE_SYNCHRONOUS", default="full").upper()
+    if _sync not in ("FULL", "NORMAL"):
+        raise ImproperlyConfigured(f"SQLITE_SYNCHRONOUS must be full or normal, not {_sync!r}")
     _db.setdefault("OPTIONS", {}).update(
         {
             "transaction_mode": "IMMEDIATE",
             "timeout": 30,
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={_sync};",
         }
     )
     # Tests use a file too (test_<name> beside the database), so that worker processes can
@@ -89,6 +96,8 @@ TASKS_ENGINE = {
     "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
     "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
     "GROUP_COMMIT": env.bool("TASKS_GROUP_COMMIT", default=True),
+    # SQLite: an atomic step holding the only write lock longer is rolled back (0: no bound).
+    "SQLITE_ATOMIC_STEP_SECONDS": env.float("TASKS_SQLITE_ATOMIC_STEP_SECONDS", default=5.0),
 }
 
 OUTBOX = {

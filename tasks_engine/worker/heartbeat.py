@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connection
 
-from .. import transitions
+from .. import sqlite_bounds, transitions
 from ..exceptions import DeadlineExceededError, LeaseLostError, TaskCanceledError
 from ..models import WorkflowRun
 from ..serialization import encode_error
@@ -46,6 +46,7 @@ class Heartbeat(threading.Thread):
                     if kicked or time.monotonic() >= next_renew:
                         self.renew_once()
                         next_renew = time.monotonic() + w.config.heartbeat_seconds
+                    sqlite_bounds.optimize_periodically(connection)  # SQLite: ANALYZE hourly
                     outage.ok()
                 except DB_ERRORS as exc:
                     # Back off, but not past a heartbeat: leases must be renewed or given up.
