@@ -13,13 +13,23 @@ from .helpers import FakeClock, WorkerProcess
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test runs on both databases (process tests too: several worker processes on one
+    host share the SQLite file), except those marked `postgres_only("why")` and the fault tests,
+    which bring a PostgreSQL cluster of their own (they ignore DATABASE_URL, so one run of them,
+    on the PostgreSQL pass, is enough)."""
     from django.conf import settings
 
-    if settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
-        skip = pytest.mark.skip(reason="process-level tests run on PostgreSQL")
-        for item in items:
-            if "process" in item.keywords:
-                item.add_marker(skip)
+    if settings.DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        return
+    for item in items:
+        marker = item.get_closest_marker("postgres_only")
+        if marker is not None:
+            why = marker.args[0] if marker.args else "PostgreSQL only"
+            item.add_marker(pytest.mark.skip(reason=f"PostgreSQL only: {why}"))
+        elif "cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(
+                pytest.mark.skip(reason="runs on a throwaway PostgreSQL cluster of its own")
+            )
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Django tasks through DurableBackend with real `runworker` processes on PostgreSQL."""
+"""Django tasks through DurableBackend with real `runworker` processes (PostgreSQL and SQLite)."""
 
 from __future__ import annotations
 

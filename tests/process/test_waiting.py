@@ -1,4 +1,5 @@
-"""Waiting and control with real workers on PostgreSQL: NOTIFY wake-ups, cancel, durable sleep."""
+"""Waiting and control with real workers: wake-ups (NOTIFY on PostgreSQL, polling on SQLite),
+cancel, durable sleep, children."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from datetime import timedelta
 from functools import partial
 
 import pytest
+from django.db import connection
 
 import tasks_engine
 from tasks_engine.models import Fact, StepAttempt, WorkflowRun
@@ -15,7 +17,21 @@ from tests.testapp.models import SideEffect
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
-IDLE = ("--poll-interval", "5")  # a slow poll: prompt reactions can only come from NOTIFY
+
+def idle() -> tuple[str, ...]:
+    """On PostgreSQL a slow poll, so that prompt reactions can only come from NOTIFY; SQLite has
+    no NOTIFY and polls: a short poll there."""
+    return (
+        ("--poll-interval", "5")
+        if connection.vendor == "postgresql"
+        else ("--poll-interval", "0.2")
+    )
+
+
+def cancel_reach() -> tuple[str, ...]:
+    """A cancel reaches a running step by NOTIFY on PostgreSQL, by the next heartbeat on SQLite:
+    a short lease there, so that the heartbeat (lease / 3) comes every second."""
+    return () if connection.vendor == "postgresql" else ("--lease-seconds", "3")
 
 
 def status(run_id) -> str:
@@ -27,11 +43,16 @@ def is_completed(run_id) -> bool:
 
 
 def listening(worker) -> None:
-    wait_for(lambda: "listening for wake-ups" in worker.log(), 30, "the worker to LISTEN")
+    """Wait until the worker is serving: on PostgreSQL, until it listens for wake-ups."""
+    if connection.vendor == "postgresql":
+        wait_for(lambda: "listening for wake-ups" in worker.log(), 30, "the worker to LISTEN")
+    else:
+        wait_for(lambda: "worker started" in worker.log(), 30, "the worker to start")
 
 
+@pytest.mark.postgres_only("NOTIFY pickup latency (SQLite polls)")
 def test_enqueued_run_starts_promptly_on_an_idle_worker(workers) -> None:
-    w = workers(*IDLE)
+    w = workers(*idle())
     listening(w)
     res = tasks_engine.enqueue("b")
     wait_for(lambda: status(res.run_id) == "completed", 10, "the run to complete")
@@ -40,7 +61,7 @@ def test_enqueued_run_starts_promptly_on_an_idle_worker(workers) -> None:
 
 
 def test_fact_signalled_while_waiting_wakes_the_run_without_a_poll(workers) -> None:
-    w = workers(*IDLE)
+    w = workers(*idle())
     listening(w)
     res = tasks_engine.enqueue("fact_waiter", {"count": 1})
     wait_for(lambda: status(res.run_id) == "waiting", 10, "the run to park")
@@ -53,7 +74,7 @@ def test_fact_signalled_while_waiting_wakes_the_run_without_a_poll(workers) -> N
 
 
 def test_cancel_reaches_a_step_looping_on_the_abort_signal(workers) -> None:
-    w = workers(*IDLE)
+    w = workers(*idle(), *cancel_reach())
     listening(w)
     res = tasks_engine.enqueue("abortable")
     wait_for(lambda: SideEffect.objects.filter(key="loop-start").exists(), 10, "the loop")
@@ -132,7 +153,7 @@ def test_parents_whose_children_finish_while_they_park_are_all_woken(workers) ->
     One parent at a time on two slots: the child starts on the other slot at once and often
     finishes within the parent's parking window; a missed wake-up is never rescued (a parent
     waiting on a child has no timer)."""
-    w = workers("--poll-interval", "5", "--concurrency", "2")
+    w = workers(*idle(), "--concurrency", "2")
     listening(w)
     for i in range(15):
         run_id = tasks_engine.enqueue("parent", {"value": i}).run_id

@@ -1,4 +1,5 @@
-"""Real `manage.py runworker` processes on PostgreSQL: crashes, drains, filters, shutdown."""
+"""Real `manage.py runworker` processes, on PostgreSQL and SQLite: crashes, drains, filters,
+shutdown."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def finished(run_id) -> bool:
 
 
 def test_sigkill_mid_step_reruns_only_the_interrupted_step(workers) -> None:
+    """The rerun (3 s) outlives several heartbeats of its 2 s lease: on SQLite, where every
+    renewal once reported a cancel, it ended `canceled`."""
     res = tasks_engine.enqueue("slow_middle", {"seconds": 3})
     first = workers("--lease-seconds", "2", "--poll-interval", "0.2", tag="doomed")
     wait_for(lambda: effects("middle-start") == 1, 30, "the middle step to start")

@@ -7,4 +7,9 @@ class TestAppConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import bench_workflows, wait_workflows  # noqa: F401 - workflows in more modules
+        from . import (  # noqa: F401 - workflows in more modules
+            bench_workflows,
+            promise_workflows,
+            sqlite_workflows,
+            wait_workflows,
+        )

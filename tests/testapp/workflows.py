@@ -187,3 +187,6 @@ def crasher(ctx: TaskContext) -> str:
 
     ctx.step.run("die", die)
     return "unreachable"
+
+
+from . import process_workflows  # noqa: E402, F401 - workflows of the process tests
