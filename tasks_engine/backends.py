@@ -11,6 +11,17 @@ attempt; the last failed attempt fails the run. `idempotency_key` (a string form
 call's arguments, or a callable taking them) dedupes enqueues: the same key returns the
 existing result, the same key with other arguments raises `IdempotencyConflict`.
 
+Where it differs from Django's own backends, on purpose (README, "Django's tasks framework"):
+- Values JSON cannot hold exactly (NaN, ±Infinity, a NUL character) are refused: arguments at
+  `enqueue` (`UnstorableValueError`, a TypeError and ValueError, before anything is written),
+  a return value by failing the task. Django's backends keep them in memory, but PostgreSQL's
+  jsonb cannot store them, and storing something else would change the value silently.
+- `SystemExit` and `KeyboardInterrupt` raised by a task fail it at once (no retry), with
+  `task_finished` and an ERROR log like any exception: in a worker they can only come from
+  the task's own code (the worker handles SIGINT and SIGTERM itself).
+- `task_started` and `task_finished` are sent robustly in the worker: a failing receiver is
+  logged by Django and does not change the task's outcome.
+
 Import-safe before apps load (Django builds backends while modules are being imported): the
 engine and its models are imported inside functions.
 """
@@ -19,12 +30,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import transaction
+from django.dispatch import Signal
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
@@ -36,7 +48,13 @@ from django.utils.module_loading import import_string
 from pydantic import BaseModel
 
 from .definitions import RetryPolicy, workflow
-from .exceptions import LeaseLostError, NonRetryableError
+from .exceptions import (
+    EngineUnavailable,
+    LeaseLostError,
+    NonRetryableError,
+    Suspend,
+)
+from .serialization import encode_error, to_jsonable
 
 if TYPE_CHECKING:
     from .context import TaskContext as RunContext
@@ -44,6 +62,7 @@ if TYPE_CHECKING:
 
 DJANGO_TASK = "django_task"  # the built-in workflow that runs Django tasks
 CALL_STEP = "call"  # its one step
+QUEUE_MAX_LENGTH = 100  # WorkflowRun.queue's max_length (models can't be imported here)
 
 STATUS_MAP: dict[str, TaskResultStatus] = {
     "pending": TaskResultStatus.READY,
@@ -107,14 +126,24 @@ class DurableBackend(BaseTaskBackend):
     supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        # QUEUES as in Django: absent means {"default"}, an empty list accepts any name. One
+        # that is no list of names (a bare string would become a set of letters) counts as
+        # absent here, and check() reports it.
+        self.queues_setting = params.get("QUEUES")  # as configured, for check()
+        if not _valid_queues_setting(self.queues_setting):
+            params = {k: v for k, v in params.items() if k != "QUEUES"}
         super().__init__(alias, params)
-        if "QUEUES" not in params:
-            self.queues = set()  # any queue name: it becomes the run's engine queue
         self.retry_interval = float(self.options.get("RETRY_INITIAL_INTERVAL", 1.0))
         self.retry_max_interval = float(self.options.get("RETRY_MAX_INTERVAL", 60.0))
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
+        queue = task.queue_name
+        if not isinstance(queue, str) or not 0 < len(queue) <= QUEUE_MAX_LENGTH:
+            raise InvalidTask(
+                f"queue_name must be a non-empty string of at most {QUEUE_MAX_LENGTH} "
+                f"characters, got {queue!r}"
+            )
         attempts = getattr(task, "max_attempts", 1)
         if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
             raise InvalidTask(f"max_attempts must be a whole number >= 1, got {attempts!r}")
@@ -124,10 +153,15 @@ class DurableBackend(BaseTaskBackend):
 
         self.validate_task(task)
         args, kwargs = normalize_json(list(args)), normalize_json(dict(kwargs))
+        # NaN, ±Infinity and NUL are refused here, before any SQL: the caller's transaction
+        # goes on (a NUL reaching PostgreSQL would abort it), and no value is silently changed.
+        stored = to_jsonable(
+            {"args": args, "kwargs": kwargs}, what=f"the arguments of {task.module_path}"
+        )
         data = DjangoTaskInput(
             task=task.module_path,
-            args=args,
-            kwargs=kwargs,
+            args=stored["args"],
+            kwargs=stored["kwargs"],
             backend=self.alias,
             max_attempts=getattr(task, "max_attempts", 1),
             takes_context=task.takes_context,
@@ -165,15 +199,48 @@ class DurableBackend(BaseTaskBackend):
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         from django.apps import apps
 
-        if apps.is_installed("tasks_engine"):
-            return []
-        return [
-            checks.Error(
-                f"TASKS[{self.alias!r}] uses DurableBackend but the engine app is not installed",
-                hint="Add 'tasks_engine' to INSTALLED_APPS.",
-                id="tasks_engine.E010",
+        errors = self._check_queues()
+        if not apps.is_installed("tasks_engine"):
+            errors.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses DurableBackend but the engine app is not "
+                    "installed",
+                    hint="Add 'tasks_engine' to INSTALLED_APPS.",
+                    id="tasks_engine.E010",
+                )
             )
-        ]
+        return errors
+
+    def _check_queues(self) -> list[checks.CheckMessage]:
+        """QUEUES must name queues a run can be stored under. Which queues workers serve is
+        not known here: workers pick theirs with `runworker --queue` (every queue without it)
+        and are not recorded in the database, so only the setting itself can be checked."""
+        raw = self.queues_setting
+        where = f"TASKS[{self.alias!r}]['QUEUES']"
+        if not _valid_queues_setting(raw):
+            return [
+                checks.Error(
+                    f"{where} must be a list of queue names, not {type(raw).__name__} {raw!r}",
+                    hint="For example QUEUES: ['default', 'emails'] (an empty list accepts "
+                    "any queue name).",
+                    id="tasks_engine.E011",
+                )
+            ]
+        bad = sorted(
+            repr(q)
+            for q in self.queues
+            if not isinstance(q, str) or not 0 < len(q) <= QUEUE_MAX_LENGTH
+        )
+        if bad:
+            return [
+                checks.Error(
+                    f"{where} holds names no run can be stored under: {', '.join(bad)}",
+                    hint=f"Queue names are non-empty strings of at most {QUEUE_MAX_LENGTH} "
+                    "characters.",
+                    id="tasks_engine.E012",
+                )
+            ]
+        return []
 
     # -- reading a run back -------------------------------------------------------------------
 
@@ -183,16 +250,20 @@ class DurableBackend(BaseTaskBackend):
         from .models import StepAttempt
 
         data = DjangoTaskInput.model_validate(run.input)
+        alias = self._alias(data.backend)
         calls = list(
             StepAttempt.objects.filter(run_id=run.pk, name=CALL_STEP)
             .order_by("id")
             .values_list("worker_id", "started_at", "error")
         )
         errors = [_task_error(e) for _, _, e in calls if e]
-        if run.error and not errors:
-            errors.append(_task_error(run.error))  # failed before the call (e.g. unknown path)
+        last = calls[-1][2] if calls else None
+        if run.status == "failed" and run.error and not _same_error(last, run.error):
+            # Failed outside a recorded call error: before the call (no DurableBackend under
+            # that alias), by SystemExit or KeyboardInterrupt, or by a deadline.
+            errors.append(_task_error(run.error))
         result: TaskResult = TaskResult(
-            task=_rebuild_task(data, run),
+            task=_rebuild_task(data, run, alias),
             id=str(run.pk),
             status=STATUS_MAP[run.status],
             enqueued_at=run.created_at,
@@ -201,7 +272,7 @@ class DurableBackend(BaseTaskBackend):
             last_attempted_at=calls[-1][1] if calls else None,
             args=data.args,
             kwargs=data.kwargs,
-            backend=self.alias,
+            backend=alias,
             errors=errors,
             worker_ids=[w for w, _, _ in calls],
         )
@@ -209,12 +280,36 @@ class DurableBackend(BaseTaskBackend):
             object.__setattr__(result, "_return_value", run.output)
         return result
 
+    def _alias(self, enqueued_with: str) -> str:
+        """The alias the run was enqueued through, while TASKS still has it (else this one's),
+        so that `result.task.get_backend()` and `result.refresh()` use that backend."""
+        from django.tasks import task_backends
+
+        return enqueued_with if enqueued_with in task_backends.settings else self.alias
+
 
 def _idempotency_key(task: Task, args: list[Any], kwargs: dict[str, Any]) -> str | None:
     key = getattr(task, "idempotency_key", None)
     if key is None:
         return None
     return str(key(*args, **kwargs) if callable(key) else key.format(*args, **kwargs))
+
+
+def _valid_queues_setting(value: Any) -> bool:
+    """None (absent) or an iterable of names that is not itself a string."""
+    if value is None:
+        return True
+    if isinstance(value, str | bytes):
+        return False
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _same_error(a: dict[str, Any] | None, b: dict[str, Any]) -> bool:
+    return a is not None and (a.get("type"), a.get("message")) == (b.get("type"), b.get("message"))
 
 
 def _task_error(error: dict[str, Any]) -> TaskError:
@@ -239,14 +334,31 @@ def load_task(path: str) -> Task:
     return obj
 
 
-def _rebuild_task(data: DjangoTaskInput, run: WorkflowRun) -> Task:
+def _rebuild_task(data: DjangoTaskInput, run: WorkflowRun, alias: str) -> Task:
+    """The task as it was enqueued: its alias, priority, queue, run_after and max_attempts.
+    Built without `validate_task`, so a stored run still reads back after TASKS changed (a
+    queue dropped from QUEUES, an alias removed): the task was validated when enqueued."""
     try:
         task = load_task(data.task)
     except UnknownDjangoTask:
-        task = DurableTask(func=_missing_task, backend=data.backend)
-    task = task.using(priority=run.priority, queue_name=run.queue, run_after=data.run_after)
-    if isinstance(task, DurableTask) and task.max_attempts != data.max_attempts:
-        task = replace(task, max_attempts=data.max_attempts)  # as enqueued (`.using(...)`)
+        task = _unvalidated(DurableTask, {"func": _missing_task})
+    values = {f.name: getattr(task, f.name) for f in fields(task)}
+    enqueued = {
+        "priority": run.priority,
+        "queue_name": run.queue,
+        "run_after": data.run_after,
+        "backend": alias,
+        "max_attempts": data.max_attempts,
+    }
+    values.update((k, v) for k, v in enqueued.items() if k in values)
+    return _unvalidated(type(task), values)
+
+
+def _unvalidated(cls: type[Task], values: dict[str, Any]) -> Task:
+    """A frozen task with these field values, skipping `__post_init__` (its validation)."""
+    task = object.__new__(cls)
+    for f in fields(cls):
+        object.__setattr__(task, f.name, values.get(f.name, f.default))
     return task
 
 
@@ -272,28 +384,37 @@ def django_task(ctx: RunContext) -> Any:
     def call() -> Any:
         task = load_task(data.task)
         result = _current(backend, ctx, TaskResultStatus.RUNNING)
-        task_started.send(type(backend), task_result=result)
+        _send(task_started, backend, result)
         if data.takes_context:
             value = task.call(TaskContext(task_result=result), *data.args, **data.kwargs)
         else:
             value = task.call(*data.args, **data.kwargs)
-        return normalize_json(value)
+        # TypeError for a type JSON has none for (as Django's backends), UnstorableValueError
+        # for NaN, ±Infinity or NUL: the attempt fails here, before anything says it succeeded.
+        return to_jsonable(normalize_json(value), what=f"the return value of {data.task}")
 
     try:
         value = ctx.step.run(CALL_STEP, call, retry=policy)
-    except LeaseLostError:
-        raise  # another worker owns the run now (or this one is handing it back)
-    except Exception:
-        # The last attempt failed (earlier ones suspend the run instead of raising here).
+    except (LeaseLostError, Suspend, EngineUnavailable):
+        raise  # another worker owns the run now, a retry is scheduled, or the database is away
+    except BaseException as exc:
+        # The last attempt failed (earlier ones suspend the run instead of raising here). Sent
+        # inside this handler, so Django's receiver logs the exception (ERROR, with exc_info).
         if not isinstance(ctx.abort_signal.reason, LeaseLostError):
-            task_finished.send(
-                type(backend), task_result=_current(backend, ctx, TaskResultStatus.FAILED)
-            )
+            result = _current(backend, ctx, TaskResultStatus.FAILED)
+            if not isinstance(exc, Exception):
+                # SystemExit, KeyboardInterrupt: not a step failure, the run records it.
+                result.errors.append(_task_error(encode_error(exc)))
+            _send(task_finished, backend, result)
         raise
-    task_finished.send(
-        type(backend), task_result=_current(backend, ctx, TaskResultStatus.SUCCESSFUL, value)
-    )
+    _send(task_finished, backend, _current(backend, ctx, TaskResultStatus.SUCCESSFUL, value))
     return value
+
+
+def _send(signal: Signal, backend: DurableBackend, result: TaskResult) -> None:
+    """Receivers' errors are logged by Django ("django.dispatch") and change nothing: the
+    task has run (or failed) whatever a receiver does."""
+    signal.send_robust(type(backend), task_result=result)
 
 
 def _current(

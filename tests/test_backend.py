@@ -51,7 +51,13 @@ def test_the_configured_backend_is_durable_and_says_what_it_supports() -> None:
     assert backend.check() == []
 
 
-def test_enqueue_writes_a_pending_single_step_run() -> None:
+def test_enqueue_writes_a_pending_single_step_run(settings: Any) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "tasks_engine.backends.DurableBackend",
+            "QUEUES": ["default", "reports"],  # without QUEUES only "default", as in Django
+        }
+    }
     result = t.add.using(priority=7, queue_name="reports").enqueue(2, b=3)
     assert result.status == READY
     run = WorkflowRun.objects.get(pk=result.id)
@@ -245,3 +251,25 @@ def test_a_canceled_task_reads_as_failed() -> None:
     result = t.record.enqueue("never")
     assert tasks_engine.cancel(result.id) is True
     assert t.record.get_result(result.id).status == FAILED
+
+
+def test_a_failing_signal_receiver_does_not_change_the_outcome(fake_clock: FakeClock) -> None:
+    """task_started and task_finished are sent robustly in the worker: Django logs the
+    receiver's error ("django.dispatch") and the task's outcome stands."""
+    from django.tasks.signals import task_finished, task_started
+
+    def broken(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a receiver bug")
+
+    task_started.connect(broken)
+    task_finished.connect(broken)
+    try:
+        ok, bad = t.add.enqueue(2, 2), t.boom.enqueue("receiver")
+        assert sorted(drain(fake_clock)) == ["completed", "failed"]
+    finally:
+        task_started.disconnect(broken)
+        task_finished.disconnect(broken)
+    got = t.add.get_result(ok.id)
+    assert (got.status, got.return_value, got.attempts) == (SUCCESSFUL, 4, 1)
+    failed = t.boom.get_result(bad.id)
+    assert [e.exception_class for e in failed.errors] == [t.TaskBoom]
