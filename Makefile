@@ -20,15 +20,21 @@ demo: $(STAMP)
 admin: $(STAMP)
 	$(BIN)/python manage.py serveadmin
 
-# The test suite: every test on PostgreSQL, then the semantic tests again on SQLite
-# (process-level tests need PostgreSQL and are skipped there).
+# The test suite: every test on PostgreSQL, then again on SQLite (real worker processes
+# included; tests that need PostgreSQL itself -- NOTIFY latency, pg_terminate_backend, a
+# throwaway cluster -- are marked postgres_only and skip there with their reason).
 PG_URL ?= postgres://postgres@127.0.0.1:5432/umt
 SQLITE_URL ?= sqlite:///$(CURDIR)/db.sqlite3
 test: $(STAMP)
 	$(BIN)/python manage.py check
 	$(BIN)/python manage.py makemigrations --check --dry-run --noinput
+	$(MAKE) --no-print-directory test-pg test-sqlite
+
+test-pg: $(STAMP)
 	DATABASE_URL=$(PG_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
-	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest -m "not process" $(PYTEST_ARGS)
+
+test-sqlite: $(STAMP)
+	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

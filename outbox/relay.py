@@ -27,7 +27,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Concat
 
 from tasks_engine import clock
-from tasks_engine.logs import get_logger
+from tasks_engine.logs import get_logger, redact_text
 from tasks_engine.worker.dbretry import DB_ERRORS, Outage
 
 from .conf import OutboxSettings, outbox_settings
@@ -171,7 +171,9 @@ def _describe(exc: Exception) -> str:
     trace = "".join(traceback.format_exception(exc))
     if len(trace) > ERROR_TEXT_LIMIT:
         trace = "...\n" + trace[-ERROR_TEXT_LIMIT:]
-    return f"{type(exc).__name__}: {exc}\n\n{trace}"
+    # Shown in the admin: secrets redacted as in the logs; NUL (refused by jsonb/text) replaced.
+    text = redact_text(f"{type(exc).__name__}: {exc}\n\n{trace}")
+    return text.replace("\x00", "\ufffd")
 
 
 def next_due_in() -> float | None:

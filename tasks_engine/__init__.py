@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .definitions import RetryPolicy, Workflow, workflow
 from .exceptions import (
+    AtomicStepTimeoutError,
     DeadlineExceededError,
     FactTimeoutError,
     FencingError,
@@ -24,6 +25,7 @@ from .exceptions import (
 )
 
 __all__ = [
+    "AtomicStepTimeoutError",
     "DeadlineExceededError",
     "Enqueued",
     "FactTimeoutError",

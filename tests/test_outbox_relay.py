@@ -186,3 +186,11 @@ def test_tasks_prune_command_prunes_dispatched_events() -> None:
     OutboxEvent.objects.update(published_at=clock.now() - timedelta(days=10))
     call_command("tasks", "prune", "--older-than", "7")
     assert not OutboxEvent.objects.exists()
+
+
+def test_a_stored_route_error_is_redacted_like_the_logs() -> None:
+    from outbox.relay import _describe
+
+    text = _describe(ValueError("POST http://umt:hunter2@qbt.local/api failed\x00"))
+    assert "hunter2" not in text and "\x00" not in text
+    assert "umt:[redacted]@qbt.local" in text

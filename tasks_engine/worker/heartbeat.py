@@ -47,7 +47,8 @@ class Heartbeat(threading.Thread):
                         self.renew_once()
                         next_renew = time.monotonic() + w.config.heartbeat_seconds
                     sqlite_bounds.optimize_periodically(connection)  # SQLite: ANALYZE hourly
-                    outage.ok()
+                    if connection.connection is not None:  # a statement really went through
+                        outage.ok()
                 except DB_ERRORS as exc:
                     # Back off, but not past a heartbeat: leases must be renewed or given up.
                     self.stop.wait(min(outage.failed(exc), w.config.heartbeat_seconds))
