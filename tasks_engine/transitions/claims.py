@@ -123,23 +123,28 @@ class ClaimRequest:
     queues: list[str] | None
     limit: int
     lease_seconds: float
+    # Runs this worker holds (a slot still executes them): never reclaimed by their own
+    # worker, even when an outage let their lease expire; the held entry and its renewals
+    # stay with the attempt that runs.
+    held: tuple[uuid.UUID, ...] = ()
 
 
 def claim_statement(
-    req: ClaimRequest, now: datetime, *, exclude: str | None = None
+    req: ClaimRequest, now: datetime, *, exclude: list[uuid.UUID] | None = None
 ) -> tuple[str, str, list[Any]]:
     """The claim as `(ctes, update, params)`: expired leases first, then due timers, then
     pending by priority; each source reads its own partial index, so far-future sleepers and
-    finished rows cost nothing. `exclude` (a JSON array of run ids) keeps runs out of the
+    finished rows cost nothing. The runs the worker holds, and `exclude`, stay out of the
     expired source: the group commit claims in the statement that writes its own runs, and a
     row must not be updated twice in one statement."""
     filt, fparams = _filters(req.pairs, req.queues)
     lock = skip_locked()
     not_ours = (
         " AND id NOT IN (SELECT json_array_elements_text(%s::json)::uuid)"
-        if exclude is not None
-        else ""
+        if is_postgres()
+        else " AND id NOT IN (SELECT value FROM json_each(%s))"
     )
+    not_these = _ids_json([*req.held, *(exclude or ())])
     ctes = f"""
         expired AS (
             SELECT id, 0 AS src, priority, available_at FROM {RUN}
@@ -165,7 +170,7 @@ def claim_statement(
         )
         RETURNING {", ".join(CLAIM_COLUMNS)}"""
     t = p_dt(now)
-    expired_params = [t, *fparams] if exclude is None else [t, *fparams, exclude]
+    expired_params = [t, *fparams, not_these]
     params: list[Any] = [*expired_params, req.limit, t, *fparams, req.limit, t, *fparams]
     params += [req.limit, req.worker_id, p_dt(now + timedelta(seconds=req.lease_seconds)), t, t]
     params.append(req.limit)
@@ -178,11 +183,12 @@ def claim_runs(
     queues: list[str] | None,
     limit: int,
     lease_seconds: float,
+    held: tuple[uuid.UUID, ...] = (),
 ) -> list[Claimed]:
     """Claim up to `limit` runs in one statement (see `claim_statement`)."""
     if not pairs or limit <= 0:
         return []
-    req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds)
+    req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds, held)
     if is_postgres():
         ctes, update, params = claim_statement(req, clock.now())
         return claimed_from_rows(fetchall(f"WITH {ctes} {update}", params), worker_id)
@@ -190,6 +196,10 @@ def claim_runs(
         ctes, update, params = claim_statement(req, clock.now())
         # SQLite returns text for times and JSON: let Django convert them
         return _leases(list(WorkflowRun.objects.raw(f"WITH {ctes} {update}", params)), worker_id)
+
+
+def _ids_json(ids: list[uuid.UUID]) -> str:
+    return json.dumps([str(i) if is_postgres() else p_uuid(i) for i in ids])
 
 
 def claimed_from_rows(rows: list[tuple[Any, ...]], worker_id: str) -> list[Claimed]:

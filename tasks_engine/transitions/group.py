@@ -120,7 +120,8 @@ def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> 
             f"i AS (INSERT INTO {STEP} (run_id, name, kind, status, attempt, run_pass, counted,"
             f" worker_id, lease_token, started_at) SELECT sv.run_id, sv.name, 'function',"
             f" 'running', sv.attempt, sv.run_pass, TRUE, sv.worker_id, sv.token, sv.started_at"
-            f" FROM sv WHERE {start_fence.format(run=RUN, v='sv')} RETURNING id, run_id)"
+            f" FROM sv WHERE {start_fence.format(run=RUN, v='sv')}"
+            f" RETURNING id, run_id, lease_token)"
         )
     if completes:
         rows = [
@@ -150,40 +151,44 @@ def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> 
             f" lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
             f" progress = COALESCE(cv.progress, r.progress)"
             f" FROM cv WHERE {_by_key('r.id', 'cv', 'run_id')}"
-            f" AND r.lease_token = cv.token{after} RETURNING r.id)"
+            f" AND r.lease_token = cv.token{after} RETURNING r.id, cv.token)"
         )
     pad = ""
     if claim is not None:
         claim_ctes, update, claim_params = claim_statement(
-            claim, clock.now(), exclude=json_rows([w.lease.run_id for w in writes])
+            claim, clock.now(), exclude=[w.lease.run_id for w in writes]
         )
         ctes += [claim_ctes, f"k AS ({update})"]
         params += claim_params
         pad = ", NULL" * (len(CLAIM_COLUMNS) - 1)
     # The claim's rows go first: UNION resolves the padding NULLs' types from them.
-    selects = ["SELECT 'k', NULL::bigint, k.* FROM k"] if claim is not None else []
+    # Rows: (tag, step id, lease token, run id or the claimed run's columns). Results are
+    # matched to writes by (run, lease token): a stale and a fresh lease of one run may share a
+    # group, and only the fresh one's fence passes.
+    selects = ["SELECT 'k', NULL::bigint, NULL::uuid, k.* FROM k"] if claim is not None else []
     if starts:
-        selects.append(f"SELECT 'i', i.id, i.run_id{pad} FROM i")
+        selects.append(f"SELECT 'i', i.id, i.lease_token, i.run_id{pad} FROM i")
     if completes:
-        selects.append(f"SELECT 'c', NULL::bigint, c.id{pad} FROM c")
+        selects.append(f"SELECT 'c', NULL::bigint, c.token, c.id{pad} FROM c")
     if not starts and not completes:  # only deferred completions
-        selects.append(f"SELECT 'd', d.id, NULL::uuid{pad} FROM d")
+        selects.append(f"SELECT 'd', d.id, NULL::uuid, NULL::uuid{pad} FROM d")
     sql = "WITH " + ", ".join(ctes) + " " + " UNION ALL ".join(selects)
-    started: dict[uuid.UUID, int] = {}
-    completed: set[uuid.UUID] = set()
+    started: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
+    completed: set[tuple[uuid.UUID, uuid.UUID]] = set()
     claimed_rows: list[tuple[Any, ...]] = []
     for row in fetchall(sql, params):
-        tag, step_id, run_id = row[:3]
+        tag, step_id, token, run_id = row[:4]
         if tag == "i":
-            started[r_uuid(run_id)] = int(step_id)
+            started[(r_uuid(run_id), r_uuid(token))] = int(step_id)
         elif tag == "c":
-            completed.add(r_uuid(run_id))
+            completed.add((r_uuid(run_id), r_uuid(token)))
         elif tag == "k":
-            claimed_rows.append(row[2:])
+            claimed_rows.append(row[3:])
     for w in writes:
-        if w.kind == "start" and w.lease.run_id in started:
-            w.result = started[w.lease.run_id]
-        elif w.kind == "complete" and w.lease.run_id in completed:
+        key = (w.lease.run_id, w.lease.token)
+        if w.kind == "start" and key in started:
+            w.result = started[key]
+        elif w.kind == "complete" and key in completed:
             w.result = True
         elif w.kind in ("start", "complete"):
             w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")

@@ -33,6 +33,7 @@ MAX_GROUP = 64
 # doubles the writes per statement (half the statements and commits), and a lone run (every
 # executing run already waits in the group) never waits.
 GATHER_SECONDS = 0.0003
+WATCH_SECONDS = 1.0  # how often a waiting slot checks that the writer thread is alive
 
 
 class GroupCommit:
@@ -41,6 +42,7 @@ class GroupCommit:
         self.worker = worker
         self.log = worker.log
         self._slot_state = threading.local()
+        self.dead = False
 
     def start(self) -> None:
         # One committer: two (each with its own connection) measured no faster, with half-size
@@ -61,8 +63,12 @@ class GroupCommit:
             done = self._slot_state.done = threading.Event()
         done.clear()
         write.done = done
+        if self.dead:
+            raise EngineUnavailable("group commit thread died")
         self._queue.put(write)
-        done.wait()
+        while not done.wait(WATCH_SECONDS):
+            if self.dead:  # it died after this write was queued
+                raise EngineUnavailable("group commit thread died")
         if isinstance(write.error, DB_ERRORS):
             # Not the workflow's failure: the run is dropped and replayed after its lease.
             raise EngineUnavailable(str(write.error)) from write.error
@@ -97,32 +103,72 @@ class GroupCommit:
                 break
         return group
 
+    def _one_by_one(self, group: list[transitions.GroupWrite]) -> None:
+        for write in group:
+            try:
+                transitions.write_group([write])
+            except DB_ERRORS as exc:
+                self.log.error(
+                    "database refused a write; dropping its run",
+                    run_id=str(write.lease.run_id),
+                    error=str(exc).strip(),
+                )
+                write.error = exc
+
     def _commit_loop(self) -> None:
         outage = Outage(self.log, "group commit")
-        while True:
-            group = self._gather()
-            handed_over = sum(1 for w in group if w.detached)
-            claim = self.worker.reserve_for_group(handed_over)
-            claimed: list[transitions.Claimed] = []
-            try:
-                claimed = transitions.write_group(group, claim)
-                outage.ok()
-            except DB_ERRORS as exc:
+        try:
+            while True:
+                self.commit(self._gather(), outage)
+        except BaseException as exc:  # a dead writer must stop the worker, not hang its slots
+            self.log.exception("group commit thread died; stopping the worker", error=str(exc))
+            self.dead = True
+            self.worker.request_stop()
+            while True:  # fail whatever is queued: its slots drop their runs
+                try:
+                    write = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                write.error = EngineUnavailable("group commit thread died")
+                if write.done is not None:
+                    write.done.set()
+
+    def commit(self, group: list[transitions.GroupWrite], outage: Outage) -> None:
+        """Write one group (and, under a backlog, claim with it); tell each write's slot."""
+        handed_over = sum(1 for w in group if w.detached)
+        claim = self.worker.reserve_for_group(handed_over)
+        claimed: list[transitions.Claimed] = []
+        try:
+            claimed = transitions.write_group(group, claim)
+            outage.ok()
+        except DB_ERRORS as exc:
+            if len(group) > 1 and _connection_usable():
+                # The database refused a row (a constraint, a value it cannot store), not the
+                # connection: find it by writing each alone, so the others commit.
+                self._one_by_one(group)
+            else:
                 outage.failed(exc)  # closes the connection; the slots see the error
                 for write in group:
                     write.error = exc
-            except Exception as exc:
-                self.log.exception("group commit failed", error=str(exc))
-                connection.close()
-                for write in group:
-                    write.error = exc
-            self.worker.after_group(claimed, claim.limit if claim else 0, handed_over)
+        except Exception as exc:
+            self.log.exception("group commit failed", error=str(exc))
+            connection.close()
             for write in group:
-                if write.done is not None:
-                    write.done.set()
-                elif write.error is not None:  # nobody waits for it: the run is dropped
-                    self.log.warning(
-                        "run completion not written; dropping the run",
-                        run_id=str(write.lease.run_id),
-                        error=str(write.error),
-                    )
+                write.error = exc
+        self.worker.after_group(claimed, claim.limit if claim else 0, handed_over)
+        for write in group:
+            if write.done is not None:
+                write.done.set()
+            elif write.error is not None:  # nobody waits for it: the run is dropped
+                self.log.warning(
+                    "run completion not written; dropping the run",
+                    run_id=str(write.lease.run_id),
+                    error=str(write.error),
+                )
+
+
+def _connection_usable() -> bool:
+    try:
+        return connection.connection is not None and connection.is_usable()
+    except DB_ERRORS:
+        return False

@@ -117,7 +117,7 @@ class Worker:
             claimed: list[transitions.Claimed] = []
             try:
                 claimed = transitions.claim_runs(
-                    self.id, self.pairs, self.queues, free, self.config.lease_seconds
+                    self.id, self.pairs, self.queues, free, self.config.lease_seconds, self._ids()
                 )
                 outage.ok()
             except DB_ERRORS as exc:
@@ -161,8 +161,18 @@ class Worker:
             idle = max(0, self.config.concurrency + self.prefetch - self._busy)
             self._busy += idle
         return transitions.ClaimRequest(
-            self.id, self.pairs, self.queues, handed_over + idle, self.config.lease_seconds
+            self.id,
+            self.pairs,
+            self.queues,
+            handed_over + idle,
+            self.config.lease_seconds,
+            self._ids(),
         )
+
+    def _ids(self) -> tuple[uuid.UUID, ...]:
+        """Runs in this worker's slots: its claims never take them back (see ClaimRequest)."""
+        with self._lock:
+            return tuple(self._held)
 
     def after_group(
         self, claimed: list[transitions.Claimed], reserved: int, handed_over: int
@@ -232,7 +242,9 @@ class Worker:
                 # frees it or gives it to a claimed run): this thread no longer counts it.
                 handed_over = self.group is not None and self.group.took_slot()
                 with self._lock:
-                    self._held.pop(lease.run_id, None)
+                    mine = self._held.get(lease.run_id)
+                    if mine is not None and mine.lease.token == lease.token:
+                        del self._held[lease.run_id]
                     retired = lease.run_id in self._written_off
                     if retired:  # a replacement thread already took this slot
                         self._written_off.discard(lease.run_id)

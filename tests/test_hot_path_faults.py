@@ -1,0 +1,122 @@
+"""The hot path under faults: a row the database refuses, a stale and a fresh lease of one run
+in one group, a failing deferred flush, a worker that would reclaim its own run, and a dead
+group-writer thread. In-process, on the real database."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import pytest
+from django.db import OperationalError, connection
+
+import tasks_engine
+from tasks_engine import LeaseLostError, clock, transitions
+from tasks_engine.definitions import registry
+from tasks_engine.exceptions import EngineUnavailable
+from tasks_engine.models import StepAttempt, WorkflowRun
+from tasks_engine.worker.dbretry import Outage
+from tasks_engine.worker.group_commit import GroupCommit
+from tasks_engine.worker.loop import Worker, WorkerConfig
+from tests.helpers import FakeClock
+
+pytestmark = pytest.mark.django_db(transaction=True)
+PAIRS = [("bench_noop", 1)]
+
+
+@pytest.fixture
+def postgres_only() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("group commit needs data-modifying CTEs (PostgreSQL)")
+
+
+def worker() -> Worker:
+    return Worker(WorkerConfig(workflows=(registry.get("bench_noop"),), concurrency=2))
+
+
+def start(c: transitions.Claimed) -> transitions.GroupWrite:
+    return transitions.GroupWrite("start", c.lease, None, clock.now(), "noop", 1, 1)
+
+
+def test_a_row_the_database_refuses_fails_alone(postgres_only: None) -> None:
+    for _ in range(3):
+        tasks_engine.enqueue("bench_noop")
+    poisoned, healthy, other = transitions.claim_runs("w", PAIRS, None, 3, 30)
+    bad = transitions.GroupWrite("complete", poisoned.lease, None, clock.now())
+    bad.output = math.nan  # got past every check somehow: jsonb refuses it
+    good = [start(healthy), start(other)]
+    w = worker()
+    GroupCommit(w).commit([bad, *good], Outage(w.log, "test"))
+    assert bad.error is not None and bad.result is None
+    assert all(isinstance(g.result, int) and g.error is None for g in good)
+    assert (
+        StepAttempt.objects.filter(run_id__in=[healthy.lease.run_id, other.lease.run_id]).count()
+        == 2
+    )
+    assert WorkflowRun.objects.get(pk=poisoned.lease.run_id).status == "running"
+
+
+def test_a_stale_and_a_fresh_lease_of_one_run_in_one_group(
+    postgres_only: None, fake_clock: FakeClock
+) -> None:
+    tasks_engine.enqueue("bench_noop")
+    [stale] = transitions.claim_runs("w1", PAIRS, None, 1, 30)
+    fake_clock.advance(31)
+    [fresh] = transitions.claim_runs("w2", PAIRS, None, 1, 30)
+    assert stale.lease.run_id == fresh.lease.run_id
+    writes = [start(stale), start(fresh)]
+    transitions.write_group(writes)
+    assert isinstance(writes[0].error, LeaseLostError) and writes[0].result is None
+    assert isinstance(writes[1].result, int) and writes[1].error is None
+    [step] = StepAttempt.objects.filter(run_id=fresh.lease.run_id)
+    assert step.lease_token == fresh.lease.token
+
+
+def test_a_worker_never_reclaims_a_run_its_slot_still_executes(fake_clock: FakeClock) -> None:
+    tasks_engine.enqueue("bench_noop")
+    [mine] = transitions.claim_runs("w1", PAIRS, None, 1, 30)
+    fake_clock.advance(31)  # an outage let the lease expire while the slot still runs it
+    held = (mine.lease.run_id,)
+    assert transitions.claim_runs("w1", PAIRS, None, 1, 30, held) == []
+    [other] = transitions.claim_runs("w2", PAIRS, None, 1, 30)  # another worker may
+    assert other.lease.run_id == mine.lease.run_id
+
+
+def test_a_failing_deferred_flush_keeps_the_completion_for_the_next_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tasks_engine.enqueue("bench_noop")
+    [c] = transitions.claim_runs("w", PAIRS, None, 1, 30)
+    step = transitions.start_step(c.lease, "s", "function", 1, 1)
+    transitions.defer_step_completion(c.lease, step, {"out": 1})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(
+            transitions.steps,
+            "_close_attempt",
+            lambda *a, **k: (_ for _ in ()).throw(OperationalError("connection reset")),
+        )
+        with pytest.raises(EngineUnavailable):
+            transitions.flush_deferred(c.lease)  # what the heartbeat does
+    transitions.complete_run(c.lease, "done", [])
+    attempt = StepAttempt.objects.get(pk=step)
+    assert (attempt.status, attempt.output) == ("completed", {"out": 1})
+
+
+def test_a_dead_group_writer_stops_the_worker_and_frees_its_slots(postgres_only: None) -> None:
+    tasks_engine.enqueue("bench_noop")
+    [c] = transitions.claim_runs("w", PAIRS, None, 1, 30)
+    w = worker()
+    group = GroupCommit(w)
+    entered = threading.Event()
+
+    def broken_gather() -> list[transitions.GroupWrite]:
+        entered.set()
+        raise RuntimeError("bug in the writer")
+
+    group._gather = broken_gather  # type: ignore[method-assign]
+    group.start()
+    assert entered.wait(5)
+    with pytest.raises(EngineUnavailable, match="group commit thread died"):
+        group.submit(start(c))
+    assert w.stopping.is_set()
+    assert not StepAttempt.objects.filter(run_id=c.lease.run_id).exists()
