@@ -12,7 +12,13 @@ class OutboxConfig(AppConfig):
         from django.core import checks as django_checks
         from django.utils.module_loading import autodiscover_modules
 
+        from tasks_engine.maintenance import register_pruner
+
         from . import checks
+        from .maintenance import prune_dispatched
 
         django_checks.register(checks.check_settings)
+        register_pruner(
+            "outbox_events", lambda cutoff, batch: prune_dispatched(cutoff, batch=batch)
+        )
         autodiscover_modules("outbox_routes")

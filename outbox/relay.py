@@ -28,7 +28,7 @@ from django.db.models.functions import Concat
 
 from tasks_engine import clock
 from tasks_engine.logs import get_logger, redact_text
-from tasks_engine.worker.dbretry import DB_ERRORS, Outage
+from tasks_engine.outages import DB_ERRORS, Outage
 
 from .conf import OutboxSettings, outbox_settings
 from .models import EventStatus, OutboxEvent

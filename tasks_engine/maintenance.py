@@ -1,4 +1,4 @@
-"""Pruning finished runs (and, when the outbox is installed, dispatched events).
+"""Pruning finished runs (and whatever other apps register, such as dispatched outbox events).
 
 In batches, each its own short transaction: on SQLite every engine write waits for the one
 write lock, and a single delete of a month of runs would hold it long enough for other
@@ -7,9 +7,9 @@ workers' leases to lapse (on PostgreSQL it would hold its row locks and bloat on
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from django.apps import apps
 from django.db import connection, transaction
 
 from . import clock
@@ -33,11 +33,20 @@ def prune(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> dict[str, int]:
             counts[key] += n
         if deleted["runs"] < batch:
             break
-    if apps.is_installed("outbox"):
-        from outbox.maintenance import prune_dispatched
-
-        counts["outbox_events"] = prune_dispatched(cutoff, batch=batch)
+    for name, pruner in PRUNERS.items():
+        counts[name] = pruner(cutoff, batch)
     return counts
+
+
+# Other apps' rows that expire with the same cutoff (the outbox registers its dispatched
+# events in its ready()): the engine does not know its consumers.
+PRUNERS: dict[str, Callable[[datetime, int], int]] = {}
+
+
+def register_pruner(name: str, prune: Callable[[datetime, int], int]) -> None:
+    """`prune(cutoff, batch)` deletes that app's rows older than `cutoff`, in batches, and
+    returns how many; `tasks prune` reports the count under `name`."""
+    PRUNERS[name] = prune
 
 
 def _prune_batch(cutoff: datetime, batch: int) -> dict[str, int]:

@@ -15,7 +15,7 @@ from tasks_engine import LeaseLostError, clock, transitions
 from tasks_engine.definitions import registry
 from tasks_engine.exceptions import EngineUnavailable
 from tasks_engine.models import StepAttempt, WorkflowRun
-from tasks_engine.worker.dbretry import Outage
+from tasks_engine.outages import Outage
 from tasks_engine.worker.group_commit import GroupCommit
 from tasks_engine.worker.loop import Worker, WorkerConfig
 from tests.helpers import FakeClock

@@ -23,7 +23,7 @@ from django.db import connection
 
 from .. import transitions
 from ..exceptions import EngineUnavailable
-from .dbretry import DB_ERRORS, Outage
+from ..outages import DB_ERRORS, Outage
 
 if TYPE_CHECKING:
     from .loop import Worker

@@ -12,8 +12,8 @@ from django.db import connection
 from .. import sqlite_bounds, transitions
 from ..exceptions import DeadlineExceededError, LeaseLostError, TaskCanceledError
 from ..models import WorkflowRun
+from ..outages import DB_ERRORS, Outage
 from ..serialization import encode_error
-from .dbretry import DB_ERRORS, Outage
 
 if TYPE_CHECKING:
     from .loop import Worker

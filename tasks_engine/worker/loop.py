@@ -31,7 +31,7 @@ from ..definitions import Workflow
 from ..exceptions import LeaseLostError
 from ..logs import get_logger
 from ..notify import Listener
-from .dbretry import DB_ERRORS, Outage
+from ..outages import DB_ERRORS, Outage
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat
 

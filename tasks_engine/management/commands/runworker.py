@@ -10,7 +10,7 @@ from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
 from tasks_engine.worker import Worker, WorkerConfig
 
-from ._args import (
+from ...cli import (
     OneLineErrors,
     non_negative_float,
     non_negative_int,

@@ -14,7 +14,7 @@ from tasks_engine import engine
 from tasks_engine.exceptions import IdempotencyConflict, UnknownRunError, UnknownTaskError
 from tasks_engine.states import RunStatus
 
-from ._args import OneLineErrors, _one_line, json_value, non_negative_float, positive_int
+from ...cli import OneLineErrors, _one_line, json_value, non_negative_float, positive_int
 
 
 class Command(OneLineErrors, BaseCommand):

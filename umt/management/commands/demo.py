@@ -23,7 +23,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks_engine.management.commands._args import positive_float, positive_int
+from tasks_engine.cli import positive_float, positive_int
 from tasks_engine.states import FINISHED
 from umt.acquisition import plan_acquisition, report_download_done
 from umt.models import AcquisitionPlan, LibraryItem

@@ -1,4 +1,5 @@
-"""argparse types shared by the engine's commands: bad values fail before anything is written."""
+"""argparse types for management commands (the engine's, the outbox's, UMT's): a bad value
+fails with a one-line error before anything is written."""
 
 from __future__ import annotations
 

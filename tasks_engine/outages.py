@@ -1,4 +1,5 @@
-"""Database outages: close the thread's connection, log once per outage, back off."""
+"""Database outages in long-running loops (worker threads, the outbox relay): close the
+thread's connection, log once per outage, back off."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from django.db import Error as DjangoDbError
 from django.db import connection
 
-from ..exceptions import EngineUnavailable
+from .exceptions import EngineUnavailable
 
 DB_ERRORS: tuple[type[BaseException], ...] = (DjangoDbError, EngineUnavailable)
 
