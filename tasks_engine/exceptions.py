@@ -31,6 +31,11 @@ class LeaseLostError(TasksEngineError):
     """This attempt no longer holds the run's lease; it may not write anything."""
 
 
+class WorkerStopping(LeaseLostError):
+    """The worker is stopping and gives the run up: it is handed back for another worker at
+    once, and the interrupted attempt does not count against its retries."""
+
+
 class DeadlineExceededError(NonRetryableError):
     """The run's deadline passed."""
 

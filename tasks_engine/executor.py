@@ -17,6 +17,7 @@ from .exceptions import (
     Suspend,
     TaskCanceledError,
     UnknownTaskError,
+    WorkerStopping,
 )
 from .logs import run_logger
 from .models import StepAttempt, WorkflowRun
@@ -119,6 +120,12 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
     state = ctx._state
     lease = state.lease
     reason = ctx.abort_signal.reason
+    if isinstance(reason, WorkerStopping):
+        # A graceful stop aborted the step: give the run back now rather than let it wait for
+        # its lease to expire (the abort is not the step's failure and does not count).
+        transitions.requeue_run(lease, clock.now())
+        ctx.logger.info("run handed back", why=str(reason))
+        return "handed-back"
     if isinstance(reason, LeaseLostError) or isinstance(exc, LeaseLostError):
         ctx.logger.warning("lease lost; dropping the run", error=str(reason or exc))
         return "lease-lost"

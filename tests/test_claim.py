@@ -162,3 +162,14 @@ def test_renewal_reports_cancel_and_deadline_only_when_set(fake_clock: FakeClock
     assert renewed[canceled] == transitions.Renewal(cancel_requested=True, deadline_passed=False)
     expiry = WorkflowRun.objects.get(pk=plain).available_at
     assert expiry == fake_clock.now() + timedelta(seconds=30)
+
+
+def test_a_stale_lease_is_not_renewed_beside_the_fresh_one(fake_clock: FakeClock) -> None:
+    """Found by the simulation: `id IN (...) AND lease_token IN (...)` renewed a stale lease
+    whenever the same worker also held the run's fresh one."""
+    tasks_engine.enqueue("b")
+    [stale] = claim("w", [("b", 1)], None, 1, 30)
+    fake_clock.advance(31)
+    [fresh] = claim("w", [("b", 1)], None, 1, 30)
+    renewed = transitions.renew_leases([stale, fresh], 30)
+    assert renewed[fresh.run_id].token == fresh.token  # and not the stale lease's

@@ -273,3 +273,15 @@ def test_a_stale_attempt_cannot_mark_an_op_done_after_another_took_it_over(
     with pytest.raises(FencingError):
         fencing._store_result(old.lease, "k", "stale")
     assert json.dumps(OpLedger.objects.get(op_key="k").result) == "null"
+
+
+def test_a_run_aborted_by_a_graceful_stop_is_handed_back_at_once(fake_clock: FakeClock) -> None:
+    """Found by the simulation: a step aborted at shutdown unwound as a lost lease and the run
+    waited for its lease to expire instead of going back to any worker."""
+    rid = tasks_engine.enqueue("abortable").run_id
+    c, wf, ctx = claim("abortable")
+    ctx.abort_signal.abort(tasks_engine.exceptions.WorkerStopping("worker shutting down"))
+    assert executor.execute(c.run, wf, ctx) == "handed-back"
+    r = run(rid)
+    assert (r.status, r.available_at) == ("pending", fake_clock.now())
+    assert not StepAttempt.objects.filter(run_id=rid, status="running").exists()

@@ -86,6 +86,7 @@ class Claimed:
 class Renewal:
     cancel_requested: bool
     deadline_passed: bool
+    token: uuid.UUID | None = field(default=None, compare=False)  # the lease renewed
 
 
 def _fence(*, unless_canceled: bool = False) -> str:

@@ -22,7 +22,6 @@ from ..sql import (
     p_dt,
     p_json,
     p_uuid,
-    placeholders,
     r_dt,
     r_uuid,
     skip_locked,
@@ -272,21 +271,25 @@ def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, R
     column is, and answered "cancel requested" for every renewed run."""
     if not leases:
         return {}
-    n = len(leases)
+    # (id, token) pairs: with `id IN (...) AND lease_token IN (...)`, a stale lease of a run
+    # whose fresh lease the same worker holds would look renewed too.
+    pairs = ", ".join(["(%s, %s)"] * len(leases))
     sql = f"""
         UPDATE {RUN} SET available_at = %s
-        WHERE id IN ({placeholders(n)})
-          AND lease_token IN ({placeholders(n)})
-        RETURNING id, cancel_requested_at, deadline_at
+        WHERE (id, lease_token) IN ({pairs})
+        RETURNING id, lease_token, cancel_requested_at, deadline_at
     """
     with _write_lock():
         now = clock.now()  # after the lock: a renewal that waited for it still grants a full lease
         params = [p_dt(now + timedelta(seconds=lease_seconds))]
-        params += [p_uuid(x.run_id) for x in leases] + [p_uuid(x.token) for x in leases]
+        for x in leases:
+            params += [p_uuid(x.run_id), p_uuid(x.token)]
         rows = fetchall(sql, params)
     return {
-        r_uuid(rid): Renewal(cancel is not None, deadline is not None and r_dt(deadline) <= now)
-        for rid, cancel, deadline in rows
+        r_uuid(rid): Renewal(
+            cancel is not None, deadline is not None and r_dt(deadline) <= now, r_uuid(token)
+        )
+        for rid, token, cancel, deadline in rows
     }
 
 

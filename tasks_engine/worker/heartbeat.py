@@ -82,6 +82,8 @@ class Heartbeat(threading.Thread):
         renewed = transitions.renew_leases([h.lease for h in held], w.config.lease_seconds)
         for h in held:
             r = renewed.get(h.lease.run_id)
+            if r is not None and r.token != h.lease.token:
+                r = None  # the run's fresh lease was renewed, not this stale one
             if r is not None:
                 h.renewed_at = sent
             if r is None:

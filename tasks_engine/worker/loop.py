@@ -28,7 +28,7 @@ from .. import clock, executor, transitions
 from ..conf import engine_settings
 from ..context import TaskContext
 from ..definitions import Workflow
-from ..exceptions import LeaseLostError
+from ..exceptions import LeaseLostError, WorkerStopping
 from ..logs import get_logger
 from ..notify import Listener
 from ..outages import DB_ERRORS, Outage
@@ -371,7 +371,7 @@ class Worker:
         stuck = self.held()
         if stuck:
             for h in stuck:
-                h.ctx.abort_signal.abort(LeaseLostError("worker shutting down"))
+                h.ctx.abort_signal.abort(WorkerStopping("worker shutting down"))
             end = time.monotonic() + 2.0
             while self._busy and time.monotonic() < end:
                 time.sleep(0.05)
