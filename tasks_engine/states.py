@@ -35,20 +35,23 @@ class StepKind(models.TextChoices):
 ACTIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING})
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
 
-# (from, to) -> (cause, function in transitions/ that performs it)
+# (from, to) -> (cause, the functions in transitions/ that perform it, comma-separated)
 TRANSITIONS: dict[tuple[RunStatus, RunStatus], tuple[str, str]] = {
     (RunStatus.PENDING, RunStatus.RUNNING): ("claimed by a worker", "claim_runs"),
     (RunStatus.RUNNING, RunStatus.RUNNING): ("lease expired, reclaimed", "claim_runs"),
     (RunStatus.RUNNING, RunStatus.COMPLETED): ("handler returned", "complete_run"),
     (RunStatus.RUNNING, RunStatus.FAILED): ("handler raised, no retries left", "fail_run"),
     (RunStatus.RUNNING, RunStatus.PENDING): (
-        "step or workflow retry backoff, or handed back on shutdown",
+        "step or workflow retry backoff, or handed back (shutdown, outage, busy op)",
         "requeue_run",
     ),
     (RunStatus.RUNNING, RunStatus.WAITING): ("sleep, fact wait or child wait", "park_run"),
     (RunStatus.RUNNING, RunStatus.CANCELED): ("cancel reached the worker", "cancel_running_run"),
     (RunStatus.WAITING, RunStatus.RUNNING): ("timer due (sleep, timeout, deadline)", "claim_runs"),
-    (RunStatus.WAITING, RunStatus.PENDING): ("fact signalled or child finished", "wake_run"),
+    (RunStatus.WAITING, RunStatus.PENDING): (
+        "fact signalled, or child finished",
+        "wake_run, wake_parent",
+    ),
     (RunStatus.PENDING, RunStatus.CANCELED): ("canceled before it ran", "cancel_idle_run"),
     (RunStatus.WAITING, RunStatus.CANCELED): ("canceled while waiting", "cancel_idle_run"),
 }
