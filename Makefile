@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint test-sqlite test-pg admin bench clean
+.PHONY: install demo test lint test-sqlite test-pg simulate admin bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +35,13 @@ test-pg: $(STAMP)
 
 test-sqlite: $(STAMP)
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The engine simulation, long: SIM_EXAMPLES examples (default 20,000) on each database; failing
+# examples are kept in /tmp/umt-sim-examples and replayed first next time. `make test` runs a
+# bounded budget of the same simulation (HYPOTHESIS_PROFILE=ci, 150 examples).
+simulate: $(STAMP)
+	HYPOTHESIS_PROFILE=long DATABASE_URL=$(PG_URL) $(BIN)/python -m pytest tests/simulation -s $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=long DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest tests/simulation -s $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -245,7 +245,10 @@ class StepAPI(WaitSteps):
         step_id = self._start(key, StepKind.FUNCTION, attempt_no)
         try:
             if atomic:
-                with sqlite_bounds.atomic_step(transaction.atomic(), key):
+                with (
+                    transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
+                    sqlite_bounds.atomic_step(transaction.atomic(), key),
+                ):
                     output = to_jsonable(fn())
                     transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
             else:

@@ -49,7 +49,9 @@ def with_attempt_token(
         transitions.requeue_run(lease, started.retry_at)
         raise Suspend(f"op {op_key!r} is in progress in run {started.holder}")
     result = to_jsonable(fn(OpInfo(op_key, started, lease.token)))
-    with transaction.atomic():
+    # A lost connection is an outage (the op is resumed on replay); an error of `commit`'s own
+    # writes is the caller's.
+    with transitions.outage_guard(op_key, transitions.TRANSIENT_ERRORS), transaction.atomic():
         _check_lease(lease, op_key)
         if commit is not None:
             commit(result)

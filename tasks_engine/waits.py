@@ -178,7 +178,7 @@ class WaitSteps:
         armed = rec.armed if rec is not None else None
         if armed is None:
             self._guard()  # outside the transaction: a hand-back must not roll back with it
-            with transaction.atomic():
+            with transitions.outage_guard("run_child"), transaction.atomic():
                 if transitions.lock_for_child(lease):
                     self._canceled()
                 armed = self._arm(key, StepKind.CHILD, rec, guarded=True)

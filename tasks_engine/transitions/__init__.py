@@ -16,6 +16,7 @@ Lock order: a parent's run row before its child's; a run row before its step att
 from ._common import (
     RUN,
     STEP,
+    TRANSIENT_ERRORS,
     WORK_KINDS,
     Claimed,
     DeferredCompletion,
@@ -23,6 +24,7 @@ from ._common import (
     Renewal,
     attempt_write,
     holds,
+    outage_guard,
 )
 from .claims import ClaimRequest, anything_due_before, claim_runs, create_run, renew_leases
 from .group import GroupWrite, write_group
@@ -61,6 +63,7 @@ from .waiting import (
 __all__ = [
     "RUN",
     "STEP",
+    "TRANSIENT_ERRORS",
     "WORK_KINDS",
     "ClaimRequest",
     "Claimed",
@@ -89,6 +92,7 @@ __all__ = [
     "lock_for_child",
     "lock_held_run",
     "lock_parent",
+    "outage_guard",
     "park_run",
     "park_run_unless",
     "renew_leases",

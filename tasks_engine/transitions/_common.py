@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from django.db import Error as DatabaseError
+from django.db import InterfaceError, OperationalError
 
 from .. import clock
 from ..exceptions import EngineUnavailable
@@ -108,18 +110,32 @@ def _fence_params(lease: Lease) -> list[Any]:
     return [p_uuid(lease.run_id), p_uuid(lease.token)]
 
 
+# The errors of a connection or server (not of a statement's data): in a block that also runs
+# user code, only these are outages; a constraint the user's own write breaks is the user's.
+TRANSIENT_ERRORS: tuple[type[DatabaseError], ...] = (OperationalError, InterfaceError)
+
+
+@contextlib.contextmanager
+def outage_guard(
+    what: str, errors: tuple[type[BaseException], ...] = (DatabaseError,)
+) -> Iterator[None]:
+    """A database error inside the block (its BEGIN and COMMIT included) is an outage, not the
+    workflow's failure: it becomes `EngineUnavailable`, a BaseException that unwinds user code
+    like a suspension; the worker backs off and the run is replayed."""
+    try:
+        yield
+    except errors as exc:
+        raise EngineUnavailable(f"{what}: {exc}".strip()) from exc
+
+
 def attempt_write[**P, R](fn: Callable[P, R]) -> Callable[P, R]:
-    """Marks a write (or read) an attempt makes while it runs. A database error there (a
+    """Marks a write (or read) an attempt makes while it runs: a database error there (a
     dropped connection, a deadlock, a serialization failure, a statement timeout, SQLite's
-    "database is locked") is an outage, not the workflow's failure: it becomes
-    `EngineUnavailable`, a BaseException that unwinds user code like a suspension; the worker
-    backs off and the run is replayed."""
+    "database is locked") is an outage (see `outage_guard`)."""
 
     @functools.wraps(fn)
     def write(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
+        with outage_guard(fn.__name__):
             return fn(*args, **kwargs)
-        except DatabaseError as exc:
-            raise EngineUnavailable(f"{fn.__name__}: {exc}".strip()) from exc
 
     return write

@@ -1,0 +1,295 @@
+"""What must hold of the engine's tables: after every rule, and once the simulation is driven
+to quiescence. Each check returns the violations it found, as sentences naming the run."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
+from tasks_engine.states import ACTIVE, FINISHED
+
+from .defects import known
+from .harness import SimLog
+from .workflows import EXPECT
+
+WORK_KINDS = ("function", "op")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: uuid.UUID
+    task_name: str
+    status: str
+    parent_run_id: uuid.UUID | None
+    waiting_on: str
+    cancel_requested_at: datetime | None
+    output: Any
+    error: Any
+    created_at: datetime
+
+    @property
+    def label(self) -> str:
+        return f"run {str(self.id)[:8]} ({self.task_name}, {self.status})"
+
+
+@dataclass(frozen=True)
+class StepRow:
+    id: int
+    run_id: uuid.UUID
+    name: str
+    kind: str
+    status: str
+    output: Any
+    started_at: datetime
+
+
+@dataclass(frozen=True)
+class FactRow:
+    run_id: uuid.UUID
+    name: str
+    consumed_by: str
+
+
+@dataclass
+class DbState:
+    runs: dict[uuid.UUID, RunRow]  # in creation order
+    steps: list[StepRow]
+    facts: list[FactRow]
+    _children: dict[uuid.UUID, list[RunRow]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for run in self.runs.values():
+            if run.parent_run_id is not None:
+                self._children.setdefault(run.parent_run_id, []).append(run)
+
+    def children(self, run_id: uuid.UUID) -> list[RunRow]:
+        return self._children.get(run_id, [])
+
+    def steps_of(self, run_id: uuid.UUID) -> list[StepRow]:
+        return [s for s in self.steps if s.run_id == run_id]
+
+
+def read_state() -> DbState:
+    runs = WorkflowRun.objects.order_by("created_at").values_list(
+        "id",
+        "task_name",
+        "status",
+        "parent_run_id",
+        "waiting_on",
+        "cancel_requested_at",
+        "output",
+        "error",
+        "created_at",
+    )
+    steps = StepAttempt.objects.order_by("id").values_list(
+        "id", "run_id", "name", "kind", "status", "output", "started_at"
+    )
+    facts = Fact.objects.order_by("id").values_list("run_id", "name", "consumed_by")
+    return DbState(
+        {row[0]: RunRow(*row) for row in runs},
+        [StepRow(*row) for row in steps],
+        [FactRow(*row) for row in facts],
+    )
+
+
+def snapshot() -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the engine's tables: what a write by a stale lease would change."""
+    return {
+        model.__name__: list(model.objects.order_by("pk").values_list())
+        for model in (WorkflowRun, StepAttempt, Fact, OpLedger)
+    }
+
+
+def diff(before: dict[str, list[tuple[Any, ...]]], after: dict[str, list[tuple[Any, ...]]]):
+    lines = []
+    for table, rows in after.items():
+        gone = [r for r in before[table] if r not in rows]
+        new = [r for r in rows if r not in before[table]]
+        lines += [f"  {table} was: {r}" for r in gone] + [f"  {table} now: {r}" for r in new]
+    return "\n".join(lines)
+
+
+def reset_tables() -> None:
+    with connection.cursor() as cur:
+        for model in (OpLedger, Fact, StepAttempt, WorkflowRun):
+            cur.execute(f"DELETE FROM {model._meta.db_table}")
+
+
+# -- after every rule -------------------------------------------------------------------------
+
+
+def check_attempts(state: DbState) -> list[str]:
+    """No attempt runs for a run that does not (armed waits stay running while it waits),
+    and a finished run has no open attempt."""
+    out = []
+    for s in state.steps:
+        if s.status != "running":
+            continue
+        run = state.runs[s.run_id]
+        if s.kind in WORK_KINDS and run.status != "running":
+            out.append(f"{run.label}: {s.kind} step {s.name!r} is still running")
+        elif run.status not in ACTIVE:
+            out.append(f"{run.label}: armed {s.kind} step {s.name!r} is still running")
+    return out
+
+
+def check_waits(state: DbState) -> list[str]:
+    """A waiting run waits on an armed wait that nothing has satisfied yet: no fact, child
+    result or cancel that committed is lost."""
+    out = []
+    for run in state.runs.values():
+        if run.status != "waiting":
+            continue
+        kind, _, what = run.waiting_on.partition(":")
+        armed = [s for s in state.steps_of(run.id) if s.status == "running"]
+        if run.cancel_requested_at is not None:
+            out.append(f"{run.label}: waits on {run.waiting_on!r} with its cancel requested")
+        if kind == "fact" and any(
+            f.run_id == run.id and f.name == what and not f.consumed_by for f in state.facts
+        ):
+            out.append(f"{run.label}: waits on fact {what!r} that was signalled (lost wake-up)")
+        if kind == "child":
+            child = state.runs.get(uuid.UUID(what))
+            if child is None or child.parent_run_id != run.id:
+                out.append(f"{run.label}: waits on {what}, which is not its child")
+            elif child.status in FINISHED:
+                out.append(f"{run.label}: waits on its child, which ended {child.status}")
+        wanted = {"sleep": "sleep", "fact": "fact_wait", "child": "child"}.get(kind)
+        if not any(s.kind == wanted for s in armed):
+            out.append(f"{run.label}: waits on {run.waiting_on!r} with no armed {wanted} step")
+    return out
+
+
+def check_cancels(state: DbState) -> list[str]:
+    """Canceled runs had a cancel; a cancel reaches every child (including those started
+    after it)."""
+    out = []
+    for run in state.runs.values():
+        if run.status == "canceled" and run.cancel_requested_at is None:
+            out.append(f"{run.label}: canceled without a cancel request")
+        if run.cancel_requested_at is None:
+            continue
+        for child in state.children(run.id):
+            if child.status not in FINISHED and child.cancel_requested_at is None:
+                out.append(f"{run.label}: cancel requested, child {child.label} goes on")
+    return out
+
+
+def check_steps_after_cancel(state: DbState) -> list[str]:
+    """No step, sleep, wait or child starts after the run's cancel committed."""
+    out = []
+    for run in state.runs.values():
+        if run.cancel_requested_at is None:
+            continue
+        late = [s for s in state.steps_of(run.id) if s.started_at > run.cancel_requested_at]
+        out += [f"{run.label}: {s.kind} step {s.name!r} started after its cancel" for s in late]
+    return out
+
+
+def check_outcomes(state: DbState, disrupted: Counter[uuid.UUID]) -> list[str]:
+    out = []
+    for run in state.runs.values():
+        expect = EXPECT.get(run.task_name)
+        if expect is None:
+            out.append(f"{run.label}: not a simulation workflow")
+        elif run.status == "completed":
+            if expect.must_fail or run.output not in expect.outputs:
+                out.append(f"{run.label}: completed with {run.output!r}")
+        elif run.status == "failed":
+            why = failure_not_allowed(run, state, disrupted)
+            if why:
+                out.append(f"{run.label}: {why}")
+    return out
+
+
+def failure_not_allowed(run: RunRow, state: DbState, disrupted: Counter[uuid.UUID]) -> str:
+    """Why this failure is an engine defect ('' when the workflow's own failure explains it).
+    A run may fail as its workflow means to; a step interrupted (crash, lost lease) more times
+    than its retry budget allows fails it; a parent fails when its child was canceled."""
+    expect = EXPECT[run.task_name]
+    error = run.error or {}
+    kind, message = str(error.get("type", "")), str(error.get("message", ""))
+    if kind in expect.fails_with or (expect.must_fail and not expect.fails_with):
+        return ""
+    family = [run, *state.children(run.id)]
+    if kind.endswith(".StepFailedError") and "interrupted" in message:
+        if any(disrupted[r.id] for r in family) or known("outage-counts-as-crash"):
+            return ""
+        return f"failed, interrupted by nothing but database errors: {message}"
+    if run.task_name == "sim-parent-retry" and kind.endswith(".ChildFlake"):
+        # Its retry started a new child, which flaked because the first one never ran (it
+        # was canceled, say): the retry budget is spent. With one child, the retry got the
+        # failed child back instead of running it again.
+        if len(state.children(run.id)) >= 2:
+            return ""
+        return f"failed with the child's first failure, never rerun: {message}"
+    if known("db-error-fails-run") and "simulated database outage" in message:
+        return ""
+    if kind.endswith(".TaskCanceledError") and any(
+        c.status == "canceled" for c in state.children(run.id)
+    ):
+        return ""
+    return f"failed with {kind}: {message}"
+
+
+class CompletedSteps:
+    """A completed step attempt stays completed, with the same output."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[uuid.UUID, str, Any]] = {}
+
+    def check(self, state: DbState) -> list[str]:
+        now = {s.id: s for s in state.steps}
+        out = []
+        for sid, (run_id, name, output) in self.seen.items():
+            s = now.get(sid)
+            if s is None or s.status != "completed" or s.output != output:
+                out.append(f"run {str(run_id)[:8]}: completed step {name!r} changed to {s}")
+        for s in state.steps:
+            if s.status == "completed":
+                self.seen.setdefault(s.id, (s.run_id, s.name, s.output))
+        return out
+
+
+def check_log(state: DbState, log: SimLog, interrupted: Counter[uuid.UUID]) -> list[str]:
+    """Op commits happen once per op key; bodies meant to run once ran once, or once more
+    for each time their run was interrupted (a crash, a lost lease, a database error)."""
+    out = []
+    for op_key, n in Counter(key for key, _, _ in log.commits).items():
+        if n > 1:
+            out.append(f"op {op_key!r} committed its business write {n} times")
+    for run in state.runs.values():
+        for key in EXPECT[run.task_name].run_once:
+            n = log.count(run.id, key)
+            if n > 1 + interrupted[run.id]:
+                out.append(
+                    f"{run.label}: step body {key!r} ran {n} times, its run was interrupted "
+                    f"{interrupted[run.id]} times"
+                )
+    return out
+
+
+# -- at quiescence ----------------------------------------------------------------------------
+
+
+def check_quiescent(state: DbState) -> list[str]:
+    """Driven to quiescence (every wait satisfied, every timer passed), every run finished,
+    and every completed run completed each of its steps exactly once."""
+    out = []
+    for run in state.runs.values():
+        if run.status not in FINISHED:
+            out.append(f"{run.label}: did not finish (waiting_on={run.waiting_on!r})")
+            continue
+        if run.status != "completed":
+            continue
+        completed = Counter(s.name for s in state.steps_of(run.id) if s.status == "completed")
+        for key in EXPECT[run.task_name].steps:
+            if completed[key] != 1:
+                out.append(f"{run.label}: step {key!r} completed {completed[key]} times")
+    return out

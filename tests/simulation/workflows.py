@@ -1,0 +1,238 @@
+"""The simulation's workflows (`sim-...`) and what each must end with.
+
+They are registered only while the simulation runs (`registered()`), so the rest of the suite
+never sees them. Every step body logs its start in the side-effect log and stops there (the
+step is in flight) until the machine releases it; its result is the previous result plus its
+own name, so a completed run's output says which steps ran, in which order, with which facts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from tasks_engine import FactTimeoutError, NonRetryableError, RetryPolicy, TaskContext
+from tasks_engine.definitions import Workflow, registry, workflow
+
+from . import harness
+
+FACT = "go"
+FACT_PAYLOAD = "!"
+SLEEP_SECONDS = 10.0
+FACT_TIMEOUT_SECONDS = 20.0
+STEP_RETRY = RetryPolicy(max_attempts=3, initial_interval=1.0, max_interval=4.0)
+
+
+class SimFailure(NonRetryableError):
+    """A workflow's deliberate failure."""
+
+
+class ChildFlake(Exception):
+    """A child's deliberate first failure: retryable at the parent's workflow level."""
+
+
+class SimInput(BaseModel):
+    atomic: bool = False  # step "b" is atomic=True
+    honor_abort: bool = False  # bodies raise on ctx.abort_signal after their stop
+    op: str = ""  # op key of sim-op; empty: one of its own
+    bad: str = "nan"  # sim-bad-value: nan | inf | nul | set
+
+
+class ChildOnceInput(BaseModel):
+    parent: str
+
+
+# -- step bodies ------------------------------------------------------------------------------
+
+
+def step(ctx: TaskContext, key: str, prev: str = "", *, atomic: bool = False) -> str:
+    honor_abort = bool(getattr(ctx.input, "honor_abort", False))
+
+    def body() -> str:
+        harness.executed(ctx, key)
+        if honor_abort:
+            ctx.raise_if_canceled()
+        return prev + key
+
+    return str(ctx.step.run(key, body, atomic=atomic))
+
+
+def _op_body(ctx: TaskContext, op_key: str) -> str:
+    harness.op_executed(ctx, op_key)
+    return "op"
+
+
+def _flaky_body(ctx: TaskContext) -> str:
+    harness.executed(ctx, "a")
+    if harness.LOG.count(ctx.run_id, "a") == 1:
+        raise ValueError("the first try of a flaky step fails")
+    return "a"
+
+
+def _boom(ctx: TaskContext) -> None:
+    harness.executed(ctx, "boom")
+    raise SimFailure("deliberate failure")
+
+
+def _child_once_body(ctx: TaskContext) -> str:
+    harness.executed(ctx, "a")
+    parent = ctx.input.parent
+    if parent not in harness.LOG.flaked_children:
+        harness.LOG.flaked_children.add(parent)
+        raise ChildFlake(f"first child of {parent} fails")
+    return "a"
+
+
+BAD_VALUES: dict[str, Callable[[], Any]] = {
+    "nan": lambda: float("nan"),
+    "inf": lambda: float("inf"),
+    "nul": lambda: "a\x00b",
+    "set": lambda: {1, 2},
+}
+
+
+def _bad_body(ctx: TaskContext) -> Any:
+    harness.executed(ctx, "a")
+    return BAD_VALUES[ctx.input.bad]()
+
+
+# -- workflows --------------------------------------------------------------------------------
+
+
+def sim_steps(ctx: TaskContext) -> str:
+    a = step(ctx, "a")
+    b = step(ctx, "b", a, atomic=ctx.input.atomic)
+    return step(ctx, "c", b)
+
+
+def sim_sleep(ctx: TaskContext) -> str:
+    a = step(ctx, "a")
+    ctx.step.sleep("nap", SLEEP_SECONDS)
+    return step(ctx, "b", a)
+
+
+def sim_fact(ctx: TaskContext) -> str:
+    a = step(ctx, "a")
+    got = ctx.step.wait_for_fact(FACT)
+    return step(ctx, "b", a + str(got))
+
+
+def sim_fact_timeout(ctx: TaskContext) -> str:
+    a = step(ctx, "a")
+    try:
+        got = str(ctx.step.wait_for_fact(FACT, timeout=FACT_TIMEOUT_SECONDS))
+    except FactTimeoutError:
+        got = "T"
+    return step(ctx, "b", a + got)
+
+
+def sim_parent(ctx: TaskContext) -> str:
+    a = step(ctx, "a")
+    kid = ctx.step.run_child("sim-steps", {}, name="kid")
+    return step(ctx, "b", a + str(kid))
+
+
+def sim_op(ctx: TaskContext) -> str:
+    a = step(ctx, "a")
+    op_key = ctx.input.op or f"op-{ctx.run_id}"
+    result = ctx.with_attempt_token(
+        op_key,
+        lambda info: _op_body(ctx, op_key),
+        commit=lambda result: harness.op_committed(ctx, op_key),
+    )
+    return step(ctx, "b", a + str(result))
+
+
+def sim_flaky(ctx: TaskContext) -> str:
+    a = str(ctx.step.run("a", lambda: _flaky_body(ctx)))
+    return step(ctx, "b", a)
+
+
+def sim_fail(ctx: TaskContext) -> str:
+    step(ctx, "a")
+    ctx.step.run("boom", lambda: _boom(ctx))
+    raise AssertionError("unreachable: boom raises")
+
+
+def sim_child_once(ctx: TaskContext) -> str:
+    return str(ctx.step.run("a", lambda: _child_once_body(ctx), retry=RetryPolicy(max_attempts=1)))
+
+
+def sim_parent_retry(ctx: TaskContext) -> str:
+    kid = ctx.step.run_child("sim-child-once", {"parent": str(ctx.run_id)}, name="kid")
+    return step(ctx, "b", str(kid))
+
+
+def sim_bad_value(ctx: TaskContext) -> Any:
+    return ctx.step.run("a", lambda: _bad_body(ctx))
+
+
+# -- what each must end with ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Expect:
+    """How a run of this workflow may end (besides canceled, and besides the failures every
+    run may meet: see invariants.allowed_failure)."""
+
+    outputs: frozenset[str] = frozenset()  # completed with one of these
+    steps: tuple[str, ...] = ()  # function steps a completed run completed exactly once
+    fails_with: tuple[str, ...] = ()  # error types (qualified names) of its deliberate failures
+    must_fail: bool = False  # it never completes
+    run_once: tuple[str, ...] = ()  # step bodies that may start only once, whatever happens
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+DEFINITIONS: list[tuple[Callable[[TaskContext], Any], dict[str, Any], Expect]] = [
+    (sim_steps, {"input": SimInput}, Expect(frozenset({"abc"}), ("a", "b", "c"))),
+    (sim_sleep, {}, Expect(frozenset({"ab"}), ("a", "b"))),
+    (sim_fact, {}, Expect(frozenset({"a!b"}), ("a", "b"))),
+    (sim_fact_timeout, {}, Expect(frozenset({"a!b", "aTb"}), ("a", "b"))),
+    (sim_parent, {}, Expect(frozenset({"aabcb"}), ("a", "b"))),
+    (sim_op, {"input": SimInput}, Expect(frozenset({"aopb"}), ("a", "b"))),
+    (sim_flaky, {"step_retry": STEP_RETRY}, Expect(frozenset({"ab"}), ("a", "b"))),
+    (sim_fail, {}, Expect(fails_with=(_name(SimFailure),), must_fail=True, run_once=("boom",))),
+    (
+        sim_child_once,
+        {"input": ChildOnceInput},
+        Expect(frozenset({"a"}), ("a",), fails_with=(_name(ChildFlake),)),
+    ),
+    (
+        sim_parent_retry,
+        {"retry": RetryPolicy(max_attempts=2, initial_interval=1.0)},
+        Expect(frozenset({"ab"}), ("b",)),
+    ),
+    (sim_bad_value, {"input": SimInput}, Expect(must_fail=True, run_once=("a",))),
+]
+
+
+def _task_name(fn: Callable[..., Any]) -> str:
+    return fn.__name__.replace("_", "-")
+
+
+EXPECT: dict[str, Expect] = {_task_name(fn): expect for fn, _, expect in DEFINITIONS}
+_WORKFLOWS: list[Workflow] = []
+
+
+@contextlib.contextmanager
+def registered() -> Iterator[list[tuple[str, int]]]:
+    """Register the sim workflows for the duration; yields their (name, version) pairs."""
+    if not _WORKFLOWS:
+        for fn, options, _ in DEFINITIONS:
+            wf = workflow(fn, name=_task_name(fn), **options)
+            registry.unregister(wf.name, wf.version)
+            _WORKFLOWS.append(wf)
+    for wf in _WORKFLOWS:
+        registry.register(wf)
+    try:
+        yield sorted((wf.name, wf.version) for wf in _WORKFLOWS)
+    finally:
+        for wf in _WORKFLOWS:
+            registry.unregister(wf.name, wf.version)
