@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from pydantic import ValidationError
 
 import tasks_engine
@@ -285,3 +285,26 @@ def test_a_run_aborted_by_a_graceful_stop_is_handed_back_at_once(fake_clock: Fak
     r = run(rid)
     assert (r.status, r.available_at) == ("pending", fake_clock.now())
     assert not StepAttempt.objects.filter(run_id=rid, status="running").exists()
+
+
+def test_a_failing_begin_around_a_child_start_is_an_outage(fake_clock: FakeClock) -> None:
+    """Found by the simulation (SQLite): the transaction run_child opens failed at BEGIN
+    IMMEDIATE ("database is locked"), outside every engine write, and failed the parent."""
+    if connection.vendor != "sqlite":
+        pytest.skip("PostgreSQL sends no BEGIN statement of its own (psycopg begins implicitly)")
+    rid = tasks_engine.enqueue("parent", {"value": 1}).run_id
+    c, wf, ctx = claim("parent")
+    failed: list[str] = []
+
+    def locked(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not failed and (sql.startswith("BEGIN") or "cancel_requested_at FROM" in sql):
+            failed.append(sql)
+            raise OperationalError("database is locked")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(locked), pytest.raises(EngineUnavailable):
+        executor.execute(c.run, wf, ctx)
+    assert failed and run(rid).status == "running"
+    transitions.requeue_run(c.lease, fake_clock.now())
+    drain(fake_clock)
+    assert run(rid).status == "completed"
