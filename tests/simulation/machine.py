@@ -295,7 +295,7 @@ class EngineSimulation(RuleBasedStateMachine):
         for attempt in held:
             assert attempt.ctx is not None
             renewal = renewed.get(attempt.run_id)
-            if renewal is None:
+            if renewal is None or renewal.token not in (None, attempt.token):
                 attempt.lost = True
                 attempt.ctx.abort_signal.abort(LeaseLostError(f"run {attempt.run_id}: lost"))
             elif renewal.cancel_requested:
