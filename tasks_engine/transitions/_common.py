@@ -20,6 +20,7 @@ from ..exceptions import EngineUnavailable
 from ..models import StepAttempt, WorkflowRun
 from ..sql import (
     fetchall,
+    is_postgres,
     p_uuid,
     share_lock,
 )
@@ -98,12 +99,21 @@ def _fence(*, unless_canceled: bool = False) -> str:
     )
 
 
+def held_row(lease: Lease, column: str = "1", lock: str = "") -> tuple[Any, ...] | None:
+    """The run's row (one column of it) if this attempt still holds the run, else None. `lock`
+    (" FOR UPDATE" or " FOR SHARE") applies on PostgreSQL; SQLite has one writer."""
+    rows = fetchall(
+        f"SELECT {column} FROM {RUN} WHERE id = %s AND lease_token = %s"
+        + (lock if is_postgres() else ""),
+        _fence_params(lease),
+    )
+    return rows[0] if rows else None
+
+
 def holds(lease: Lease) -> bool:
     """Whether the attempt still holds its run: after a fenced write with a further condition
     matched nothing, this tells a lost lease from the condition."""
-    return bool(
-        fetchall(f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s", _fence_params(lease))
-    )
+    return held_row(lease) is not None
 
 
 def _fence_params(lease: Lease) -> list[Any]:

@@ -12,11 +12,7 @@ from django.db import transaction
 
 from ..exceptions import LeaseLostError
 from ..models import Fact, WorkflowRun
-from ..sql import (
-    fetchall,
-    is_postgres,
-)
-from ._common import RUN, Lease, _fence_params, attempt_write
+from ._common import Lease, attempt_write, held_row
 from .outcomes import park_run
 from .steps import finish_step, flush_deferred
 
@@ -26,12 +22,7 @@ from .steps import finish_step, flush_deferred
 @attempt_write
 def lock_held_run(lease: Lease) -> bool:
     """Lock the run row if this attempt still holds it. Inside a transaction."""
-    rows = fetchall(
-        f"SELECT 1 FROM {RUN} WHERE id = %s AND lease_token = %s"
-        + (" FOR UPDATE" if is_postgres() else ""),
-        _fence_params(lease),
-    )
-    return bool(rows)
+    return held_row(lease, lock=" FOR UPDATE") is not None
 
 
 @attempt_write
@@ -105,11 +96,7 @@ def lock_for_child(lease: Lease) -> bool:
     """Before a run starts a child (inside that transaction): lock the run row if this attempt
     holds it and return whether cancel was requested. A cancel that commits first is seen here;
     one that commits later waits for this lock and then finds the child to cascade to."""
-    rows = fetchall(
-        f"SELECT cancel_requested_at FROM {RUN} WHERE id = %s AND lease_token = %s"
-        + (" FOR SHARE" if is_postgres() else ""),
-        _fence_params(lease),
-    )
-    if not rows:
+    row = held_row(lease, "cancel_requested_at", " FOR SHARE")
+    if row is None:
         raise LeaseLostError(f"run {lease.run_id}: lease lost before starting a child")
-    return rows[0][0] is not None
+    return row[0] is not None
