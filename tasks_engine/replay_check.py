@@ -107,6 +107,8 @@ def _batches(
         for run_id, op_key, result in done.values_list("run_id", "op_key", "result"):
             ops.setdefault(run_id, {})[op_key] = result
         yield runs, histories, ops
+        if len(runs) < size:
+            return
 
 
 def _replay(row: dict[str, Any], history: dict[str, StepRecord], ops: dict[str, Any]) -> str | None:

@@ -193,7 +193,7 @@ def test_default_deadline_fails_a_sleeping_run(fake_clock: FakeClock) -> None:
 @pytest.mark.parametrize("bad", [timedelta(0), timedelta(seconds=-1), 5])
 def test_invalid_workflow_deadline_is_refused(bad: object) -> None:
     with pytest.raises(ValueError):
-        tasks_engine.workflow(name="bad_deadline", deadline=bad)(lambda ctx: None)
+        tasks_engine.workflow(name="bad_deadline", deadline=bad)(lambda ctx: None)  # type: ignore[arg-type]
 
 
 # -- run_child timeout ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from tasks_engine import RetryPolicy, StepTimeoutError, TaskContext, workflow
 
-from .models import SideEffect
+from .models import Marker, SideEffect
 from .workflows import effect
 
 PATCH_CODE = {"code": os.environ.get("TASKS_TEST_PATCH_CODE", "old")}
@@ -29,6 +29,7 @@ class Timed(BaseModel):
     watch: bool = True  # the body watches ctx.abort_signal (else it ignores it)
     max_attempts: int = 3
     fire_in_process: bool = False  # in-process tests play the heartbeat: fire the timer now
+    release: str = ""  # a body that ignores its abort runs until a Marker with this key exists
 
 
 def _attempts(ctx: TaskContext, key: str) -> int:
@@ -51,6 +52,9 @@ def timed_step(ctx: TaskContext) -> dict:
         if inp.watch:
             if ctx.abort_signal.wait(inp.hold):
                 raise ctx.abort_signal.reason or RuntimeError("aborted without a reason")
+        elif inp.release:
+            while not Marker.objects.filter(key=inp.release).exists():
+                time.sleep(0.05)
         else:
             end = time.monotonic() + inp.hold
             while time.monotonic() < end:
