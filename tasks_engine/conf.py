@@ -23,6 +23,9 @@ class EngineSettings:
     # SQLite only: an atomic step holds the database's only write lock while its code runs;
     # past this many seconds it is rolled back and fails (sqlite_bounds.py). None or 0: no bound.
     sqlite_atomic_step_seconds: float | None = 5.0
+    # A direct PostgreSQL URL for LISTEN when the default database goes through a transaction
+    # pooler (tasks_engine/pooler.py); None: LISTEN on the default database's parameters.
+    listen_url: str | None = None
     # False: the engine never configures structlog (the host project does; docs/logging.md).
     configure_logging: bool = True
 
@@ -56,6 +59,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         group_commit=bool(raw.get("GROUP_COMMIT", True)),
         sqlite_atomic_step_seconds=_optional_float(raw.get("SQLITE_ATOMIC_STEP_SECONDS", 5.0)),
         configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
+        listen_url=raw.get("LISTEN_URL") or None,
     )
 
 
