@@ -266,6 +266,7 @@ class Worker:
         if self.group is not None:
             lease = dataclasses.replace(lease, group=self.group)
         wf, ctx = executor.build_context(run, lease, self.draining)
+        ctx._state.timer_armed = self.heartbeat.wake.set  # it sleeps until the earliest timer
         with self._lock:
             self._held[lease.run_id] = Held(lease, ctx, renewed_at=item.at)
         if self.draining.is_set():
