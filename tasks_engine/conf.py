@@ -34,6 +34,8 @@ class EngineSettings:
         ("failed", 90.0),
         ("canceled", 30.0),
     )
+    # False: the engine never configures structlog (the host project does; docs/logging.md).
+    configure_logging: bool = True
 
     @property
     def heartbeat(self) -> float:
@@ -67,6 +69,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         dead_worker_seconds=float(raw.get("DEAD_WORKER_SECONDS", 10)),
         leader_lease_seconds=float(raw.get("LEADER_LEASE_SECONDS", 5)),
         retention_days=_retention(raw.get("RETENTION_DAYS")),
+        configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
     )
 
 
@@ -81,7 +84,12 @@ def _retention(raw: Any) -> tuple[tuple[str, float | None], ...]:
     if unknown:
         raise ValueError(f"RETENTION_DAYS: unknown status {sorted(unknown)[0]!r}")
     for status, value in raw.items():
-        days[status] = _optional_float(value)
+        try:
+            days[status] = _optional_float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"RETENTION_DAYS[{status!r}] must be a number of days or None, not {value!r}"
+            ) from None
     return tuple(days.items())
 
 
