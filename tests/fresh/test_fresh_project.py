@@ -62,11 +62,15 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 """
 
 
+# The environment of a shell outside this repository: not this test run's settings module.
+OUTSIDE_ENV = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE",)}
+
+
 def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         [str(c) for c in cmd],
         cwd=cwd,
-        env={**os.environ, **(env or {})},
+        env={**OUTSIDE_ENV, **(env or {})},
         capture_output=True,
         text=True,
         timeout=600,
