@@ -32,6 +32,9 @@ class WorkflowRun(models.Model):
     # One column, three meanings by status: pending = due time, running = lease expiry,
     # waiting = wake time (NULL: no timer). Each status has its own partial index on it.
     available_at = models.DateTimeField(null=True, blank=True)
+    # When the run was due at its latest claim (its available_at just before): the claim
+    # delay metric reads it from the claim's RETURNING, which only sees the new available_at.
+    due_at = models.DateTimeField(null=True, blank=True)
     waiting_on = models.CharField(max_length=300, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)

@@ -160,7 +160,7 @@ def claim_statement(
         )"""
     update = f"""
         UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,
-            attempts = attempts + 1, available_at = %s, waiting_on = '',
+            attempts = attempts + 1, due_at = available_at, available_at = %s, waiting_on = '',
             started_at = COALESCE(started_at, %s), updated_at = %s
         WHERE id IN (
             SELECT id FROM (
@@ -225,6 +225,7 @@ CLAIM_COLUMNS = (
     "worker_id",
     "lease_token",
     "available_at",
+    "due_at",
     "deadline_at",
     "cancel_requested_at",
     "cancel_reason",

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tasks_engine import metrics
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
 from tasks_engine.worker import Worker, WorkerConfig
@@ -14,6 +15,7 @@ from ...cli import (
     OneLineErrors,
     non_negative_float,
     non_negative_int,
+    port_number,
     positive_float,
     positive_int,
     task_ref,
@@ -75,6 +77,19 @@ class Command(OneLineErrors, BaseCommand):
         parser.add_argument(
             "--burst", action="store_true", help="exit 0 once nothing is due or in flight"
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics at http://ADDR:PORT/metrics (default: off)",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="address the metrics server listens on (default: %(default)r)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         workflows = []
@@ -103,6 +118,14 @@ class Command(OneLineErrors, BaseCommand):
             grace_seconds=opts["grace_seconds"],
             burst=opts["burst"],
         )
-        code = Worker(config).run()
+        worker = Worker(config)
+        if opts["metrics_port"] is not None:
+            addr, port = opts["metrics_addr"], opts["metrics_port"]
+            try:
+                metrics.serve(port, addr)
+            except OSError as exc:
+                raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
+            metrics.enable(slots_busy=worker.slots_busy)
+        code = worker.run()
         if code:
             raise SystemExit(code)
