@@ -25,6 +25,8 @@ class EngineSettings:
     sqlite_atomic_step_seconds: float | None = 5.0
     # The metrics view (views.metrics) requires `Authorization: Bearer <token>` when set.
     metrics_token: str | None = None
+    # False: the engine never configures structlog (the host project does; docs/logging.md).
+    configure_logging: bool = True
 
     @property
     def heartbeat(self) -> float:
@@ -56,6 +58,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         group_commit=bool(raw.get("GROUP_COMMIT", True)),
         sqlite_atomic_step_seconds=_optional_float(raw.get("SQLITE_ATOMIC_STEP_SECONDS", 5.0)),
         metrics_token=raw.get("METRICS_TOKEN") or None,
+        configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
     )
 
 
