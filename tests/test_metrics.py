@@ -41,10 +41,13 @@ def test_a_worker_serves_its_counters_over_http(workers) -> None:
     for n in range(3):
         tasks_engine.enqueue("three_steps", {"n": n})
     tasks_engine.enqueue("fatal")
+    tasks_engine.enqueue("observe_fact_timeout")  # stays waiting: the leader's gauge counts it
     port = _free_port()
     w = workers("--metrics-port", str(port), "--concurrency", "2", "--poll-interval", "0.1")
     wait_for(
-        lambda: WorkflowRun.objects.filter(status__in=["completed", "failed"]).count() == 4,
+        lambda: (
+            WorkflowRun.objects.filter(status__in=["completed", "failed", "waiting"]).count() == 5
+        ),
         what="runs finished",
     )
 
@@ -60,11 +63,34 @@ def test_a_worker_serves_its_counters_over_http(workers) -> None:
     assert _value(text, 'tasks_steps_total{kind="function",status="failed",task="fatal"}') == 1
     assert _value(text, 'tasks_step_duration_seconds_count{task="three_steps"}') == 9
     assert _value(text, 'tasks_step_duration_seconds_bucket{le="+Inf",task="three_steps"}') == 9
-    assert _value(text, 'tasks_claim_delay_seconds_count{queue="default"}') == 4
+    assert _value(text, 'tasks_claim_delay_seconds_count{queue="default"}') == 5
     assert _value(text, "tasks_worker_slots_busy") == 0
-    assert "# TYPE tasks_runs gauge" in text
+    # the only worker is the maintenance leader: its metrics-run-counts service sets the gauge
+    wait_for(
+        lambda: _value(_scrape(port), 'tasks_runs{queue="default",status="waiting"}') == 1,
+        what="the leader's tasks_runs gauge",
+    )
     w.send(15)
     assert w.wait(30) == 0
+
+
+@pytest.mark.process
+@pytest.mark.django_db(transaction=True)
+def test_supervised_workers_serve_on_consecutive_ports(workers) -> None:
+    port = _free_port()
+    w = workers("--processes", "2", "--metrics-port", str(port), "--poll-interval", "0.2")
+    for p in (port, port + 1):
+        text = wait_for(lambda p=p: _try_scrape(p), what=f"metrics on port {p}")
+        assert "# TYPE tasks_runs_finished_total counter" in text
+    w.send(15)
+    assert w.wait(60) == 0
+
+
+def _try_scrape(port: int) -> str | None:
+    try:
+        return _scrape(port)
+    except OSError:
+        return None
 
 
 @pytest.mark.django_db

@@ -56,6 +56,7 @@ class Heartbeat(threading.Thread):
                     if kicked or time.monotonic() >= next_renew:
                         self.renew_once()
                         next_renew = time.monotonic() + w.config.heartbeat_seconds
+                    w.registration.beat_if_due(time.monotonic())  # the worker row (workers.py)
                     sqlite_bounds.optimize_periodically(connection)  # SQLite: ANALYZE hourly
                     if connection.connection is not None:  # a statement really went through
                         outage.ok()

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tasks_engine import metrics
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
-from tasks_engine.worker import Worker, WorkerConfig
+from tasks_engine.worker import Worker, WorkerConfig, supervisor
 
 from ...cli import (
     OneLineErrors,
@@ -78,11 +78,20 @@ class Command(OneLineErrors, BaseCommand):
             "--burst", action="store_true", help="exit 0 once nothing is due or in flight"
         )
         parser.add_argument(
+            "--processes",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="run N worker processes under a supervisor that restarts a crashed one and "
+            "forwards SIGTERM/SIGINT to all (default: %(default)r, one worker, no supervisor)",
+        )
+        parser.add_argument(
             "--metrics-port",
             type=port_number,
             default=None,
             metavar="PORT",
-            help="serve Prometheus metrics at http://ADDR:PORT/metrics (default: off)",
+            help="serve Prometheus metrics at http://ADDR:PORT/metrics; with --processes N, "
+            "worker k of N serves on PORT+k-1 (default: off)",
         )
         parser.add_argument(
             "--metrics-addr",
@@ -118,14 +127,22 @@ class Command(OneLineErrors, BaseCommand):
             grace_seconds=opts["grace_seconds"],
             burst=opts["burst"],
         )
-        worker = Worker(config)
-        if opts["metrics_port"] is not None:
-            addr, port = opts["metrics_addr"], opts["metrics_port"]
-            try:
-                metrics.serve(port, addr)
-            except OSError as exc:
-                raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
-            metrics.enable(slots_busy=worker.slots_busy)
-        code = worker.run()
+        if opts["processes"] > 1 and not supervisor.is_child():
+            code = supervisor.Supervisor(opts["processes"], burst=opts["burst"]).run()
+        else:
+            worker = Worker(config)
+            if opts["metrics_port"] is not None:
+                serve_metrics(worker, opts["metrics_addr"], opts["metrics_port"])
+            code = worker.run()
         if code:
             raise SystemExit(code)
+
+
+def serve_metrics(worker: Worker, addr: str, port: int) -> None:
+    """Serve this worker's metrics; a supervised worker k (1-based) serves on port + k - 1."""
+    port += max(0, supervisor.child_index() - 1)
+    try:
+        metrics.serve(port, addr)
+    except (OSError, OverflowError) as exc:
+        raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
+    metrics.enable(slots_busy=worker.slots_busy)
