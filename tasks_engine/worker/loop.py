@@ -24,7 +24,7 @@ from typing import Any
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from .. import clock, executor, transitions
+from .. import clock, executor, flow, transitions
 from ..conf import engine_settings
 from ..context import TaskContext
 from ..definitions import Workflow
@@ -116,6 +116,7 @@ class Worker:
                 continue
             claimed: list[transitions.Claimed] = []
             try:
+                flow.refresh()
                 claimed = transitions.claim_runs(
                     self.id, self.pairs, self.queues, free, self.config.lease_seconds, self._ids()
                 )
