@@ -1,11 +1,10 @@
 """Which claims must go through flow control (docs/FLOW_CONTROL.md).
 
 A worker claims with the plain one-statement claim unless a limit can apply to what it claims:
-a limited queue among its queues, a registered workflow of its own that declares a
-concurrency key, or keyed runs in the database (a run enqueued with `concurrency_key=` for a
-workflow that declares none). The plain claim never takes keyed runs nor runs of limited
-queues, so it cannot break a limit; the guarded claim (transitions/flow_claims.py) takes
-those, and everything else along with them."""
+a limited queue among its queues, or keyed runs (this process enqueued one, or the worker's
+probe found one in the database; from then on the process stays guarded). The plain claim
+never takes keyed runs nor runs of limited queues, so it cannot break a limit; the guarded
+claim (transitions/flow_claims.py) takes those, and everything else along with them."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import threading
 import time
 
 from .conf import QueueLimits, engine_settings
-from .definitions import registry
 
 # Keyed runs exist: set by this process's keyed enqueue, or by a worker's probe (`refresh`).
 # Once set, every claim of this process is guarded.
@@ -40,13 +38,7 @@ def forget_keyed() -> None:
 
 
 def guarded(pairs: list[tuple[str, int]], queues: list[str] | None) -> bool:
-    if _keyed_seen.is_set() or limited_queues(queues):
-        return True
-    for name, version in pairs:
-        wf = registry.find(name, version)
-        if wf is not None and wf.concurrency_key is not None:
-            return True
-    return False
+    return _keyed_seen.is_set() or bool(limited_queues(queues))
 
 
 def refresh() -> None:

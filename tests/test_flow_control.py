@@ -51,7 +51,7 @@ def test_one_key_runs_one_at_a_time_in_priority_then_fifo_order() -> None:
     first = tasks_engine.enqueue("flow-disk", {"disk": "a"}).run_id
     second = tasks_engine.enqueue("flow-disk", {"disk": "a"}).run_id
     urgent = tasks_engine.enqueue("flow-disk", {"disk": "a"}, priority=5).run_id
-    order = []
+    order: list[Any] = []
     for _ in range(3):
         got = claim()
         assert len(got) == 1  # the others are held back, still pending
@@ -69,11 +69,11 @@ def test_keys_run_side_by_side_and_a_limit_of_two_admits_two() -> None:
     for _ in range(3):
         tasks_engine.enqueue("flow-pair", {})
     got = claim()
-    keys = sorted(c.run.concurrency_key for c in got)
+    keys = sorted(str(c.run.concurrency_key) for c in got)
     assert keys == ["disk:a", "disk:b", "pair", "pair"]
     assert claim() == []  # every key is at its limit
     finish(got)
-    assert sorted(c.run.concurrency_key for c in claim()) == ["disk:a", "disk:b", "pair"]
+    assert sorted(str(c.run.concurrency_key) for c in claim()) == ["disk:a", "disk:b", "pair"]
 
 
 def test_unkeyed_runs_are_not_held_back_by_a_full_key() -> None:
@@ -211,7 +211,7 @@ def test_bad_keys_and_limits_write_nothing() -> None:
     with pytest.raises(ValueError, match="concurrency_limit"):
         workflow(name="flow-bad", concurrency_key="k", concurrency_limit=0)(lambda ctx: None)
     with pytest.raises(TypeError, match="concurrency_key"):
-        workflow(name="flow-bad", concurrency_key=3)(lambda ctx: None)
+        workflow(name="flow-bad", concurrency_key=3)(lambda ctx: None)  # type: ignore[arg-type]
 
 
 def test_unlimited_unkeyed_claims_stay_one_plain_statement() -> None:

@@ -11,12 +11,13 @@ from django.db import connection
 from django.db.models import Count
 
 import tasks_engine
-from tasks_engine import flow, transitions
+from tasks_engine import transitions
 from tasks_engine.models import WorkflowRun
-from tests.test_flow_control import FLOW, finish, limit_queues
+from tests.test_flow_control import FLOW, _plain_claims_after, finish, limit_queues
 
 pytestmark = pytest.mark.django_db(transaction=True)
 THREADS = 6
+_ = _plain_claims_after  # autouse here too
 
 
 def running_by(field: str) -> dict[Any, int]:
@@ -35,7 +36,7 @@ def claim_together(rounds: int, then: Any = None) -> list[BaseException]:
                 got = transitions.claim_runs(f"w{i}", FLOW, None, 3, 600.0)
                 if then is not None:
                     then(got)
-        except BaseException as exc:  # reported by the test
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
             barrier.abort()
         finally:
@@ -62,7 +63,6 @@ def test_simultaneous_claims_never_over_admit(settings: Any) -> None:
     by_key = running_by("concurrency_key")
     assert {k: n for k, n in by_key.items() if k} == {f"disk:{d}": 1 for d in "abcd"} | {"pair": 2}
     assert running_by("queue").get("flow-io") == 3
-    flow.forget_keyed()
 
 
 def test_claiming_and_finishing_together_never_over_admit(settings: Any) -> None:
@@ -83,4 +83,3 @@ def test_claiming_and_finishing_together_never_over_admit(settings: Any) -> None
         assert all(n <= 1 for k, n in by_key.items() if k), by_key
         assert by_queue.get("flow-io", 0) <= 2, by_queue
     assert WorkflowRun.objects.exclude(status="completed").count() == 0  # all got their turn
-    flow.forget_keyed()

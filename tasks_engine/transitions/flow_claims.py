@@ -24,7 +24,17 @@ from django.db import transaction
 from .. import clock, flow
 from ..conf import QueueLimits
 from ..models import QueueClaim
-from ..sql import execute, fetchall, is_postgres, p_dt, p_uuid, placeholders, r_dt, r_uuid, skip_locked
+from ..sql import (
+    execute,
+    fetchall,
+    is_postgres,
+    p_dt,
+    p_uuid,
+    placeholders,
+    r_dt,
+    r_uuid,
+    skip_locked,
+)
 from ._common import RUN, Claimed
 from .claims import (
     CLAIM_COLUMNS,
