@@ -33,6 +33,8 @@ class EngineSettings:
     # past this many seconds it is rolled back and fails (sqlite_bounds.py). None or 0: no bound.
     sqlite_atomic_step_seconds: float | None = 5.0
     queues: dict[str, QueueLimits] = field(default_factory=dict)
+    # False: the engine never configures structlog (the host project does; docs/logging.md).
+    configure_logging: bool = True
 
     @property
     def heartbeat(self) -> float:
@@ -64,6 +66,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         group_commit=bool(raw.get("GROUP_COMMIT", True)),
         sqlite_atomic_step_seconds=_optional_float(raw.get("SQLITE_ATOMIC_STEP_SECONDS", 5.0)),
         queues=parse_queues(queues_setting(raw)),
+        configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
     )
 
 

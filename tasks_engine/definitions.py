@@ -6,6 +6,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -81,6 +82,7 @@ class Workflow:
     # Flow control: a string, or a callable of the validated input returning one.
     concurrency_key: str | Callable[[Any], str] | None = None
     concurrency_limit: int = 1
+    deadline: timedelta | None = None  # default deadline_at = created + deadline
 
     @property
     def key(self) -> str:
@@ -193,8 +195,10 @@ def workflow(
     priority: int = 0,
     concurrency_key: str | Callable[[Any], str] | None = None,
     concurrency_limit: int = 1,
+    deadline: timedelta | None = None,
 ) -> Any:
-    """Register a workflow. Usable bare (`@workflow`) or with arguments."""
+    """Register a workflow. Usable bare (`@workflow`) or with arguments. `deadline`: runs
+    enqueued without a `deadline_at` get created + deadline."""
     if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
         raise TypeError("workflow input must be a pydantic BaseModel subclass")
     if version < 1:
@@ -207,6 +211,8 @@ def workflow(
         raise TypeError("concurrency_limit must be an integer")
     if concurrency_limit < 1:
         raise ValueError("concurrency_limit must be >= 1")
+    if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
+        raise ValueError(f"workflow deadline must be a positive timedelta, got {deadline!r}")
 
     def wrap(f: Callable[[TaskContext], Any]) -> Workflow:
         wf = Workflow(
@@ -220,6 +226,7 @@ def workflow(
             priority=priority,
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
+            deadline=deadline,
         )
         return registry.register(wf)
 

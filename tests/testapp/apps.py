@@ -12,5 +12,6 @@ class TestAppConfig(AppConfig):
             flow_workflows,
             promise_workflows,
             sqlite_workflows,
+            timeout_workflows,
             wait_workflows,
         )
