@@ -113,7 +113,8 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
 def _candidate_keys(req: ClaimRequest, now: datetime) -> list[tuple[str, int]]:
     """(key, limit) of every key with a claimable run and room, best head first. The pending
     keys come from a loose scan of the keyed index, one probe per key however many runs it
-    holds back; the limit is the head run's."""
+    holds back; the limit is the head run's. (The head's columns are read by primary key, one
+    subquery each: a join could be planned as a scan of the table in the generic plan.)"""
     filt, fparams = _filters(req.pairs, req.queues)
     t = p_dt(now)
     sql = f"""
@@ -135,8 +136,10 @@ def _candidate_keys(req: ClaimRequest, now: datetime) -> list[tuple[str, int]]:
         SELECT k, lim, src, priority, available_at, (SELECT COUNT(*) FROM {RUN}
             WHERE status = 'running' AND concurrency_key = c.k) AS running
         FROM (
-            SELECT heads.k, h.concurrency_limit AS lim, 2 AS src, h.priority, h.available_at
-            FROM heads JOIN {RUN} h ON h.id = heads.head
+            SELECT k, (SELECT concurrency_limit FROM {RUN} WHERE id = head) AS lim, 2 AS src,
+                (SELECT priority FROM {RUN} WHERE id = head),
+                (SELECT available_at FROM {RUN} WHERE id = head)
+            FROM heads WHERE head IS NOT NULL
             UNION ALL
             SELECT concurrency_key, concurrency_limit, 1, priority, available_at FROM {RUN}
             WHERE status = 'waiting' AND available_at <= %s AND concurrency_key IS NOT NULL{filt}
