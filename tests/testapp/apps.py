@@ -10,6 +10,7 @@ class TestAppConfig(AppConfig):
         from . import (  # noqa: F401 - workflows in more modules
             bench_workflows,
             flow_workflows,
+            leader_probe,
             promise_workflows,
             sqlite_workflows,
             timeout_workflows,

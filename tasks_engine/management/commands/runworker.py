@@ -6,9 +6,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tasks_engine.checks import worker_checks
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
-from tasks_engine.worker import Worker, WorkerConfig
+from tasks_engine.worker import Worker, WorkerConfig, supervisor
 
 from ...cli import (
     OneLineErrors,
@@ -75,8 +76,20 @@ class Command(OneLineErrors, BaseCommand):
         parser.add_argument(
             "--burst", action="store_true", help="exit 0 once nothing is due or in flight"
         )
+        parser.add_argument(
+            "--processes",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="run N worker processes under a supervisor that restarts a crashed one and "
+            "forwards SIGTERM/SIGINT to all (default: %(default)r, one worker, no supervisor)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        for found in worker_checks(opts["queue"], opts.get("processes") or 1):
+            if found.is_serious():
+                raise CommandError(found.msg)
+            self.stderr.write(f"warning: {found.msg} ({found.id})")
         workflows = []
         if opts["task"]:
             for name, version in opts["task"]:
@@ -103,6 +116,9 @@ class Command(OneLineErrors, BaseCommand):
             grace_seconds=opts["grace_seconds"],
             burst=opts["burst"],
         )
-        code = Worker(config).run()
+        if opts["processes"] > 1 and not supervisor.is_child():
+            code = supervisor.Supervisor(opts["processes"], burst=opts["burst"]).run()
+        else:
+            code = Worker(config).run()
         if code:
             raise SystemExit(code)
