@@ -137,8 +137,8 @@ def _candidate_keys(req: ClaimRequest, now: datetime) -> list[tuple[str, int]]:
             WHERE status = 'running' AND concurrency_key = c.k) AS running
         FROM (
             SELECT k, (SELECT concurrency_limit FROM {RUN} WHERE id = head) AS lim, 2 AS src,
-                (SELECT priority FROM {RUN} WHERE id = head),
-                (SELECT available_at FROM {RUN} WHERE id = head)
+                (SELECT priority FROM {RUN} WHERE id = head) AS priority,
+                (SELECT available_at FROM {RUN} WHERE id = head) AS available_at
             FROM heads WHERE head IS NOT NULL
             UNION ALL
             SELECT concurrency_key, concurrency_limit, 1, priority, available_at FROM {RUN}
