@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import socket
 import urllib.request
@@ -80,7 +81,7 @@ def test_supervised_workers_serve_on_consecutive_ports(workers) -> None:
     port = _free_port()
     w = workers("--processes", "2", "--metrics-port", str(port), "--poll-interval", "0.2")
     for p in (port, port + 1):
-        text = wait_for(lambda p=p: _try_scrape(p), what=f"metrics on port {p}")
+        text = wait_for(functools.partial(_try_scrape, p), what=f"metrics on port {p}")
         assert "# TYPE tasks_runs_finished_total counter" in text
     w.send(15)
     assert w.wait(60) == 0
