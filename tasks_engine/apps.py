@@ -18,3 +18,7 @@ class TasksEngineConfig(AppConfig):
         # SQLite: planner statistics, so the claim reads its partial indexes (sqlite_bounds.py)
         post_migrate.connect(sqlite_bounds.analyze_after_migrate, sender=self, weak=False)
         autodiscover_modules("workflows")
+
+        from . import schedules, services
+
+        services.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)

@@ -78,6 +78,10 @@ class Workflow:
     step_retry: RetryPolicy = DEFAULT_STEP_RETRY
     priority: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    # A cron expression: the workflow runs on it, under its own name, with input {}
+    # (tasks_engine/schedules/). Checked by `manage.py check`, not here.
+    schedule: str | None = None
+    schedule_timezone: str = "UTC"
 
     @property
     def key(self) -> str:
@@ -172,6 +176,8 @@ def workflow(
     retry: RetryPolicy | None = None,
     step_retry: RetryPolicy | None = None,
     priority: int = 0,
+    schedule: str | None = None,
+    schedule_timezone: str = "UTC",
 ) -> Any:
     """Register a workflow. Usable bare (`@workflow`) or with arguments."""
     if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
@@ -189,6 +195,8 @@ def workflow(
             retry=retry or DEFAULT_WORKFLOW_RETRY,
             step_retry=step_retry or DEFAULT_STEP_RETRY,
             priority=priority,
+            schedule=schedule,
+            schedule_timezone=schedule_timezone,
         )
         return registry.register(wf)
 
