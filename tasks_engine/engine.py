@@ -152,7 +152,7 @@ def enqueue(
         input_hash=digest,
         trace_id=trace_id or uuid.uuid4().hex,
         available_at=available_at,
-        deadline_at=deadline_at,
+        deadline_at=deadline_at if deadline_at is not None else _default_deadline(wf),
         parent_run_id=parent_run_id,
         parent_step=parent_step,
     )
@@ -162,6 +162,10 @@ def enqueue(
         assert found is not None
         return found
     return Enqueued(run_id, False)
+
+
+def _default_deadline(wf: Workflow) -> datetime | None:
+    return clock.now() + wf.deadline if wf.deadline is not None else None
 
 
 def _existing(task_name: str, key: str, digest: str) -> Enqueued | None:

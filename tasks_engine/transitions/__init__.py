@@ -58,6 +58,7 @@ from .waiting import (
     lock_held_run,
     park_run_unless,
     take_fact,
+    time_out_child,
 )
 
 __all__ = [
@@ -101,6 +102,7 @@ __all__ = [
     "set_progress",
     "start_step",
     "take_fact",
+    "time_out_child",
     "wake_parent",
     "wake_run",
     "write_group",

@@ -11,5 +11,6 @@ class TestAppConfig(AppConfig):
             bench_workflows,
             promise_workflows,
             sqlite_workflows,
+            timeout_workflows,
             wait_workflows,
         )

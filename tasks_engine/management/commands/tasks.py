@@ -1,9 +1,11 @@
-"""manage.py tasks enqueue | signal | cancel | inspect | list | prune | schedules | schedule."""
+"""manage.py tasks enqueue | signal | cancel | inspect | list | prune | replay-check |
+schedules | schedule."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +19,7 @@ from tasks_engine.exceptions import (
     UnknownScheduleError,
     UnknownTaskError,
 )
+from tasks_engine.models import WorkflowRun
 from tasks_engine.states import RunStatus
 
 from ...cli import OneLineErrors, _one_line, json_value, non_negative_float, positive_int
@@ -80,10 +83,18 @@ class Command(OneLineErrors, BaseCommand):
         p.add_argument("schedule", metavar="NAME", help="schedule name")
         p.add_argument("--json", action="store_true", help="print JSON")
 
+        p = add(
+            "replay-check",
+            "replay every unfinished run's history against this code (no step runs, nothing is"
+            " written); list the runs that no longer match, exit 1 if any",
+        )
+        p.add_argument("--task", help="only runs of this workflow")
+        p.add_argument("--json", action="store_true", help="print a JSON array of mismatches")
+
     def handle(self, *args: Any, **opts: Any) -> None:
         action = opts["action"]
         try:
-            result = getattr(self, f"do_{action}")(opts)
+            result = getattr(self, f"do_{action.replace('-', '_')}")(opts)
         except (
             UnknownRunError,
             UnknownTaskError,
@@ -99,6 +110,9 @@ class Command(OneLineErrors, BaseCommand):
             self.stdout.write(json.dumps(result["json"], indent=None, default=str))
         else:
             self.stdout.write(result["text"])
+        if result.get("exit"):
+            self.stdout.flush()
+            sys.exit(result["exit"])
 
     def do_enqueue(self, o: dict[str, Any]) -> dict[str, Any]:
         name, _, version = o["name"].partition("@")
@@ -186,3 +200,24 @@ class Command(OneLineErrors, BaseCommand):
             f"{state} {name}" if changed else f"{name} was {'already' if pause else 'not'} paused"
         )
         return {"json": {"name": name, "paused": pause, "changed": changed}, "text": text}
+
+    def do_replay_check(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine import replay_check
+        from tasks_engine.definitions import registry
+
+        task = o["task"]
+        known = task is None or any(n == task for n, _ in registry.pairs())
+        if not known and not WorkflowRun.objects.filter(task_name=task).exists():
+            raise UnknownTaskError(f"unknown task {task!r}")
+        checked, found = replay_check.check(task)
+        lines = [f"{m.run_id}  {m.task}@{m.version}: {m.problem}" for m in found]
+        lines.append(
+            f"{len(found)} of {checked} unfinished runs no longer match the code"
+            if found
+            else f"all {checked} unfinished runs match the code"
+        )
+        return {
+            "json": [m.to_dict() for m in found],
+            "text": "\n".join(lines),
+            "exit": 1 if found else 0,
+        }
