@@ -94,7 +94,7 @@ def fire_if_due(spec: ScheduleSpec, now: datetime) -> str | None:
             return None  # paused meanwhile, or another caller fired this slot
         assert row.next_fire_at is not None
         slot = spec.cron.latest_at_or_before(now, not_before=row.next_fire_at)
-        outcome = _enqueue(spec, row, slot)
+        outcome = _enqueue(spec, row, slot, now)
         row.last_slot_at, row.last_fired_at = slot, now
         row.next_fire_at = spec.cron.next_after(slot)
         row.updated_at = now
@@ -102,8 +102,9 @@ def fire_if_due(spec: ScheduleSpec, now: datetime) -> str | None:
     return outcome
 
 
-def _enqueue(spec: ScheduleSpec, row: Schedule, slot: datetime) -> str:
-    log = get_logger(schedule=spec.name, slot=slot.isoformat())
+def _enqueue(spec: ScheduleSpec, row: Schedule, slot: datetime, now: datetime) -> str:
+    # `at`: the round's time, from which the slot was chosen (the latest due at `at`).
+    log = get_logger(schedule=spec.name, slot=slot.isoformat(), at=now.isoformat())
     if row.next_fire_at is not None and slot != row.next_fire_at:
         log.info("schedule_missed_slots", first_missed=row.next_fire_at.isoformat())
     key = idempotency_key(spec.name, slot)
