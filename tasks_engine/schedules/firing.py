@@ -103,19 +103,27 @@ def fire_if_due(spec: ScheduleSpec, now: datetime) -> str | None:
 
 
 def _enqueue(spec: ScheduleSpec, row: Schedule, slot: datetime, now: datetime) -> str:
-    # `at`: the round's time, from which the slot was chosen (the latest due at `at`).
+    # Logged once committed: a fire rolled back (an outage, a kill) was not a fire. `at` is
+    # the round's time, at which `slot` was the latest due.
     log = get_logger(schedule=spec.name, slot=slot.isoformat(), at=now.isoformat())
-    if row.next_fire_at is not None and slot != row.next_fire_at:
-        log.info("schedule_missed_slots", first_missed=row.next_fire_at.isoformat())
+    first_due = row.next_fire_at
     key = idempotency_key(spec.name, slot)
     try:
         res = enqueue(spec.task, spec.input, idempotency_key=key)
     except (UnknownTaskError, ValidationError, IdempotencyConflict) as exc:
         # The definition is broken (manage.py check says so): this slot is given up, not
         # retried every second; the next one tries again.
-        row.last_error = f"{key}: {type(exc).__name__}: {exc}"[:2000]
-        log.error("schedule_fire_failed", error=row.last_error)
+        row.last_error = error = f"{key}: {type(exc).__name__}: {exc}"[:2000]
+        transaction.on_commit(lambda: log.error("schedule_fire_failed", error=error))
         return "failed"
     row.last_run_id, row.last_error = res.run_id, ""
-    log.info("schedule_fired", run_id=str(res.run_id), deduplicated=res.deduplicated)
+    missed = first_due.isoformat() if first_due is not None and first_due != slot else None
+    transaction.on_commit(
+        lambda: log.info(
+            "schedule_fired",
+            run_id=str(res.run_id),
+            deduplicated=res.deduplicated,
+            first_missed_slot=missed,
+        )
+    )
     return "fired"

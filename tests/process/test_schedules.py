@@ -40,11 +40,15 @@ def run_slots() -> list[datetime]:
 
 
 def fires(w: WorkerProcess) -> list[dict[str, Any]]:
-    """The worker's `schedule_fired` log events (JSON lines)."""
+    """The worker's `schedule_fired` log events (JSON lines, written once the fire
+    committed; a SIGKILL may cut the last line short)."""
     found = []
     for line in w.log().splitlines():
         if line.startswith("{") and '"schedule_fired"' in line:
-            event = json.loads(line)
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
             if event.get("event") == "schedule_fired":
                 found.append(event)
     return found
@@ -79,7 +83,11 @@ def test_one_run_per_slot_across_a_leader_killed_between_two_slots(workers) -> N
     assert not [e for e in events if e["deduplicated"]]
     slots = [datetime.fromisoformat(e["slot"]) for e in events]
     assert slots == sorted(set(slots))
-    assert run_slots() == slots
+    # A run can exist without its line only for a fire committed just as its process was
+    # killed: the slot after that process's last logged one.
+    unlogged = set(run_slots()) - set(slots)
+    last = {CRON.next_after(datetime.fromisoformat(fires(w)[-1]["slot"])) for w in (old, new)}
+    assert set(slots) <= set(run_slots()) and unlogged <= last, unlogged
     # Only one process fired at a time: the first leader, then the new one.
     spans = [(fires(w)[0]["at"], fires(w)[-1]["at"]) for w in (old, new)]
     assert spans[0][1] < spans[1][0]
