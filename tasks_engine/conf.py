@@ -44,6 +44,8 @@ class EngineSettings:
         ("failed", 90.0),
         ("canceled", 30.0),
     )
+    # The metrics view (views.metrics) requires `Authorization: Bearer <token>` when set.
+    metrics_token: str | None = None
     # A direct PostgreSQL URL for LISTEN when the default database goes through a transaction
     # pooler (tasks_engine/pooler.py); None: LISTEN on the default database's parameters.
     listen_url: str | None = None
@@ -83,6 +85,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         dead_worker_seconds=float(raw.get("DEAD_WORKER_SECONDS", 10)),
         leader_lease_seconds=float(raw.get("LEADER_LEASE_SECONDS", 5)),
         retention_days=_retention(raw.get("RETENTION_DAYS")),
+        metrics_token=raw.get("METRICS_TOKEN") or None,
         configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
         listen_url=raw.get("LISTEN_URL") or None,
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import clock, notify, transitions
+from . import clock, notify, tracing, transitions
 from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError
 from .models import Fact, StepAttempt, WorkflowRun
@@ -155,7 +155,7 @@ def enqueue(
         input=data,
         idempotency_key=idempotency_key,
         input_hash=digest,
-        trace_id=trace_id or uuid.uuid4().hex,
+        trace_id=trace_id or tracing.new_trace_id(),
         available_at=available_at,
         deadline_at=deadline_at if deadline_at is not None else _default_deadline(wf),
         parent_run_id=parent_run_id,

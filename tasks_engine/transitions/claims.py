@@ -182,7 +182,7 @@ def claim_update() -> str:
     """What a claim writes to each run it takes (the plain and the guarded claim alike)."""
     return (
         f"UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,"
-        " attempts = attempts + 1, available_at = %s, waiting_on = '',"
+        " attempts = attempts + 1, due_at = available_at, available_at = %s, waiting_on = '',"
         " started_at = COALESCE(started_at, %s), updated_at = %s"
     )
 
@@ -252,6 +252,7 @@ CLAIM_COLUMNS = (
     "worker_id",
     "lease_token",
     "available_at",
+    "due_at",
     "deadline_at",
     "cancel_requested_at",
     "cancel_reason",

@@ -11,6 +11,7 @@ class TestAppConfig(AppConfig):
             bench_workflows,
             flow_workflows,
             leader_probe,
+            observe_workflows,
             promise_workflows,
             sqlite_workflows,
             timeout_workflows,
