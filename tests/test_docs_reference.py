@@ -113,7 +113,12 @@ def test_documented_settings_are_exactly_the_ones_read() -> None:
     cells = first_cells(section("Settings"))
     engine = {m[1] for c in cells if (m := re.fullmatch(r'TASKS_ENGINE\["([A-Z_]+)"\]', c))}
     outbox = {m[1] for c in cells if (m := re.fullmatch(r'OUTBOX\["([A-Z_]+)"\]', c))}
-    assert engine == read_settings("tasks_engine/conf.py")
+    schedules = (ROOT / "tasks_engine" / "schedules" / "specs.py").read_text()
+    read = read_settings("tasks_engine/conf.py") | set(
+        re.findall(r'"TASKS_ENGINE", None\) or \{\}\)\.get\("([A-Z_]+)"\)', schedules)
+    )
+    assert "SCHEDULES" in read
+    assert engine == read
     assert outbox == read_settings("outbox/conf.py")
 
 
@@ -122,6 +127,9 @@ def test_documented_check_ids_are_exactly_the_ones_emitted() -> None:
     emitted = set()
     for path in [*Path(ROOT, "tasks_engine").glob("*.py"), *Path(ROOT, "outbox").glob("*.py")]:
         emitted |= set(re.findall(r'id="((?:tasks_engine|outbox)\.[EW]\d+)"', path.read_text()))
+    from tasks_engine.schedules.specs import CODES
+
+    emitted |= {f"tasks_engine.{code}" for code in CODES.values()}
     assert documented == emitted
 
 
