@@ -108,6 +108,7 @@ class RunState:
     has_parent: bool = False
     progress: dict[str, Any] | None = None
     progress_dirty: bool = False
+    current_step: str = ""  # the step whose function runs now (the op ledger's step column)
 
 
 class TaskContext:
@@ -243,6 +244,7 @@ class StepAPI(WaitSteps):
             self._remember(key, StepKind.FUNCTION, _att(0, "failed", run_pass, error=error))
             raise exc
         step_id = self._start(key, StepKind.FUNCTION, attempt_no)
+        self._s.current_step = key
         try:
             if atomic:
                 with (
