@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import base64
 import io
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import override_settings
 
 import tasks_engine
 from tasks_engine.models import Fact, OpLedger
@@ -121,3 +124,38 @@ def test_the_op_ledger_names_each_ops_step(media: Path, fake_clock: FakeClock) -
     drain(fake_clock)
     ops = dict(OpLedger.objects.filter(run_id=rid(plan)).values_list("op_key", "step_name"))
     assert ops == {f"submit:{plan.pk}": "submit-download", f"umt:copy:plan:{plan.pk}": "copy-file"}
+
+
+@pytest.fixture
+def small_library(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs of its own as the library (the machine's disks are never filled)."""
+    lib = tmp_path / "small-library"
+    lib.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(lib)], check=True)
+    try:
+        yield lib
+    finally:
+        subprocess.run(["umount", "-l", str(lib)], check=True)
+
+
+def test_a_full_library_disk_fails_the_plan_and_leaves_no_partial_file(
+    media: Path, small_library: Path, fake_clock: FakeClock
+) -> None:
+    plan = started()
+    drain(fake_clock)
+    source = media / "downloads" / "Sintel (2010).mkv"
+    write(source, 3 * 1024 * 1024)
+    with override_settings(
+        UMT={"LIBRARY_DIR": str(small_library), "DOWNLOADS_DIR": str(media / "downloads")}
+    ):
+        tasks_engine.signal(rid(plan), "download-done", {"content_path": str(source)})
+        drain(fake_clock)
+    run = tasks_engine.get_run(rid(plan))
+    assert run is not None and run.status == "failed"
+    copies = [s.status for s in run.steps if s.name == "copy-file"]
+    assert copies == ["failed", "failed", "failed"]  # the file steps' 3 attempts
+    plan.refresh_from_db()
+    assert plan.status == "failed" and "No space left" in plan.failure
+    assert [p for p in small_library.rglob("*") if p.is_file()] == []
+    assert not LibraryItem.objects.exists()
+    assert source.exists()  # the only copy of the download is kept
