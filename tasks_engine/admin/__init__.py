@@ -25,13 +25,14 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
-from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
+from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from ..states import RunStatus
 from . import stats as admin_stats
 from .cancel import CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .paging import CappedPaginator, RunPaginator
 from .run_page import elapsed, humanize_seconds, run_page
+from .workers import WorkerAdmin, fleet_summary, warn_if_unserved
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
@@ -213,6 +214,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
             "status_bars": admin_stats.status_bars(counts),
             "throughput": admin_stats.throughput(),
             "current_status": current,
+            **fleet_summary(),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra)
@@ -233,6 +235,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
             return HttpResponseRedirect(reverse("admin:tasks_engine_workflowrun_changelist"))
         if not self.has_view_permission(request, run):
             raise PermissionDenied
+        warn_if_unserved(request, run)
         context = {
             **self.admin_site.each_context(request),
             **run_page(run),
@@ -341,3 +344,6 @@ def _by_run_id(queryset: QuerySet, term: str) -> QuerySet:
         return queryset.filter(run_id=uuid.UUID(term))
     except ValueError:
         return queryset.none()
+
+
+admin.site.register(Worker, WorkerAdmin)
