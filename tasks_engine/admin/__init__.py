@@ -32,7 +32,6 @@ from .cancel import CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .paging import CappedPaginator, RunPaginator
 from .run_page import elapsed, humanize_seconds, run_page
-from .workers import WorkerAdmin, fleet_summary, warn_if_unserved
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
@@ -345,5 +344,8 @@ def _by_run_id(queryset: QuerySet, term: str) -> QuerySet:
     except ValueError:
         return queryset.none()
 
+
+# Last: the workers page builds on ReadOnlyAdmin and `when` above.
+from .workers import WorkerAdmin, fleet_summary, warn_if_unserved  # noqa: E402
 
 admin.site.register(Worker, WorkerAdmin)

@@ -18,6 +18,7 @@ from django.utils.html import format_html, format_html_join
 from ..leader import current_leader
 from ..models import Worker, WorkflowRun
 from ..workers import UNFINISHED, alive_since, live_filters, served, unserved_runs
+from . import ReadOnlyAdmin, when
 
 # Per request: the leader and the liveness cutoff, read once for the whole list.
 _page = threading.local()
@@ -53,7 +54,7 @@ def runs_url(**filters: Any) -> str:
     return f"{reverse('admin:tasks_engine_workflowrun_changelist')}?{urlencode(filters)}"
 
 
-class WorkerAdmin(admin.ModelAdmin):
+class WorkerAdmin(ReadOnlyAdmin):
     list_display = (
         "id",
         "state",
@@ -70,17 +71,6 @@ class WorkerAdmin(admin.ModelAdmin):
     list_display_links = None
     ordering = ("started_at",)
     sortable_by = ()
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         running = (
@@ -134,12 +124,8 @@ class WorkerAdmin(admin.ModelAdmin):
 
     @admin.display(description="last beat")
     def beat(self, w: Worker) -> str:
-        from . import when
-
         return when(w.last_heartbeat)
 
     @admin.display(description="started")
     def started(self, w: Worker) -> str:
-        from . import when
-
         return when(w.started_at)
