@@ -125,11 +125,12 @@ def test_two_processes_running_rounds_at_once_fire_each_slot_once(tmp_path) -> N
             p.stop()
     assert codes == [0, 0], [p.log() for p in procs]
     events = [e for p in procs for e in fires(p)]
-    keys = list(
-        WorkflowRun.objects.filter(idempotency_key__startswith="schedule:sec:").values_list(
-            "idempotency_key", flat=True
-        )
-    )
+    keys = [
+        str(k)
+        for k in WorkflowRun.objects.filter(
+            idempotency_key__startswith="schedule:sec:"
+        ).values_list("idempotency_key", flat=True)
+    ]
     assert len(keys) >= 3  # (the rounds ran for a few seconds)
     assert sorted(f"schedule:sec:{e['slot']}" for e in events) == sorted(keys)
     assert not [e for e in events if e["deduplicated"]]
