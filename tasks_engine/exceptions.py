@@ -86,3 +86,7 @@ class Suspend(BaseException):
 
 class AtomicStepTimeoutError(NonRetryableError):
     """An atomic step held SQLite's write lock past SQLITE_ATOMIC_STEP_SECONDS: rolled back."""
+
+
+class UnknownScheduleError(TasksEngineError, LookupError):
+    """No schedule of that name is defined (in code or TASKS_ENGINE["SCHEDULES"])."""

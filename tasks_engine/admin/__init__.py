@@ -31,6 +31,7 @@ from . import stats as admin_stats
 from .cancel import CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .paging import CappedPaginator, RunPaginator
+from .queues import QueuesMixin
 from .run_page import elapsed, humanize_seconds, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -88,7 +89,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
+class WorkflowRunAdmin(CancelMixin, QueuesMixin, ReadOnlyAdmin):
     list_display = (
         "short_id",
         "task",
@@ -115,7 +116,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
     actions = ("cancel_selected",)
 
     def get_urls(self) -> list[Any]:
-        return self.cancel_urls() + super().get_urls()
+        return self.cancel_urls() + self.queues_urls() + super().get_urls()
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -344,6 +345,8 @@ def _by_run_id(queryset: QuerySet, term: str) -> QuerySet:
     except ValueError:
         return queryset.none()
 
+
+from . import schedules as _schedules  # noqa: E402, F401 - registers ScheduleAdmin (uses the above)
 
 # Last: the workers page builds on ReadOnlyAdmin and `when` above.
 from .workers import WorkerAdmin, fleet_summary, warn_if_unserved  # noqa: E402
