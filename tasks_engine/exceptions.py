@@ -80,3 +80,7 @@ class Suspend(BaseException):
 
 class AtomicStepTimeoutError(NonRetryableError):
     """An atomic step held SQLite's write lock past SQLITE_ATOMIC_STEP_SECONDS: rolled back."""
+
+
+class UnknownStepError(TasksEngineError, ValueError):
+    """`retry_run(from_step=...)` names no step the run recorded."""

@@ -10,6 +10,7 @@ class TestAppConfig(AppConfig):
         from . import (  # noqa: F401 - workflows in more modules
             bench_workflows,
             promise_workflows,
+            retry_workflows,
             sqlite_workflows,
             wait_workflows,
         )
