@@ -66,11 +66,20 @@ def retry_dead(ids: Iterable[int]) -> int:
 
     Events in any other status are left alone. Returns how many were revived.
     """
+    return len(revive_dead(ids))
+
+
+def revive_dead(ids: Iterable[int]) -> list[int]:
+    """`retry_dead`, returning the ids of the events it revived (for the admin's log)."""
     with transaction.atomic():
-        revived = OutboxEvent.objects.filter(pk__in=list(ids), status=EventStatus.DEAD).update(
-            status=EventStatus.PENDING, attempts=0, next_attempt_at=clock.now()
+        dead = OutboxEvent.objects.select_for_update().filter(
+            pk__in=list(ids), status=EventStatus.DEAD
         )
+        revived = list(dead.values_list("pk", flat=True))
         if revived:
+            OutboxEvent.objects.filter(pk__in=revived).update(
+                status=EventStatus.PENDING, attempts=0, next_attempt_at=clock.now()
+            )
             wake_relay()
     return revived
 

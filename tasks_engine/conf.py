@@ -23,6 +23,8 @@ class EngineSettings:
     # SQLite only: an atomic step holds the database's only write lock while its code runs;
     # past this many seconds it is rolled back and fails (sqlite_bounds.py). None or 0: no bound.
     sqlite_atomic_step_seconds: float | None = 5.0
+    # False: the engine never configures structlog (the host project does; docs/logging.md).
+    configure_logging: bool = True
 
     @property
     def heartbeat(self) -> float:
@@ -53,6 +55,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         prepared_statements=bool(raw.get("PREPARED_STATEMENTS", True)),
         group_commit=bool(raw.get("GROUP_COMMIT", True)),
         sqlite_atomic_step_seconds=_optional_float(raw.get("SQLITE_ATOMIC_STEP_SECONDS", 5.0)),
+        configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
     )
 
 

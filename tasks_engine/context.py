@@ -17,11 +17,14 @@ from .exceptions import (
     MaxStepAttemptsExceeded,
     NonDeterminismError,
     StepFailedError,
+    StepTimeoutError,
     Suspend,
     TaskCanceledError,
 )
+from .patches import PatchSteps
 from .serialization import encode_error, to_jsonable
 from .states import StepKind, StepStatus
+from .step_timeouts import StepTimer, WriteOff, timeout_seconds
 from .waits import WaitSteps
 
 if TYPE_CHECKING:
@@ -42,10 +45,19 @@ class AbortSignal:
     def wait(self, timeout: float | None = None) -> bool:
         return self._event.wait(timeout)
 
-    def abort(self, reason: BaseException) -> None:
-        if not self._event.is_set():
-            self.reason = reason
-            self._event.set()
+    def abort(self, reason: BaseException) -> bool:
+        """Set the signal (the first reason wins); whether this call set it."""
+        if self._event.is_set():
+            return False
+        self.reason = reason
+        self._event.set()
+        return True
+
+    def reset(self, reason: BaseException) -> None:
+        """Clear the signal if `reason` set it: a step timeout ends with its step."""
+        if self.reason is reason:
+            self._event.clear()
+            self.reason = None
 
 
 @dataclass
@@ -113,6 +125,8 @@ class RunState:
     has_parent: bool = False
     progress: dict[str, Any] | None = None
     progress_dirty: bool = False
+    timer: StepTimer | None = None  # the running step's timeout, fired by the heartbeat
+    patches: dict[str, bool] = field(default_factory=dict)  # ctx.patched() answers this pass
 
 
 class TaskContext:
@@ -165,6 +179,13 @@ class TaskContext:
         self._state.progress = {"done": done, "total": total, "message": message}
         self._state.progress_dirty = True
 
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the code path of change `change_id` (see
+        docs/evolving-workflows.md): True when it reaches this call with new code (a marker
+        is recorded) or replays a history holding the marker; False when its history passed
+        this point before the change existed. The same answer on every replay."""
+        return self.step.patched(change_id)
+
     def with_attempt_token(
         self, op_key: str, fn: Callable[[Any], Any], *, commit: Callable[[Any], Any] | None = None
     ) -> Any:
@@ -173,7 +194,7 @@ class TaskContext:
         return with_attempt_token(self, op_key, fn, commit=commit)
 
 
-class StepAPI(WaitSteps):
+class StepAPI(PatchSteps, WaitSteps):
     def __init__(self, ctx: TaskContext) -> None:
         self._ctx = ctx
         self._s = ctx._state
@@ -229,7 +250,9 @@ class StepAPI(WaitSteps):
         *,
         retry: RetryPolicy | None = None,
         atomic: bool = False,
+        timeout: timedelta | float | None = None,
     ) -> Any:
+        seconds = timeout_seconds(timeout)
         key = self._key(name)
         rec = self._record(key, StepKind.FUNCTION)
         found, value = self._replayed(rec)
@@ -251,20 +274,24 @@ class StepAPI(WaitSteps):
             self._remember(key, StepKind.FUNCTION, _att(0, "failed", run_pass, error=error))
             raise exc
         step_id = self._start(key, StepKind.FUNCTION, attempt_no)
+        timer = self._timer(key, step_id, seconds, policy, failures + 1) if seconds else None
         try:
             if atomic:
                 with (
                     transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
                     sqlite_bounds.atomic_step(transaction.atomic(), key),
                 ):
-                    output = to_jsonable(fn())
+                    output = self._call(fn, timer)
                     transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
             else:
-                output = to_jsonable(fn())
+                output = self._call(fn, timer)
         except (Suspend, LeaseLostError):
             raise
         except Exception as exc:
-            if self._ctx.abort_signal.aborted or isinstance(exc, TaskCanceledError):
+            timed_out = timer is not None and exc is timer.fired
+            if not timed_out and (
+                self._ctx.abort_signal.aborted or isinstance(exc, TaskCanceledError)
+            ):
                 raise  # the executor closes the attempt as the abort reason says
             self._step_failed(key, step_id, exc, policy, failures + 1)
             raise
@@ -273,12 +300,47 @@ class StepAPI(WaitSteps):
         self._remember(key, StepKind.FUNCTION, _att(step_id, "completed", run_pass, output))
         return output
 
+    def _timer(
+        self, key: str, step_id: int, seconds: float, policy: RetryPolicy, failures: int
+    ) -> StepTimer:
+        """The timer of a timed attempt, with what a write-off records (decided now, as
+        `_step_failed` would decide for a StepTimeoutError)."""
+        probe = StepTimeoutError(f"step {key!r} timed out after {seconds:g} seconds")
+        error: dict[str, Any] = dict(encode_error(probe))
+        terminal = _terminal(policy, probe, failures)
+        if terminal:
+            error["terminal"] = True
+        retry_in = None if terminal else policy.delay(failures)
+        return StepTimer(key, seconds, WriteOff(step_id, error, retry_in))
+
+    def _call(self, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
+        """Run the step's body; with a timer, the attempt fails with StepTimeoutError when the
+        timer fired first (whatever the body did), and the abort it caused ends here."""
+        if timer is None:
+            return to_jsonable(fn())
+        self._s.timer = timer
+        try:
+            value = fn()
+        except BaseException:
+            self._stop_timer(timer)
+            raise
+        self._stop_timer(timer)
+        return to_jsonable(value)
+
+    def _stop_timer(self, timer: StepTimer) -> None:
+        self._s.timer = None
+        fired = timer.stop()  # LeaseLostError if the heartbeat wrote the attempt off
+        signal = self._ctx.abort_signal
+        if fired is not None and signal.reason is fired:
+            signal.reset(fired)  # the next step (or this one's retry) must not see it
+            raise fired
+
     def _step_failed(
         self, key: str, step_id: int, exc: Exception, policy: RetryPolicy, failures: int
     ) -> None:
         error: dict[str, Any] = dict(encode_error(exc))
         run_pass = self._s.run_pass
-        if not policy.is_retryable(exc) or failures >= policy.max_attempts:
+        if _terminal(policy, exc, failures):
             error["terminal"] = True
             transitions.finish_step(self._s.lease, step_id, StepStatus.FAILED, error=error)
             self._remember(key, StepKind.FUNCTION, _att(step_id, "failed", run_pass, error=error))
@@ -293,6 +355,10 @@ class StepAPI(WaitSteps):
             failed_step=(step_id, error),
         )
         raise Suspend(f"step {key} retry in {delay}s") from exc
+
+
+def _terminal(policy: RetryPolicy, exc: BaseException, failures: int) -> bool:
+    return not policy.is_retryable(exc) or failures >= policy.max_attempts
 
 
 def _att(

@@ -6,6 +6,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -78,6 +79,7 @@ class Workflow:
     step_retry: RetryPolicy = DEFAULT_STEP_RETRY
     priority: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    deadline: timedelta | None = None  # default deadline_at = created + deadline
 
     @property
     def key(self) -> str:
@@ -172,12 +174,16 @@ def workflow(
     retry: RetryPolicy | None = None,
     step_retry: RetryPolicy | None = None,
     priority: int = 0,
+    deadline: timedelta | None = None,
 ) -> Any:
-    """Register a workflow. Usable bare (`@workflow`) or with arguments."""
+    """Register a workflow. Usable bare (`@workflow`) or with arguments. `deadline`: runs
+    enqueued without a `deadline_at` get created + deadline."""
     if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
         raise TypeError("workflow input must be a pydantic BaseModel subclass")
     if version < 1:
         raise ValueError("workflow version must be >= 1")
+    if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
+        raise ValueError(f"workflow deadline must be a positive timedelta, got {deadline!r}")
 
     def wrap(f: Callable[[TaskContext], Any]) -> Workflow:
         wf = Workflow(
@@ -189,6 +195,7 @@ def workflow(
             retry=retry or DEFAULT_WORKFLOW_RETRY,
             step_retry=step_retry or DEFAULT_STEP_RETRY,
             priority=priority,
+            deadline=deadline,
         )
         return registry.register(wf)
 

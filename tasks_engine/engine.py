@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import notify, transitions
+from . import clock, notify, transitions
 from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import Fact, StepAttempt, WorkflowRun
@@ -156,7 +156,7 @@ def enqueue(
         input_hash=digest,
         trace_id=trace_id or uuid.uuid4().hex,
         available_at=available_at,
-        deadline_at=deadline_at,
+        deadline_at=deadline_at if deadline_at is not None else _default_deadline(wf),
         parent_run_id=parent_run_id,
         parent_step=parent_step,
     )
@@ -166,6 +166,10 @@ def enqueue(
         assert found is not None
         return found
     return Enqueued(run_id, False)
+
+
+def _default_deadline(wf: Workflow) -> datetime | None:
+    return clock.now() + wf.deadline if wf.deadline is not None else None
 
 
 def _existing(task_name: str, key: str, digest: str) -> Enqueued | None:

@@ -52,6 +52,12 @@ class FactTimeoutError(TasksEngineError):
     """`wait_for_fact` timed out before a fact arrived."""
 
 
+class StepTimeoutError(TasksEngineError):
+    """A step ran past its `timeout` (its attempt fails and is retried under the step's retry
+    policy), or a child run did not finish within `run_child`'s timeout (the child is
+    canceled). Also `ctx.abort_signal.reason` while a timed-out step still runs."""
+
+
 class NonDeterminismError(NonRetryableError):
     """Replay met a recorded step of a different kind under the same name."""
 

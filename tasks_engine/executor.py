@@ -22,6 +22,7 @@ from .exceptions import (
 from .logs import run_logger
 from .models import StepAttempt, WorkflowRun
 from .serialization import encode_error, to_jsonable
+from .states import StepKind
 
 
 def load_history(run_id: Any) -> tuple[dict[str, StepRecord], int]:
@@ -119,7 +120,7 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     unreached = sorted(
         key
         for key, rec in state.history.items()
-        if key not in state.seen and rec.completed is not None
+        if key not in state.seen and rec.completed is not None and rec.kind != StepKind.PATCH
     )
     progress = state.progress if state.progress_dirty else None
     transitions.complete_run(

@@ -30,6 +30,7 @@ class StepKind(models.TextChoices):
     FACT_WAIT = "fact_wait"
     CHILD = "child"
     OP = "op"
+    PATCH = "patch"  # ctx.patched(): the marker that this run took a patched code path
 
 
 ACTIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING})

@@ -60,6 +60,7 @@ from .waiting import (
     park_run_unless,
     store_fact,
     take_fact,
+    time_out_child,
 )
 
 __all__ = [
@@ -105,6 +106,7 @@ __all__ = [
     "start_step",
     "store_fact",
     "take_fact",
+    "time_out_child",
     "wake_parent",
     "wake_run",
     "write_group",

@@ -13,8 +13,9 @@ from django.db import IntegrityError, transaction
 from .. import clock
 from ..exceptions import LeaseLostError
 from ..models import Fact, WorkflowRun
+from ..states import FINISHED
 from ._common import Lease, attempt_write, held_row
-from .outcomes import park_run
+from .outcomes import cancel_active, park_run
 from .steps import finish_step, flush_deferred
 
 # -- waiting ----------------------------------------------------------------------------------
@@ -90,6 +91,23 @@ def fact_available(run_id: uuid.UUID, fact_name: str) -> bool:
 def child_outcome(child_id: uuid.UUID) -> tuple[str, Any, Any]:
     row = WorkflowRun.objects.filter(pk=child_id).values_list("status", "output", "error").get()
     return row[0], row[1], row[2]
+
+
+@attempt_write
+def time_out_child(lease: Lease, step_id: int, child_id: uuid.UUID, error: dict[str, Any]) -> bool:
+    """`run_child`'s timeout passed: fail the wait step and cancel the child, in one
+    transaction, unless the child finished meanwhile (then False, nothing written). The
+    parent's row is locked before the child's (the lock order)."""
+    flush_deferred(lease)
+    with transaction.atomic():
+        if not lock_held_run(lease):
+            raise LeaseLostError(f"run {lease.run_id}: lease lost before a child timed out")
+        child = WorkflowRun.objects.select_for_update().filter(pk=child_id).first()
+        if child is None or child.status in FINISHED:
+            return False
+        finish_step(lease, step_id, "failed", error=error)
+        cancel_active(child, f"parent run {lease.run_id}: child timed out")
+        return True
 
 
 @attempt_write

@@ -291,7 +291,9 @@ class Worker:
             return [
                 h
                 for h in self._held.values()
-                if h.abort_deadline is not None and now >= h.abort_deadline
+                if h.abort_deadline is not None
+                and now >= h.abort_deadline
+                and h.ctx.abort_signal.aborted  # a step timeout's abort ends with its step
             ]
 
     def lose(self, held: Held, reason: BaseException) -> None:
@@ -301,8 +303,7 @@ class Worker:
 
     def abort(self, held: Held, reason: BaseException) -> None:
         """Set the run's abort signal; if its step ignores it past the grace, write it off."""
-        held.ctx.abort_signal.abort(reason)
-        if held.abort_deadline is None:
+        if held.ctx.abort_signal.abort(reason) or held.abort_deadline is None:
             held.abort_deadline = time.monotonic() + self.config.lease_seconds
 
     def write_off(self, held: Held) -> None:

@@ -12,5 +12,6 @@ class TestAppConfig(AppConfig):
             promise_workflows,
             retry_workflows,
             sqlite_workflows,
+            timeout_workflows,
             wait_workflows,
         )

@@ -1,9 +1,10 @@
-"""manage.py tasks enqueue | signal | cancel | retry | inspect | list | prune."""
+"""manage.py tasks enqueue | signal | cancel | retry | inspect | list | prune | replay-check."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from tasks_engine.exceptions import (
     UnknownStepError,
     UnknownTaskError,
 )
+from tasks_engine.models import WorkflowRun
 from tasks_engine.states import RunStatus
 
 from ...cli import OneLineErrors, _one_line, json_value, non_negative_float, positive_int
@@ -82,10 +84,18 @@ class Command(OneLineErrors, BaseCommand):
         )
         p.add_argument("--json", action="store_true", help="print JSON")
 
+        p = add(
+            "replay-check",
+            "replay every unfinished run's history against this code (no step runs, nothing is"
+            " written); list the runs that no longer match, exit 1 if any",
+        )
+        p.add_argument("--task", help="only runs of this workflow")
+        p.add_argument("--json", action="store_true", help="print a JSON array of mismatches")
+
     def handle(self, *args: Any, **opts: Any) -> None:
         action = opts["action"]
         try:
-            result = getattr(self, f"do_{action}")(opts)
+            result = getattr(self, f"do_{action.replace('-', '_')}")(opts)
         except (UnknownRunError, UnknownTaskError, UnknownStepError, IdempotencyConflict) as exc:
             raise CommandError(str(exc.args[0] if exc.args else exc)) from exc
         except ValidationError as exc:
@@ -96,6 +106,9 @@ class Command(OneLineErrors, BaseCommand):
             self.stdout.write(json.dumps(result["json"], indent=None, default=str))
         else:
             self.stdout.write(result["text"])
+        if result.get("exit"):
+            self.stdout.flush()
+            sys.exit(result["exit"])
 
     def do_enqueue(self, o: dict[str, Any]) -> dict[str, Any]:
         name, _, version = o["name"].partition("@")
@@ -177,6 +190,27 @@ class Command(OneLineErrors, BaseCommand):
         counts = maintenance.prune(timedelta(days=o["older_than"]))
         text = ", ".join(f"{k}: {v}" for k, v in counts.items())
         return {"json": counts, "text": f"pruned {text}"}
+
+    def do_replay_check(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine import replay_check
+        from tasks_engine.definitions import registry
+
+        task = o["task"]
+        known = task is None or any(n == task for n, _ in registry.pairs())
+        if not known and not WorkflowRun.objects.filter(task_name=task).exists():
+            raise UnknownTaskError(f"unknown task {task!r}")
+        checked, found = replay_check.check(task)
+        lines = [f"{m.run_id}  {m.task}@{m.version}: {m.problem}" for m in found]
+        lines.append(
+            f"{len(found)} of {checked} unfinished runs no longer match the code"
+            if found
+            else f"all {checked} unfinished runs match the code"
+        )
+        return {
+            "json": [m.to_dict() for m in found],
+            "text": "\n".join(lines),
+            "exit": 1 if found else 0,
+        }
 
 
 def _operator() -> str:
