@@ -10,6 +10,7 @@ BEGIN
     PERFORM pg_notify('tasks_engine_run_end', NEW.id::text);
     RETURN NULL;
 END $$;
+DROP TRIGGER IF EXISTS tasks_engine_run_ended ON tasks_engine_workflowrun;
 CREATE TRIGGER tasks_engine_run_ended AFTER UPDATE OF status ON tasks_engine_workflowrun
 FOR EACH ROW WHEN (NEW.awaited AND NEW.status IN ('completed', 'failed', 'canceled')
                    AND OLD.status IS DISTINCT FROM NEW.status)
