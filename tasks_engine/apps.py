@@ -14,7 +14,25 @@ class TasksEngineConfig(AppConfig):
         from . import backends, checks, logs, sql, sqlite_bounds  # noqa: F401 - checks; django_task
 
         logs.configure()
+        register_services()
         connection_created.connect(sql.prepare_engine_statements, weak=False)
         # SQLite: planner statistics, so the claim reads its partial indexes (sqlite_bounds.py)
         post_migrate.connect(sqlite_bounds.analyze_after_migrate, sender=self, weak=False)
         autodiscover_modules("workflows")
+
+
+DEAD_WORKERS_EVERY = 1.0  # seconds: a killed worker costs DEAD_WORKER_SECONDS plus about this
+RETENTION_EVERY = 300.0
+RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the next goes on
+
+
+def register_services() -> None:
+    """The engine's own maintenance services, run by the leader (leader.py)."""
+    from . import maintenance, services, workers
+
+    services.register("dead-workers", workers.reap_dead_workers, every=DEAD_WORKERS_EVERY)
+    services.register(
+        "retention",
+        lambda: maintenance.prune_expired(max_batches=RETENTION_MAX_BATCHES),
+        every=RETENTION_EVERY,
+    )

@@ -23,6 +23,17 @@ class EngineSettings:
     # SQLite only: an atomic step holds the database's only write lock while its code runs;
     # past this many seconds it is rolled back and fails (sqlite_bounds.py). None or 0: no bound.
     sqlite_atomic_step_seconds: float | None = 5.0
+    # A worker whose beat is older is dead: the leader makes its runs claimable at once.
+    dead_worker_seconds: float = 10.0
+    # The maintenance leader's lease (tasks_engine/leader.py): a leader that dies is replaced
+    # within about this long.
+    leader_lease_seconds: float = 5.0
+    # Finished runs are pruned this many days after they finished, per status (None: kept).
+    retention_days: tuple[tuple[str, float | None], ...] = (
+        ("completed", 30.0),
+        ("failed", 90.0),
+        ("canceled", 30.0),
+    )
     # False: the engine never configures structlog (the host project does; docs/logging.md).
     configure_logging: bool = True
 
@@ -55,8 +66,31 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         prepared_statements=bool(raw.get("PREPARED_STATEMENTS", True)),
         group_commit=bool(raw.get("GROUP_COMMIT", True)),
         sqlite_atomic_step_seconds=_optional_float(raw.get("SQLITE_ATOMIC_STEP_SECONDS", 5.0)),
+        dead_worker_seconds=float(raw.get("DEAD_WORKER_SECONDS", 10)),
+        leader_lease_seconds=float(raw.get("LEADER_LEASE_SECONDS", 5)),
+        retention_days=_retention(raw.get("RETENTION_DAYS")),
         configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
     )
+
+
+def _retention(raw: Any) -> tuple[tuple[str, float | None], ...]:
+    """RETENTION_DAYS: statuses it leaves out keep their default; None keeps for ever."""
+    days = dict(EngineSettings.retention_days)
+    if raw is None:
+        return tuple(days.items())
+    if not isinstance(raw, dict):
+        raise TypeError(f"RETENTION_DAYS must be a dict of status to days, not {raw!r}")
+    unknown = set(raw) - set(days)
+    if unknown:
+        raise ValueError(f"RETENTION_DAYS: unknown status {sorted(unknown)[0]!r}")
+    for status, value in raw.items():
+        try:
+            days[status] = _optional_float(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"RETENTION_DAYS[{status!r}] must be a number of days or None, not {value!r}"
+            ) from None
+    return tuple(days.items())
 
 
 def _optional_float(value: Any) -> float | None:

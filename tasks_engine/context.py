@@ -126,6 +126,7 @@ class RunState:
     progress: dict[str, Any] | None = None
     progress_dirty: bool = False
     timer: StepTimer | None = None  # the running step's timeout, fired by the heartbeat
+    timer_armed: Callable[[], None] | None = None  # tells the heartbeat a timer was armed
     patches: dict[str, bool] = field(default_factory=dict)  # ctx.patched() answers this pass
 
 
@@ -319,6 +320,8 @@ class StepAPI(PatchSteps, WaitSteps):
         if timer is None:
             return to_jsonable(fn())
         self._s.timer = timer
+        if self._s.timer_armed is not None:
+            self._s.timer_armed()
         try:
             value = fn()
         except BaseException:

@@ -216,3 +216,46 @@ class OpLedger(models.Model):
 
     def __str__(self) -> str:
         return f"{self.op_key} ({self.status})"
+
+
+class Worker(models.Model):
+    """A live `runworker` process: written by the worker itself (`tasks_engine.workers`), one
+    row per process, beating every couple of seconds; removed when it stops gracefully, or by
+    the leader's dead-worker service once its beat is older than DEAD_WORKER_SECONDS."""
+
+    id = models.CharField(
+        max_length=200, primary_key=True, help_text="host:pid:random, new per start."
+    )
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list, blank=True, help_text="Empty: every queue.")
+    tasks = models.JSONField(default=list, blank=True, help_text="NAME@VERSION it serves.")
+    concurrency = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    # On the database's clock (PostgreSQL), so beats from many hosts compare with one clock.
+    last_heartbeat = models.DateTimeField()
+    runs_held = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["started_at"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+class LeaderLease(models.Model):
+    """The maintenance leader's lease: one row per role, on the database's clock. `term` grows
+    with every election, and renewal and resignation name it, so a leader that lost its lease
+    can never extend or end its successor's (see tasks_engine/leader.py)."""
+
+    name = models.CharField(max_length=50, primary_key=True)
+    worker_id = models.CharField(max_length=200)
+    term = models.PositiveBigIntegerField()
+    elected_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "leader lease"
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.worker_id} (term {self.term})"

@@ -1,11 +1,12 @@
 """Step timeouts: the timer a timed step attempt shares with the worker's heartbeat.
 
 No thread per step: the heartbeat fires every due timer (it sleeps no longer than until the
-earliest one). Firing sets `ctx.abort_signal` with a `StepTimeoutError`; the step then fails
-with it and is retried under its retry policy. A step that ignores the abort is written off
-by the heartbeat after the grace: the attempt is recorded failed, the run requeued (the
-lease token changes, so the stuck thread can never write again), and the next pass retries
-the step or, when its retries are spent, raises the StepTimeoutError into the workflow.
+earliest one, and a step that arms a timer wakes it to recompute). Firing sets
+`ctx.abort_signal` with a `StepTimeoutError`; the step then fails with it and is retried
+under its retry policy. A step that ignores the abort is written off by the heartbeat after
+the grace: the attempt is recorded failed, the run requeued (the lease token changes, so the
+stuck thread can never write again), and the next pass retries the step or, when its
+retries are spent, raises the StepTimeoutError into the workflow.
 
 Exactly one side records the attempt's outcome: `stop()` (the step's own thread) and
 `take_write_off()` (the heartbeat) decide under one lock.

@@ -223,3 +223,32 @@ def test_replay_check_unknown_task_is_a_one_line_error(capsys) -> None:
 
     with pytest.raises(CommandError, match="unknown task 'nope'"):
         call_command("tasks", "replay-check", "--task", "nope")
+
+
+def test_replay_check_reports_removed_steps_and_input_the_model_refuses(
+    code: dict[str, str], fake_clock: FakeClock
+) -> None:
+    removed = tasks_engine.enqueue("kind_changes").run_id
+    drain(fake_clock, horizon=0)  # a, b, parked on "go"
+    StepAttempt.objects.filter(run_id=removed, name="go").update(name="gone")
+    invalid = tasks_engine.enqueue("timed_step", {"hangs": 0}).run_id
+    WorkflowRun.objects.filter(pk=invalid).update(input={"timeout": "soon"})
+    checked, found = replay_check.check()
+    problems = {m.run_id: m.problem for m in found}
+    assert checked == 2
+    assert problems[removed] == "recorded step gone no longer reached before new step 'go'"
+    assert problems[invalid].startswith("its input no longer validates: timeout:")
+
+
+def test_replay_check_reports_a_handler_returning_before_recorded_steps(
+    code: dict[str, str], fake_clock: FakeClock
+) -> None:
+    run_id = tasks_engine.enqueue("kind_changes").run_id
+    drain(fake_clock, horizon=0)
+    go = StepAttempt.objects.get(run_id=run_id, name="go")
+    StepAttempt.objects.filter(pk=go.pk).update(status="completed", output=1)
+    StepAttempt.objects.create(
+        run_id=run_id, name="zzz", status="completed", output=2, started_at=go.started_at
+    )
+    [found] = replay_check.check()[1]
+    assert found.problem == "the handler returns without reaching recorded steps zzz"

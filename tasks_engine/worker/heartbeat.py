@@ -29,12 +29,25 @@ PROGRESS_FLUSH_SECONDS = 1.0
 DEFERRED_MAX_AGE = 0.5  # seconds a finished step may wait to ride on its run's next write
 
 
+class _Kick(threading.Event):
+    """An event that also wakes the heartbeat's loop."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def set(self) -> None:
+        super().set()
+        self._wake.set()
+
+
 class Heartbeat(threading.Thread):
     def __init__(self, worker: Worker) -> None:
         super().__init__(name="tasks-heartbeat", daemon=True)
         self.worker = worker
         self.stop = threading.Event()
-        self.kick = threading.Event()  # renew now (a cancel NOTIFY arrived)
+        self.wake = threading.Event()  # run the loop now (a kick, or a step timer armed)
+        self.kick = _Kick(self.wake)  # renew now (a cancel NOTIFY arrived)
 
     def run(self) -> None:
         w = self.worker
@@ -42,9 +55,10 @@ class Heartbeat(threading.Thread):
         next_renew = time.monotonic() + w.config.heartbeat_seconds
         try:
             while not self.stop.is_set():
-                self.kick.wait(
+                self.wake.wait(
                     min(PROGRESS_FLUSH_SECONDS, w.config.heartbeat_seconds, self.next_timer())
                 )
+                self.wake.clear()
                 kicked = self.kick.is_set()
                 self.kick.clear()
                 self.abort_unrenewed()
@@ -56,6 +70,7 @@ class Heartbeat(threading.Thread):
                     if kicked or time.monotonic() >= next_renew:
                         self.renew_once()
                         next_renew = time.monotonic() + w.config.heartbeat_seconds
+                    w.registration.beat_if_due(time.monotonic())  # the worker row (workers.py)
                     sqlite_bounds.optimize_periodically(connection)  # SQLite: ANALYZE hourly
                     if connection.connection is not None:  # a statement really went through
                         outage.ok()

@@ -1,7 +1,8 @@
 """The worker loop: claim -> hand to a slot -> execute -> free the slot. Reads top to bottom.
 
 Threads: the main loop (claims), `concurrency` slot threads (each keeps its own connection),
-one heartbeat, and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
+one heartbeat (which also beats the worker's row), the maintenance leader candidate
+(leader.py), and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
 in-flight steps finish within the grace period, abort the rest, hand their runs back, exit.
 """
 
@@ -29,9 +30,11 @@ from ..conf import engine_settings
 from ..context import TaskContext
 from ..definitions import Workflow
 from ..exceptions import LeaseLostError, WorkerStopping
+from ..leader import Leader
 from ..logs import get_logger
 from ..notify import Listener
 from ..outages import DB_ERRORS, Outage
+from ..workers import Registration
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat
 
@@ -80,6 +83,8 @@ class Worker:
         self._written_off: set[uuid.UUID] = set()  # runs whose stuck slot thread was replaced
         self._signals = 0
         self.heartbeat = Heartbeat(self)
+        self.registration = Registration(self)
+        self.leader = Leader(self)
         self._batch = max(1, config.concurrency // 2)
         # Runs the group commit may claim beyond the free slots, queued for the next slot that
         # frees: a completing slot then starts its next run in the same group as its
@@ -101,6 +106,8 @@ class Worker:
             queues=self.queues or "all",
             concurrency=self.config.concurrency,
         )
+        with contextlib.suppress(*DB_ERRORS):  # else the heartbeat thread's first beat writes it
+            self.registration.beat()
         self._start_threads()
         outage = Outage(self.log, "claim")
         while not self.stopping.is_set():
@@ -266,6 +273,7 @@ class Worker:
         if self.group is not None:
             lease = dataclasses.replace(lease, group=self.group)
         wf, ctx = executor.build_context(run, lease, self.draining)
+        ctx._state.timer_armed = self.heartbeat.wake.set  # it sleeps until the earliest timer
         with self._lock:
             self._held[lease.run_id] = Held(lease, ctx, renewed_at=item.at)
         if self.draining.is_set():
@@ -339,6 +347,7 @@ class Worker:
         for _ in range(self.config.concurrency):
             self._start_slot()
         self.heartbeat.start()
+        self.leader.start()
         if connection.vendor == "postgresql" and engine_settings().notify:
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
@@ -365,6 +374,7 @@ class Worker:
 
     def _shutdown(self) -> int:
         self.draining.set()  # no new step starts; each run hands itself back at its next step
+        self.leader.stop.set()  # no service starts now; it resigns, so another worker leads at once
         self.log.info("worker stopping", in_flight=self._busy)
         deadline = time.monotonic() + self.config.grace_seconds
         while self._busy and time.monotonic() < deadline:
@@ -385,6 +395,9 @@ class Worker:
                 except DB_ERRORS:
                     pass
         self.heartbeat.stop.set()
+        self.leader.join(timeout=5.0)
+        with contextlib.suppress(*DB_ERRORS):
+            self.registration.remove()  # after the hand-back: the row no longer holds anything
         for _ in self._slots:
             self._jobs.put(None)
         connection.close()

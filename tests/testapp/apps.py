@@ -9,6 +9,7 @@ class TestAppConfig(AppConfig):
     def ready(self) -> None:
         from . import (  # noqa: F401 - workflows in more modules
             bench_workflows,
+            leader_probe,
             promise_workflows,
             retry_workflows,
             sqlite_workflows,

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
-from tasks_engine.worker import Worker, WorkerConfig
+from tasks_engine.worker import Worker, WorkerConfig, supervisor
 
 from ...cli import (
     OneLineErrors,
@@ -75,6 +75,14 @@ class Command(OneLineErrors, BaseCommand):
         parser.add_argument(
             "--burst", action="store_true", help="exit 0 once nothing is due or in flight"
         )
+        parser.add_argument(
+            "--processes",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="run N worker processes under a supervisor that restarts a crashed one and "
+            "forwards SIGTERM/SIGINT to all (default: %(default)r, one worker, no supervisor)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         workflows = []
@@ -103,6 +111,9 @@ class Command(OneLineErrors, BaseCommand):
             grace_seconds=opts["grace_seconds"],
             burst=opts["burst"],
         )
-        code = Worker(config).run()
+        if opts["processes"] > 1 and not supervisor.is_child():
+            code = supervisor.Supervisor(opts["processes"], burst=opts["burst"]).run()
+        else:
+            code = Worker(config).run()
         if code:
             raise SystemExit(code)

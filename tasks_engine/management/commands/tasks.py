@@ -1,4 +1,5 @@
-"""manage.py tasks enqueue | signal | cancel | retry | inspect | list | prune | replay-check."""
+"""manage.py tasks enqueue | signal | cancel | retry | inspect | list | prune | workers |
+replay-check."""
 
 from __future__ import annotations
 
@@ -74,14 +75,22 @@ class Command(OneLineErrors, BaseCommand):
         p.add_argument("--limit", type=positive_int, default=50, help="(default: %(default)r)")
         p.add_argument("--json", action="store_true", help="print JSON")
 
-        p = add("prune", "delete finished runs (and dispatched outbox events) older than DAYS")
+        p = add(
+            "prune",
+            "delete finished runs (and dispatched outbox events) older than DAYS, or, without "
+            "--older-than, past their retention (TASKS_ENGINE RETENTION_DAYS, OUTBOX "
+            "RETENTION_DAYS): the leader's retention service, run by hand",
+        )
         p.add_argument(
             "--older-than",
             type=non_negative_float,
-            required=True,
+            default=None,
             metavar="DAYS",
-            help="age in days",
+            help="age in days, for every finished status (default: the retention settings)",
         )
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("workers", "list worker processes, the runs they hold, and the leader")
         p.add_argument("--json", action="store_true", help="print JSON")
 
         p = add(
@@ -187,9 +196,24 @@ class Command(OneLineErrors, BaseCommand):
     def do_prune(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine import maintenance
 
-        counts = maintenance.prune(timedelta(days=o["older_than"]))
+        if o["older_than"] is None:
+            counts = maintenance.prune_expired()
+        else:
+            counts = maintenance.prune(timedelta(days=o["older_than"]))
         text = ", ".join(f"{k}: {v}" for k, v in counts.items())
         return {"json": counts, "text": f"pruned {text}"}
+
+    def do_workers(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine.workers import list_workers
+
+        views = list_workers()
+        lines = [
+            f"{v.id}  {'alive' if v.alive else 'DEAD':<5}{'  leader' if v.leader else ''}"
+            f"  runs {len(v.runs)}/{v.concurrency}  queues {','.join(v.queues) or 'all'}"
+            f"  beat {v.last_heartbeat:%H:%M:%S}  started {v.started_at:%Y-%m-%d %H:%M:%S}"
+            for v in views
+        ]
+        return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or "(no workers)"}
 
     def do_replay_check(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine import replay_check
