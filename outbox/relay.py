@@ -28,6 +28,7 @@ from django.db.models.functions import Concat
 
 from tasks_engine import clock
 from tasks_engine.logs import get_logger, redact_text
+from tasks_engine.notify import listening_possible
 from tasks_engine.outages import DB_ERRORS, Outage
 
 from .conf import OutboxSettings, outbox_settings
@@ -227,7 +228,7 @@ class Relay:
             burst=self.config.burst,
             poll_interval=self.config.poll_interval,
         )
-        if connection.vendor == "postgresql" and not self.config.burst:
+        if listening_possible() and not self.config.burst:
             relay_listener(self.wake.set, self.stopping, self.log).start()
         outage = Outage(self.log, "relay")
         while not self.stopping.is_set():

@@ -34,6 +34,9 @@ class EngineSettings:
         ("failed", 90.0),
         ("canceled", 30.0),
     )
+    # A direct PostgreSQL URL for LISTEN when the default database goes through a transaction
+    # pooler (tasks_engine/pooler.py); None: LISTEN on the default database's parameters.
+    listen_url: str | None = None
     # False: the engine never configures structlog (the host project does; docs/logging.md).
     configure_logging: bool = True
 
@@ -70,6 +73,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         leader_lease_seconds=float(raw.get("LEADER_LEASE_SECONDS", 5)),
         retention_days=_retention(raw.get("RETENTION_DAYS")),
         configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
+        listen_url=raw.get("LISTEN_URL") or None,
     )
 
 

@@ -144,12 +144,23 @@ TASKS_ENGINE = {
     "HEARTBEAT_SECONDS": None,
     "POLL_INTERVAL": env.float("TASKS_POLL_INTERVAL", default=1.0),
     "MAX_STEP_ATTEMPTS_PER_RUN": 1000,
-    "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
-    "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
-    "GROUP_COMMIT": env.bool("TASKS_GROUP_COMMIT", default=True),
     # SQLite: an atomic step holding the only write lock longer is rolled back (0: no bound).
     "SQLITE_ATOMIC_STEP_SECONDS": env.float("TASKS_SQLITE_ATOMIC_STEP_SECONDS", default=5.0),
 }
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # PostgreSQL-only settings (manage.py check warns about them on SQLite, which ignores them).
+    TASKS_ENGINE |= {
+        "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
+        "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
+        "GROUP_COMMIT": env.bool("TASKS_GROUP_COMMIT", default=True),
+    }
+    # Behind PgBouncer in transaction mode (docs/operations/poolers.md): Django's own switch
+    # for transaction pooling, no prepared statements, LISTEN on a direct URL (or polling).
+    if env.bool("DATABASE_TRANSACTION_POOLER", default=False):
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+        TASKS_ENGINE["PREPARED_STATEMENTS"] = env.bool("TASKS_PREPARED_STATEMENTS", default=False)
+    if env.str("TASKS_LISTEN_URL", default=""):
+        TASKS_ENGINE["LISTEN_URL"] = env.str("TASKS_LISTEN_URL")
 
 OUTBOX = {
     "MAX_ATTEMPTS": 10,

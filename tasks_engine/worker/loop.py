@@ -32,8 +32,9 @@ from ..definitions import Workflow
 from ..exceptions import LeaseLostError, WorkerStopping
 from ..leader import Leader
 from ..logs import get_logger
-from ..notify import Listener
+from ..notify import Listener, listening_possible
 from ..outages import DB_ERRORS, Outage
+from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat
@@ -348,14 +349,14 @@ class Worker:
             self._start_slot()
         self.heartbeat.start()
         self.leader.start()
-        if connection.vendor == "postgresql" and engine_settings().notify:
+        if engine_settings().notify and listening_possible():
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
 
     def _configure_connection(self, sender: Any, connection: Any, **kwargs: Any) -> None:
         """A frozen worker must not hold row locks for long: PostgreSQL ends a session that
         sits idle inside a transaction (only an atomic step keeps one open across user code)."""
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and not behind_transaction_pooler():
             ms = int(max(2 * self.config.lease_seconds, 10) * 1000)
             with connection.cursor() as cur:
                 cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tasks_engine.checks import worker_checks
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
 from tasks_engine.worker import Worker, WorkerConfig, supervisor
@@ -85,6 +86,10 @@ class Command(OneLineErrors, BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        for found in worker_checks(opts["queue"], opts.get("processes") or 1):
+            if found.is_serious():
+                raise CommandError(found.msg)
+            self.stderr.write(f"warning: {found.msg} ({found.id})")
         workflows = []
         if opts["task"]:
             for name, version in opts["task"]:
