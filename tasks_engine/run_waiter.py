@@ -2,7 +2,8 @@
 
 PostgreSQL: LISTEN on a dedicated connection for the run's end (see transitions/awaiting.py),
 re-reading the status at least once a second in case a notification is lost with a dropped
-connection. SQLite (or NOTIFY turned off): polling every 50 ms.
+connection. SQLite, NOTIFY turned off, or a transaction pooler without LISTEN_URL: polling
+every 50 ms.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def wait_finished(run_id: uuid.UUID, timeout: float | None) -> None:
     deadline = None if timeout is None else time.monotonic() + float(timeout)
     if _finished(run_id):
         return
-    if notify.enabled():
+    if notify.enabled() and notify.listening_possible():
         _listen_until_finished(run_id, deadline)
     else:
         _poll_until_finished(run_id, deadline, time.sleep)
