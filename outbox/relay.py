@@ -26,7 +26,7 @@ from django.db import connection, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Concat
 
-from tasks_engine import clock
+from tasks_engine import clock, tracing
 from tasks_engine.logs import get_logger, redact_text
 from tasks_engine.notify import listening_possible
 from tasks_engine.outages import DB_ERRORS, Outage
@@ -131,7 +131,7 @@ def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
     try:
         if found is None:
             raise NoRouteError(f"no route for outbox event type {event.type!r}")
-        with transaction.atomic():
+        with transaction.atomic(), tracing.trace_context_activated(event.trace_context):
             found.handler(event)
             # Django would roll this savepoint back without a word: the route's writes are
             # gone, so this is a failed attempt, not a dispatch.

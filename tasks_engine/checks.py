@@ -7,13 +7,18 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from .conf import engine_settings
+from .conf import engine_settings, parse_queues, queues_setting
 from .pooler import behind_transaction_pooler
 
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
+    raw = getattr(settings, "TASKS_ENGINE", {}) or {}
+    try:
+        parse_queues(queues_setting(raw))
+    except ValueError as exc:
+        return [checks.Error(f"TASKS_ENGINE {exc}", id="tasks_engine.E006")]
     try:
         s = engine_settings()
     except (TypeError, ValueError) as exc:

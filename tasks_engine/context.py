@@ -24,6 +24,7 @@ from .exceptions import (
 from .patches import PatchSteps
 from .serialization import encode_error, to_jsonable
 from .states import StepKind, StepStatus
+from .step_observer import observed_step
 from .step_timeouts import StepTimer, WriteOff, timeout_seconds
 from .waits import WaitSteps
 
@@ -128,6 +129,7 @@ class RunState:
     timer: StepTimer | None = None  # the running step's timeout, fired by the heartbeat
     timer_armed: Callable[[], None] | None = None  # tells the heartbeat a timer was armed
     patches: dict[str, bool] = field(default_factory=dict)  # ctx.patched() answers this pass
+    span: Any = None  # this claim's OpenTelemetry span (tracing.py), None when not tracing
 
 
 class TaskContext:
@@ -282,10 +284,10 @@ class StepAPI(PatchSteps, WaitSteps):
                     transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
                     sqlite_bounds.atomic_step(transaction.atomic(), key),
                 ):
-                    output = self._call(fn, timer)
+                    output = self._call(key, fn, timer)
                     transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
             else:
-                output = self._call(fn, timer)
+                output = self._call(key, fn, timer)
         except (Suspend, LeaseLostError):
             raise
         except Exception as exc:
@@ -314,9 +316,14 @@ class StepAPI(PatchSteps, WaitSteps):
         retry_in = None if terminal else policy.delay(failures)
         return StepTimer(key, seconds, WriteOff(step_id, error, retry_in))
 
-    def _call(self, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
-        """Run the step's body; with a timer, the attempt fails with StepTimeoutError when the
-        timer fired first (whatever the body did), and the abort it caused ends here."""
+    def _call(self, key: str, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
+        """Run the step's body (observed: metrics, span); with a timer, the attempt fails with
+        StepTimeoutError when the timer fired first (whatever the body did), and the abort it
+        caused ends here."""
+        with observed_step(self._ctx, key, StepKind.FUNCTION):
+            return self._call_timed(fn, timer)
+
+    def _call_timed(self, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
         if timer is None:
             return to_jsonable(fn())
         self._s.timer = timer

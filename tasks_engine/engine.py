@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import clock, notify, transitions
+from . import clock, notify, tracing, transitions
 from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import Fact, StepAttempt, WorkflowRun
@@ -66,6 +66,7 @@ class RunView:
     parent_run_id: uuid.UUID | None
     progress: Any
     unreached_steps: list[str]
+    concurrency_key: str | None = None
     waiting_on: str = ""
     retries: list[dict[str, Any]] = field(default_factory=list)  # retry_run: at, by, reason
     steps: list[StepView] = field(default_factory=list)
@@ -110,6 +111,7 @@ def _view(run: WorkflowRun, steps: list[StepView] | None = None) -> RunView:
         parent_run_id=run.parent_run_id,
         progress=run.progress,
         unreached_steps=list(run.unreached_steps or []),
+        concurrency_key=run.concurrency_key,
         waiting_on=run.waiting_on,
         retries=list(run.retries or []),
         steps=steps or [],
@@ -136,15 +138,18 @@ def enqueue(
     deadline_at: datetime | None = None,
     trace_id: str | None = None,
     queue: str | None = None,
+    concurrency_key: str | None = None,
     parent_run_id: uuid.UUID | None = None,
     parent_step: str = "",
 ) -> Enqueued:
-    """Create a run on the caller's connection: it commits or rolls back with the caller."""
+    """Create a run on the caller's connection: it commits or rolls back with the caller.
+    `concurrency_key` overrides the workflow's key (docs/FLOW_CONTROL.md)."""
     if isinstance(task, Workflow):
         version = version or task.version
         task = task.name
     wf = registry.get(task, version)
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
+    key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
     digest = input_hash(data)
     run_id = transitions.create_run(
         task_name=wf.name,
@@ -154,11 +159,13 @@ def enqueue(
         input=data,
         idempotency_key=idempotency_key,
         input_hash=digest,
-        trace_id=trace_id or uuid.uuid4().hex,
+        trace_id=trace_id or tracing.new_trace_id(),
         available_at=available_at,
         deadline_at=deadline_at if deadline_at is not None else _default_deadline(wf),
         parent_run_id=parent_run_id,
         parent_step=parent_step,
+        concurrency_key=key,
+        concurrency_limit=wf.concurrency_limit if key is not None else None,
     )
     if run_id is None:  # the idempotency key is taken: same input -> that run, else conflict
         assert idempotency_key is not None

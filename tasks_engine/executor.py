@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from . import clock, transitions
+from . import clock, metrics, tracing, transitions
 from .conf import engine_settings
 from .context import Attempt, RunState, StepRecord, TaskContext
 from .definitions import Workflow, registry
@@ -93,7 +93,17 @@ def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threadin
 
 
 def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
-    """Drive the handler once and write the outcome. Returns what happened, for logs and tests."""
+    """Drive the handler once and write the outcome. Returns what happened, for logs and tests.
+    Observed: a span for the claim (tracing.py) and the run's outcome counted (metrics.py)."""
+    with tracing.claim_span(ctx) as span:
+        ctx._state.span = span
+        outcome = _drive(run, wf, ctx)
+        tracing.outcome_of_claim(span, outcome)
+    metrics.record_run_outcome(run.task_name, outcome)
+    return outcome
+
+
+def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     state = ctx._state
     lease = state.lease
     if state.cancel_requested:

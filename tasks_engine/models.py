@@ -40,6 +40,9 @@ class WorkflowRun(models.Model):
     # One column, three meanings by status: pending = due time, running = lease expiry,
     # waiting = wake time (NULL: no timer). Each status has its own partial index on it.
     available_at = models.DateTimeField(null=True, blank=True)
+    # When the run was due at its latest claim (its available_at just before): the claim
+    # delay metric reads it from the claim's RETURNING, which only sees the new available_at.
+    due_at = models.DateTimeField(null=True, blank=True)
     waiting_on = models.CharField(max_length=300, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -57,6 +60,11 @@ class WorkflowRun(models.Model):
     parent_step = models.CharField(max_length=300, blank=True)
     progress = models.JSONField(null=True, blank=True)
     unreached_steps = models.JSONField(default=list, blank=True)
+    # Flow control (docs/FLOW_CONTROL.md): at most `concurrency_limit` runs with the same key
+    # run at once. The limit is stored with the run because the claim, which enforces it, is
+    # SQL and cannot ask the registry.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -91,11 +99,24 @@ class WorkflowRun(models.Model):
             ),
         ]
         indexes = [
-            # The claim reads only this index: finished and waiting rows are not in it.
+            # The claim reads only this index: finished and waiting rows are not in it, nor
+            # runs with a concurrency key (held back by it, they would be walked past).
             models.Index(
                 fields=["-priority", "available_at"],
-                condition=Q(status="pending"),
+                condition=Q(status="pending", concurrency_key__isnull=True),
                 name="run_claim_pending",
+            ),
+            # Keyed runs, by key: a guarded claim visits each key once (a loose index scan),
+            # however many runs the key holds back.
+            models.Index(
+                fields=["concurrency_key", "-priority", "available_at"],
+                condition=Q(status="pending", concurrency_key__isnull=False),
+                name="run_claim_keyed",
+            ),
+            models.Index(
+                fields=["concurrency_key"],
+                condition=Q(status="running", concurrency_key__isnull=False),
+                name="run_running_keyed",
             ),
             models.Index(
                 fields=["available_at"], condition=Q(status="running"), name="run_lease_expiry"
@@ -124,6 +145,21 @@ class WorkflowRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name}@{self.version} {self.id} ({self.status})"
+
+
+class QueueClaim(models.Model):
+    """When a claim of a rate-limited queue's run started: the sliding window's log. The claim
+    that adds rows also deletes those older than the window, so a queue keeps at most its
+    rate's N rows."""
+
+    queue = models.CharField(max_length=100)
+    claimed_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "claimed_at"], name="queue_claim_window")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} at {self.claimed_at}"
 
 
 class StepAttempt(models.Model):

@@ -32,6 +32,7 @@ from . import stats as admin_stats
 from .cancel import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .paging import CappedPaginator, RunPaginator
+from .queues import QueuesMixin
 from .retry import RETRY, RetryMixin, step_choices
 from .run_page import elapsed, humanize_seconds, run_page
 
@@ -90,7 +91,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(CancelMixin, RetryMixin, ReadOnlyAdmin):
+class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
     list_display = (
         "short_id",
         "task",
@@ -117,7 +118,7 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, ReadOnlyAdmin):
     actions = ("cancel_selected", "retry_selected")
 
     def get_urls(self) -> list[Any]:
-        return self.cancel_urls() + self.retry_urls() + super().get_urls()
+        return self.cancel_urls() + self.retry_urls() + self.queues_urls() + super().get_urls()
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

@@ -25,7 +25,7 @@ from typing import Any
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from .. import clock, executor, transitions
+from .. import clock, executor, flow, metrics, transitions
 from ..conf import engine_settings
 from ..context import TaskContext
 from ..definitions import Workflow
@@ -124,6 +124,7 @@ class Worker:
                 continue
             claimed: list[transitions.Claimed] = []
             try:
+                flow.refresh()
                 claimed = transitions.claim_runs(
                     self.id, self.pairs, self.queues, free, self.config.lease_seconds, self._ids()
                 )
@@ -196,6 +197,7 @@ class Worker:
 
     def take_claimed(self, claimed: list[transitions.Claimed], held: int) -> None:
         """Hand claimed runs to the slots and give back the `held` slots they did not take."""
+        metrics.record_claims([item.run for item in claimed])
         for item in claimed:
             self._jobs.put(item)
         with self._lock:
@@ -286,6 +288,10 @@ class Worker:
             ctx.logger.warning("lease lost; dropping the run", error=str(exc))
 
     # -- shared state for the heartbeat -------------------------------------------------------
+
+    def slots_busy(self) -> int:
+        """Slots executing, queued for or reserving a run (the tasks_worker_slots_busy gauge)."""
+        return self._busy
 
     def executing(self) -> int:
         """Runs in slots right now (each sends its writes to the group commit)."""
