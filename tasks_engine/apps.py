@@ -30,7 +30,7 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 
 def register_services() -> None:
     """The engine's own maintenance services, run by the leader (leader.py)."""
-    from . import maintenance, services, workers
+    from . import maintenance, schedules, services, workers
 
     services.register("dead-workers", workers.reap_dead_workers, every=DEAD_WORKERS_EVERY)
     services.register(
@@ -38,3 +38,4 @@ def register_services() -> None:
         lambda: maintenance.prune_expired(max_batches=RETENTION_MAX_BATCHES),
         every=RETENTION_EVERY,
     )
+    services.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)

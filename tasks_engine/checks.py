@@ -228,3 +228,27 @@ def worker_checks(queues: list[str], processes: int = 1) -> list[checks.CheckMes
             )
         )
     return found
+
+
+@checks.register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every schedule (`@workflow(schedule=...)`, `TASKS_ENGINE["SCHEDULES"]`) must parse, name
+    a known timezone and task, and carry input that task accepts: found here, not when it
+    would have fired."""
+    from .schedules import collect
+
+    errors: list[checks.CheckMessage] = []
+    for p in collect()[1]:
+        origin = (
+            f"schedule= of workflow {p.name!r}"
+            if p.source == "workflow"
+            else 'TASKS_ENGINE["SCHEDULES"]'
+        )
+        errors.append(
+            checks.Error(
+                f"schedule {p.name!r} ({origin}): {p.message}",
+                hint="See docs/schedules.md.",
+                id=f"tasks_engine.{p.code}",
+            )
+        )
+    return errors

@@ -83,6 +83,10 @@ class Workflow:
     concurrency_key: str | Callable[[Any], str] | None = None
     concurrency_limit: int = 1
     deadline: timedelta | None = None  # default deadline_at = created + deadline
+    # A cron expression: the workflow runs on it, under its own name, with input {}
+    # (tasks_engine/schedules/). Checked by `manage.py check`, not here.
+    schedule: str | None = None
+    schedule_timezone: str = "UTC"
 
     @property
     def key(self) -> str:
@@ -196,6 +200,8 @@ def workflow(
     concurrency_key: str | Callable[[Any], str] | None = None,
     concurrency_limit: int = 1,
     deadline: timedelta | None = None,
+    schedule: str | None = None,
+    schedule_timezone: str = "UTC",
 ) -> Any:
     """Register a workflow. Usable bare (`@workflow`) or with arguments. `deadline`: runs
     enqueued without a `deadline_at` get created + deadline."""
@@ -227,6 +233,8 @@ def workflow(
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
             deadline=deadline,
+            schedule=schedule,
+            schedule_timezone=schedule_timezone,
         )
         return registry.register(wf)
 

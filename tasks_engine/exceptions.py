@@ -90,3 +90,7 @@ class AtomicStepTimeoutError(NonRetryableError):
 
 class UnknownStepError(TasksEngineError, ValueError):
     """`retry_run(from_step=...)` names no step the run recorded."""
+
+
+class UnknownScheduleError(TasksEngineError, LookupError):
+    """No schedule of that name is defined (in code or TASKS_ENGINE["SCHEDULES"])."""

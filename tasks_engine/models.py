@@ -295,3 +295,33 @@ class LeaderLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.worker_id} (term {self.term})"
+
+
+class Schedule(models.Model):
+    """The state of one named schedule (tasks_engine/schedules/); its definition lives in code
+    (`@workflow(schedule=...)`) or settings (`TASKS_ENGINE["SCHEDULES"]`), not here. A row
+    outlives its definition (a schedule removed from code keeps its pause and history, and is
+    not fired)."""
+
+    name = models.CharField(max_length=200, unique=True)
+    # The definition `next_fire_at` was computed for; "" once the schedule is no longer
+    # defined. A changed definition starts again from the next slot after the change.
+    cron = models.CharField(max_length=200, blank=True)
+    timezone = models.CharField(max_length=100, blank=True)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    next_fire_at = models.DateTimeField(null=True, blank=True, help_text="Next slot (UTC).")
+    last_slot_at = models.DateTimeField(null=True, blank=True, help_text="Last slot fired.")
+    last_fired_at = models.DateTimeField(null=True, blank=True, help_text="When it was fired.")
+    # No foreign key: runs are pruned with raw deletes, and the id is worth keeping anyway.
+    last_run_id = models.UUIDField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("pause_schedule", "Can pause and resume schedules")]
+
+    def __str__(self) -> str:
+        return self.name

@@ -349,3 +349,6 @@ def _by_run_id(queryset: QuerySet, term: str) -> QuerySet:
         return queryset.filter(run_id=uuid.UUID(term))
     except ValueError:
         return queryset.none()
+
+
+from . import schedules as _schedules  # noqa: E402, F401 - registers ScheduleAdmin (uses the above)

@@ -1,5 +1,5 @@
 """manage.py tasks enqueue | signal | cancel | retry | inspect | list | prune | workers |
-replay-check."""
+replay-check | schedules | schedule."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tasks_engine import engine
 from tasks_engine.exceptions import (
     IdempotencyConflict,
     UnknownRunError,
+    UnknownScheduleError,
     UnknownStepError,
     UnknownTaskError,
 )
@@ -90,6 +91,14 @@ class Command(OneLineErrors, BaseCommand):
         )
         p.add_argument("--json", action="store_true", help="print JSON")
 
+        p = add("schedules", "list schedules: next fire, last fired run, paused")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("schedule", "pause or resume a schedule")
+        p.add_argument("op", choices=["pause", "resume"], help="pause or resume")
+        p.add_argument("schedule", metavar="NAME", help="schedule name")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
         p = add("workers", "list worker processes, the runs they hold, and the leader")
         p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -105,7 +114,13 @@ class Command(OneLineErrors, BaseCommand):
         action = opts["action"]
         try:
             result = getattr(self, f"do_{action.replace('-', '_')}")(opts)
-        except (UnknownRunError, UnknownTaskError, UnknownStepError, IdempotencyConflict) as exc:
+        except (
+            UnknownRunError,
+            UnknownTaskError,
+            UnknownScheduleError,
+            UnknownStepError,
+            IdempotencyConflict,
+        ) as exc:
             raise CommandError(str(exc.args[0] if exc.args else exc)) from exc
         except ValidationError as exc:
             first = exc.errors()[0]
@@ -202,6 +217,30 @@ class Command(OneLineErrors, BaseCommand):
             counts = maintenance.prune(timedelta(days=o["older_than"]))
         text = ", ".join(f"{k}: {v}" for k, v in counts.items())
         return {"json": counts, "text": f"pruned {text}"}
+
+    def do_schedules(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine.schedules import list_schedules
+
+        views = list_schedules()
+        lines = [
+            f"{v.name:<24} {v.task:<24} {v.cron:<16} {v.timezone:<16}"
+            f" {'paused' if v.paused else 'active':<7}"
+            f" next={v.next_fire_at.isoformat() if v.next_fire_at else '-'}"
+            f" last_run={v.last_run_id or '-'}"
+            for v in views
+        ]
+        return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or "(no schedules)"}
+
+    def do_schedule(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine import schedules
+
+        name, pause = o["schedule"], o["op"] == "pause"
+        changed = schedules.pause(name) if pause else schedules.resume(name)
+        state = "paused" if pause else "resumed"
+        text = (
+            f"{state} {name}" if changed else f"{name} was {'already' if pause else 'not'} paused"
+        )
+        return {"json": {"name": name, "paused": pause, "changed": changed}, "text": text}
 
     def do_workers(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine.workers import list_workers
