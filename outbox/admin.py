@@ -11,7 +11,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
-from .events import retry_dead
+from tasks_engine.admin.audit import record
+
+from .events import revive_dead
 from .models import OutboxEvent
 
 RETRY_PERMISSION = "outbox.retry_outboxevent"
@@ -77,7 +79,14 @@ class OutboxEventAdmin(admin.ModelAdmin):
     @admin.action(description="Retry selected dead events", permissions=["retry"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[OutboxEvent]) -> None:
         selected = list(queryset.values_list("pk", flat=True))
-        revived = retry_dead(selected)
+        revived_ids = revive_dead(selected)
+        record(
+            request.user,
+            OutboxEvent.objects.filter(pk__in=revived_ids),
+            "Retried",
+            "dead event put back to pending with a fresh attempt budget",
+        )
+        revived = len(revived_ids)
         skipped = len(selected) - revived
         level = messages.SUCCESS if revived else messages.WARNING
         text = f"{revived} dead event(s) put back to pending"

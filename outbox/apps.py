@@ -15,10 +15,13 @@ class OutboxConfig(AppConfig):
         from tasks_engine.maintenance import register_pruner
 
         from . import checks
+        from .conf import outbox_settings
         from .maintenance import prune_dispatched
 
         django_checks.register(checks.check_settings)
         register_pruner(
-            "outbox_events", lambda cutoff, batch: prune_dispatched(cutoff, batch=batch)
+            "outbox_events",
+            lambda cutoff, batch: prune_dispatched(cutoff, batch=batch),
+            retention=lambda: outbox_settings().retention,
         )
         autodiscover_modules("outbox_routes")

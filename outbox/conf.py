@@ -16,6 +16,12 @@ class OutboxSettings:
     # How long a claimed event stays hidden from other relays; after a relay dies mid-batch
     # its events are due again once this passes (their attempt already counted).
     claim_seconds: float = 60.0
+    # Dispatched events are pruned this many days after dispatch (None: kept for ever).
+    retention_days: float | None = 7.0
+
+    @property
+    def retention(self) -> timedelta | None:
+        return None if self.retention_days is None else timedelta(days=self.retention_days)
 
     def backoff(self, attempts: int) -> timedelta:
         """Delay before the next attempt after `attempts` failed ones: base * 2**(n-1), capped."""
@@ -31,4 +37,9 @@ def outbox_settings() -> OutboxSettings:
         backoff_base_seconds=float(raw.get("BACKOFF_BASE_SECONDS", 1.0)),
         backoff_max_seconds=float(raw.get("BACKOFF_MAX_SECONDS", 300)),
         claim_seconds=float(raw.get("CLAIM_SECONDS", 60)),
+        retention_days=_optional_float(raw.get("RETENTION_DAYS", 7.0)),
     )
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]

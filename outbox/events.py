@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from tasks_engine import clock
+from tasks_engine import clock, tracing
 
 from .models import EventStatus, OutboxEvent
 from .notify import wake_relay
@@ -45,6 +45,7 @@ def publish(
         max_attempts=max_attempts,
         next_attempt_at=now,
         created_at=now,
+        trace_context=tracing.current_trace_context(),
     )
     try:
         # A savepoint: a duplicate key must not poison the caller's transaction.
@@ -66,11 +67,20 @@ def retry_dead(ids: Iterable[int]) -> int:
 
     Events in any other status are left alone. Returns how many were revived.
     """
+    return len(revive_dead(ids))
+
+
+def revive_dead(ids: Iterable[int]) -> list[int]:
+    """`retry_dead`, returning the ids of the events it revived (for the admin's log)."""
     with transaction.atomic():
-        revived = OutboxEvent.objects.filter(pk__in=list(ids), status=EventStatus.DEAD).update(
-            status=EventStatus.PENDING, attempts=0, next_attempt_at=clock.now()
+        dead = OutboxEvent.objects.select_for_update().filter(
+            pk__in=list(ids), status=EventStatus.DEAD
         )
+        revived = list(dead.values_list("pk", flat=True))
         if revived:
+            OutboxEvent.objects.filter(pk__in=revived).update(
+                status=EventStatus.PENDING, attempts=0, next_attempt_at=clock.now()
+            )
             wake_relay()
     return revived
 

@@ -18,8 +18,10 @@ from .exceptions import (
     NonDeterminismError,
     NonRetryableError,
     StepFailedError,
+    StepTimeoutError,
     TaskCanceledError,
     UnknownRunError,
+    UnknownStepError,
     UnknownTaskError,
     UnstorableValueError,
 )
@@ -38,9 +40,11 @@ __all__ = [
     "RunView",
     "Signaled",
     "StepFailedError",
+    "StepTimeoutError",
     "TaskCanceledError",
     "TaskContext",
     "UnknownRunError",
+    "UnknownStepError",
     "UnknownTaskError",
     "UnstorableValueError",
     "Workflow",
@@ -48,15 +52,39 @@ __all__ = [
     "enqueue",
     "get_run",
     "list_runs",
+    "retry_run",
     "signal",
+    "wait",
     "workflow",
 ]
 
-_ENGINE = {"enqueue", "signal", "cancel", "get_run", "list_runs", "Enqueued", "Signaled", "RunView"}
+_ENGINE = {
+    "enqueue",
+    "signal",
+    "cancel",
+    "retry_run",
+    "get_run",
+    "list_runs",
+    "wait",
+    "Enqueued",
+    "Signaled",
+    "RunView",
+}
 
 if TYPE_CHECKING:
     from .context import TaskContext
-    from .engine import Enqueued, RunView, Signaled, cancel, enqueue, get_run, list_runs, signal
+    from .engine import (
+        Enqueued,
+        RunView,
+        Signaled,
+        cancel,
+        enqueue,
+        get_run,
+        list_runs,
+        retry_run,
+        signal,
+        wait,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -17,11 +17,15 @@ from .exceptions import (
     MaxStepAttemptsExceeded,
     NonDeterminismError,
     StepFailedError,
+    StepTimeoutError,
     Suspend,
     TaskCanceledError,
 )
+from .patches import PatchSteps
 from .serialization import encode_error, to_jsonable
 from .states import StepKind, StepStatus
+from .step_observer import observed_step
+from .step_timeouts import StepTimer, WriteOff, timeout_seconds
 from .waits import WaitSteps
 
 if TYPE_CHECKING:
@@ -42,10 +46,19 @@ class AbortSignal:
     def wait(self, timeout: float | None = None) -> bool:
         return self._event.wait(timeout)
 
-    def abort(self, reason: BaseException) -> None:
-        if not self._event.is_set():
-            self.reason = reason
-            self._event.set()
+    def abort(self, reason: BaseException) -> bool:
+        """Set the signal (the first reason wins); whether this call set it."""
+        if self._event.is_set():
+            return False
+        self.reason = reason
+        self._event.set()
+        return True
+
+    def reset(self, reason: BaseException) -> None:
+        """Clear the signal if `reason` set it: a step timeout ends with its step."""
+        if self.reason is reason:
+            self._event.clear()
+            self.reason = None
 
 
 @dataclass
@@ -64,6 +77,11 @@ class StepRecord:
     name: str
     kind: str
     attempts: list[Attempt] = field(default_factory=list)
+    superseded: int = 0  # attempts an operator's retry from an earlier step set aside
+
+    @property
+    def next_attempt(self) -> int:
+        return self.superseded + len(self.attempts) + 1
 
     @property
     def completed(self) -> Attempt | None:
@@ -109,6 +127,10 @@ class RunState:
     progress: dict[str, Any] | None = None
     progress_dirty: bool = False
     current_step: str = ""  # the step whose function runs now (the op ledger's step column)
+    timer: StepTimer | None = None  # the running step's timeout, fired by the heartbeat
+    timer_armed: Callable[[], None] | None = None  # tells the heartbeat a timer was armed
+    patches: dict[str, bool] = field(default_factory=dict)  # ctx.patched() answers this pass
+    span: Any = None  # this claim's OpenTelemetry span (tracing.py), None when not tracing
 
 
 class TaskContext:
@@ -161,6 +183,13 @@ class TaskContext:
         self._state.progress = {"done": done, "total": total, "message": message}
         self._state.progress_dirty = True
 
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the code path of change `change_id` (see
+        docs/evolving-workflows.md): True when it reaches this call with new code (a marker
+        is recorded) or replays a history holding the marker; False when its history passed
+        this point before the change existed. The same answer on every replay."""
+        return self.step.patched(change_id)
+
     def with_attempt_token(
         self, op_key: str, fn: Callable[[Any], Any], *, commit: Callable[[Any], Any] | None = None
     ) -> Any:
@@ -169,7 +198,7 @@ class TaskContext:
         return with_attempt_token(self, op_key, fn, commit=commit)
 
 
-class StepAPI(WaitSteps):
+class StepAPI(PatchSteps, WaitSteps):
     def __init__(self, ctx: TaskContext) -> None:
         self._ctx = ctx
         self._s = ctx._state
@@ -187,7 +216,7 @@ class StepAPI(WaitSteps):
 
     def _record(self, key: str, kind: str) -> StepRecord | None:
         rec = self._s.history.get(key)
-        if rec is not None and rec.kind != kind:
+        if rec is not None and rec.attempts and rec.kind != kind:
             err = NonDeterminismError(
                 f"step {key!r} was recorded as {rec.kind!r} but replay called it as {kind!r}"
             )
@@ -211,7 +240,10 @@ class StepAPI(WaitSteps):
         self._s.attempts_made += 1
 
     def _remember(self, key: str, kind: str, attempt: Attempt) -> None:
-        self._s.history.setdefault(key, StepRecord(key, kind)).attempts.append(attempt)
+        rec = self._s.history.setdefault(key, StepRecord(key, kind))
+        if not rec.attempts:
+            rec.kind = kind  # only superseded attempts before: the step may be of a new kind
+        rec.attempts.append(attempt)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -222,7 +254,9 @@ class StepAPI(WaitSteps):
         *,
         retry: RetryPolicy | None = None,
         atomic: bool = False,
+        timeout: timedelta | float | None = None,
     ) -> Any:
+        seconds = timeout_seconds(timeout)
         key = self._key(name)
         rec = self._record(key, StepKind.FUNCTION)
         found, value = self._replayed(rec)
@@ -233,7 +267,7 @@ class StepAPI(WaitSteps):
         failures = rec.counted_failures(run_pass) if rec else 0
         self._guard()
         lease = self._s.lease
-        attempt_no = len(rec.attempts) + 1 if rec else 1
+        attempt_no = rec.next_attempt if rec else 1
         if failures >= policy.max_attempts:
             # Every earlier attempt died with its worker: fail for good instead of looping.
             exc = StepFailedError(
@@ -245,20 +279,24 @@ class StepAPI(WaitSteps):
             raise exc
         step_id = self._start(key, StepKind.FUNCTION, attempt_no)
         self._s.current_step = key
+        timer = self._timer(key, step_id, seconds, policy, failures + 1) if seconds else None
         try:
             if atomic:
                 with (
                     transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
                     sqlite_bounds.atomic_step(transaction.atomic(), key),
                 ):
-                    output = to_jsonable(fn())
+                    output = self._call(key, fn, timer)
                     transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
             else:
-                output = to_jsonable(fn())
+                output = self._call(key, fn, timer)
         except (Suspend, LeaseLostError):
             raise
         except Exception as exc:
-            if self._ctx.abort_signal.aborted or isinstance(exc, TaskCanceledError):
+            timed_out = timer is not None and exc is timer.fired
+            if not timed_out and (
+                self._ctx.abort_signal.aborted or isinstance(exc, TaskCanceledError)
+            ):
                 raise  # the executor closes the attempt as the abort reason says
             self._step_failed(key, step_id, exc, policy, failures + 1)
             raise
@@ -267,12 +305,54 @@ class StepAPI(WaitSteps):
         self._remember(key, StepKind.FUNCTION, _att(step_id, "completed", run_pass, output))
         return output
 
+    def _timer(
+        self, key: str, step_id: int, seconds: float, policy: RetryPolicy, failures: int
+    ) -> StepTimer:
+        """The timer of a timed attempt, with what a write-off records (decided now, as
+        `_step_failed` would decide for a StepTimeoutError)."""
+        probe = StepTimeoutError(f"step {key!r} timed out after {seconds:g} seconds")
+        error: dict[str, Any] = dict(encode_error(probe))
+        terminal = _terminal(policy, probe, failures)
+        if terminal:
+            error["terminal"] = True
+        retry_in = None if terminal else policy.delay(failures)
+        return StepTimer(key, seconds, WriteOff(step_id, error, retry_in))
+
+    def _call(self, key: str, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
+        """Run the step's body (observed: metrics, span); with a timer, the attempt fails with
+        StepTimeoutError when the timer fired first (whatever the body did), and the abort it
+        caused ends here."""
+        with observed_step(self._ctx, key, StepKind.FUNCTION):
+            return self._call_timed(fn, timer)
+
+    def _call_timed(self, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
+        if timer is None:
+            return to_jsonable(fn())
+        self._s.timer = timer
+        if self._s.timer_armed is not None:
+            self._s.timer_armed()
+        try:
+            value = fn()
+        except BaseException:
+            self._stop_timer(timer)
+            raise
+        self._stop_timer(timer)
+        return to_jsonable(value)
+
+    def _stop_timer(self, timer: StepTimer) -> None:
+        self._s.timer = None
+        fired = timer.stop()  # LeaseLostError if the heartbeat wrote the attempt off
+        signal = self._ctx.abort_signal
+        if fired is not None and signal.reason is fired:
+            signal.reset(fired)  # the next step (or this one's retry) must not see it
+            raise fired
+
     def _step_failed(
         self, key: str, step_id: int, exc: Exception, policy: RetryPolicy, failures: int
     ) -> None:
         error: dict[str, Any] = dict(encode_error(exc))
         run_pass = self._s.run_pass
-        if not policy.is_retryable(exc) or failures >= policy.max_attempts:
+        if _terminal(policy, exc, failures):
             error["terminal"] = True
             transitions.finish_step(self._s.lease, step_id, StepStatus.FAILED, error=error)
             self._remember(key, StepKind.FUNCTION, _att(step_id, "failed", run_pass, error=error))
@@ -287,6 +367,10 @@ class StepAPI(WaitSteps):
             failed_step=(step_id, error),
         )
         raise Suspend(f"step {key} retry in {delay}s") from exc
+
+
+def _terminal(policy: RetryPolicy, exc: BaseException, failures: int) -> bool:
+    return not policy.is_retryable(exc) or failures >= policy.max_attempts
 
 
 def _att(

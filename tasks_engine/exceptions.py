@@ -52,6 +52,12 @@ class FactTimeoutError(TasksEngineError):
     """`wait_for_fact` timed out before a fact arrived."""
 
 
+class StepTimeoutError(TasksEngineError):
+    """A step ran past its `timeout` (its attempt fails and is retried under the step's retry
+    policy), or a child run did not finish within `run_child`'s timeout (the child is
+    canceled). Also `ctx.abort_signal.reason` while a timed-out step still runs."""
+
+
 class NonDeterminismError(NonRetryableError):
     """Replay met a recorded step of a different kind under the same name."""
 
@@ -80,3 +86,11 @@ class Suspend(BaseException):
 
 class AtomicStepTimeoutError(NonRetryableError):
     """An atomic step held SQLite's write lock past SQLITE_ATOMIC_STEP_SECONDS: rolled back."""
+
+
+class UnknownStepError(TasksEngineError, ValueError):
+    """`retry_run(from_step=...)` names no step the run recorded."""
+
+
+class UnknownScheduleError(TasksEngineError, LookupError):
+    """No schedule of that name is defined (in code or TASKS_ENGINE["SCHEDULES"])."""

@@ -359,10 +359,20 @@ def redact_secrets(
 
 
 def configure(force: bool = False) -> None:
+    """Configure structlog for the engine, unless the host project owns logging.
+
+    The host owns it when structlog is already configured (`structlog.is_configured()`: the
+    host called `structlog.configure` in its settings or before `django.setup()`), or when
+    `TASKS_ENGINE["CONFIGURE_LOGGING"]` is False. Then the host's configuration is left exactly
+    as it is, and the engine's own loggers still redact secrets (`get_logger`). `force=True`
+    (tests) configures it whatever the host did.
+    """
     global _configured
     if _configured and not force:
         return
     _configured = True
+    if not force and (structlog.is_configured() or not _configure_logging_setting()):
+        return
     renderer: Any = (
         structlog.dev.ConsoleRenderer(colors=True)
         if sys.stderr.isatty()
@@ -383,9 +393,27 @@ def configure(force: bool = False) -> None:
     )
 
 
+def _configure_logging_setting() -> bool:
+    from .conf import engine_settings
+
+    try:
+        return engine_settings().configure_logging
+    except (TypeError, ValueError):  # an invalid TASKS_ENGINE: manage.py check reports it
+        return True
+
+
 def get_logger(**bind: Any) -> Any:
+    """The engine's logger. Under a structlog configuration without `redact_secrets` (the
+    host's own), the engine's events go through the host's processors with `redact_secrets`
+    inserted before the last one (the renderer), so secrets never reach the host's logs."""
     configure()
-    return structlog.get_logger("tasks_engine").bind(**bind)
+    processors = structlog.get_config()["processors"]
+    if redact_secrets in processors:
+        return structlog.get_logger("tasks_engine").bind(**bind)
+    chain = [*processors[:-1], redact_secrets, *processors[-1:]]
+    return structlog.wrap_logger(
+        None, processors=chain, logger_factory_args=("tasks_engine",)
+    ).bind(**bind)
 
 
 def run_logger(run: Any) -> Any:

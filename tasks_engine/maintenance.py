@@ -1,4 +1,6 @@
-"""Pruning finished runs (and whatever other apps register, such as dispatched outbox events).
+"""Pruning finished runs (and whatever other apps register, such as dispatched outbox events):
+by hand (`prune`, `tasks prune --older-than`) and as the leader's retention service
+(`prune_expired`, per status from TASKS_ENGINE["RETENTION_DAYS"]).
 
 In batches, each its own short transaction: on SQLite every engine write waits for the one
 write lock, and a single delete of a month of runs would hold it long enough for other
@@ -8,11 +10,13 @@ workers' leases to lapse (on PostgreSQL it would hold its row locks and bloat on
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
 
 from . import clock
+from .conf import engine_settings
 from .models import Fact, OpLedger, StepAttempt, WorkflowRun
 from .sql import p_uuid, placeholders
 from .states import FINISHED
@@ -23,38 +27,80 @@ RUN = WorkflowRun._meta.db_table
 
 def prune(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> dict[str, int]:
     """Delete finished runs that finished before now - `older_than`, with their step attempts,
-    facts and op-ledger rows, `batch` runs per transaction; then dispatched outbox events.
-    Returns how many rows of each kind were deleted."""
+    facts and op-ledger rows, `batch` runs per transaction; then other apps' rows (dispatched
+    outbox events) older than the same cutoff. Returns how many rows of each kind went."""
     cutoff = clock.now() - older_than
-    counts = {"runs": 0, "steps": 0, "facts": 0, "ledger": 0}
-    while True:
-        deleted = _prune_batch(cutoff, batch)
-        for key, n in deleted.items():
-            counts[key] += n
-        if deleted["runs"] < batch:
-            break
+    counts = _prune_runs([(sorted(FINISHED), cutoff)], batch)
     for name, pruner in PRUNERS.items():
-        counts[name] = pruner(cutoff, batch)
+        counts[name] = pruner.prune(cutoff, batch)
     return counts
 
 
-# Other apps' rows that expire with the same cutoff (the outbox registers its dispatched
-# events in its ready()): the engine does not know its consumers.
-PRUNERS: dict[str, Callable[[datetime, int], int]] = {}
+def prune_expired(*, batch: int = PRUNE_BATCH, max_batches: int | None = None) -> dict[str, int]:
+    """The retention service (one leader round, and `tasks prune` without --older-than): delete
+    finished runs older than TASKS_ENGINE["RETENTION_DAYS"] for their status (None keeps
+    them), with their rows, and other apps' rows past their own retention. With `max_batches`
+    a round stops after that many batches of runs; the next round goes on."""
+    now = clock.now()
+    cutoffs = [
+        ([status], now - timedelta(days=days))
+        for status, days in engine_settings().retention_days
+        if days is not None
+    ]
+    counts = _prune_runs(cutoffs, batch, max_batches)
+    for name, pruner in PRUNERS.items():
+        keep = pruner.retention() if pruner.retention is not None else None
+        counts[name] = pruner.prune(now - keep, batch) if keep is not None else 0
+    return counts
 
 
-def register_pruner(name: str, prune: Callable[[datetime, int], int]) -> None:
+def _prune_runs(
+    cutoffs: list[tuple[list[str], datetime]], batch: int, max_batches: int | None = None
+) -> dict[str, int]:
+    """Runs in `statuses` that finished before their `cutoff`, batch by batch."""
+    counts = {"runs": 0, "steps": 0, "facts": 0, "ledger": 0}
+    for statuses, cutoff in cutoffs:
+        batches = 0
+        while max_batches is None or batches < max_batches:
+            deleted = _prune_batch(statuses, cutoff, batch)
+            batches += 1
+            for key, n in deleted.items():
+                counts[key] += n
+            if deleted["runs"] < batch:
+                break
+    return counts
+
+
+# Other apps' rows that expire too (the outbox registers its dispatched events in its
+# ready()): the engine does not know its consumers.
+@dataclass(frozen=True)
+class Pruner:
+    prune: Callable[[datetime, int], int]
+    retention: Callable[[], timedelta | None] | None = None
+
+
+PRUNERS: dict[str, Pruner] = {}
+
+
+def register_pruner(
+    name: str,
+    prune: Callable[[datetime, int], int],
+    *,
+    retention: Callable[[], timedelta | None] | None = None,
+) -> None:
     """`prune(cutoff, batch)` deletes that app's rows older than `cutoff`, in batches, and
-    returns how many; `tasks prune` reports the count under `name`."""
-    PRUNERS[name] = prune
+    returns how many; `tasks prune` reports the count under `name`. `retention()` says how
+    long the retention service keeps them (None, or no `retention`: for ever; `tasks prune
+    --older-than` still prunes them)."""
+    PRUNERS[name] = Pruner(prune, retention)
 
 
-def _prune_batch(cutoff: datetime, batch: int) -> dict[str, int]:
+def _prune_batch(statuses: list[str], cutoff: datetime, batch: int) -> dict[str, int]:
     with transaction.atomic():
         # Oldest first, on the partial index of finished runs. On PostgreSQL a run that is
         # being retried right now (its row is locked) is left for the next prune.
         ids = list(
-            WorkflowRun.objects.filter(status__in=list(FINISHED), finished_at__lt=cutoff)
+            WorkflowRun.objects.filter(status__in=statuses, finished_at__lt=cutoff)
             .order_by("finished_at")
             .select_for_update(skip_locked=True)
             .values_list("pk", flat=True)[:batch]

@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -44,6 +44,24 @@ def skip_locked() -> str:
 def new_token_sql() -> str:
     """A fresh random lease token per row, in the column's storage format."""
     return "gen_random_uuid()" if is_postgres() else "lower(hex(randomblob(16)))"
+
+
+def db_now_sql(offset_seconds: float = 0.0) -> tuple[str, list[Any]]:
+    """The database's clock plus an offset, as a SQL expression and its parameters. Times that
+    processes on several hosts compare (worker beats, the leader's lease) come from one clock:
+    PostgreSQL's. An SQLite file lives on one host, whose clock is the database's."""
+    if is_postgres():
+        return "(clock_timestamp() + %s * interval '1 second')", [offset_seconds]
+    return "%s", [p_dt(datetime.now(UTC) + timedelta(seconds=offset_seconds))]
+
+
+def db_clock() -> datetime:
+    """The database's time now (see `db_now_sql`)."""
+    if not is_postgres():
+        return datetime.now(UTC)
+    with connection.cursor() as cur:
+        cur.execute("SELECT clock_timestamp()")
+        return r_dt(cur.fetchone()[0])
 
 
 def p_uuid(value: uuid.UUID | str | None) -> Any:

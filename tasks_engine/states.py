@@ -30,6 +30,7 @@ class StepKind(models.TextChoices):
     FACT_WAIT = "fact_wait"
     CHILD = "child"
     OP = "op"
+    PATCH = "patch"  # ctx.patched(): the marker that this run took a patched code path
 
 
 ACTIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING})
@@ -54,6 +55,8 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], tuple[str, str]] = {
     ),
     (RunStatus.PENDING, RunStatus.CANCELED): ("canceled before it ran", "cancel_idle_run"),
     (RunStatus.WAITING, RunStatus.CANCELED): ("canceled while waiting", "cancel_idle_run"),
+    (RunStatus.FAILED, RunStatus.PENDING): ("retried by an operator (retry_run)", "retry_run"),
+    (RunStatus.CANCELED, RunStatus.PENDING): ("retried by an operator (retry_run)", "retry_run"),
 }
 
 

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from django.db import transaction
 
 from . import clock, transitions
-from .exceptions import FactTimeoutError, Suspend, TaskCanceledError
+from .exceptions import FactTimeoutError, StepTimeoutError, Suspend, TaskCanceledError
 from .serialization import encode_error, rebuild_error, to_jsonable
 from .states import FINISHED, RunStatus, StepKind, StepStatus
+from .step_timeouts import timeout_seconds
 from .transitions import Parking
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ class WaitSteps:
             return armed
         if not guarded:
             self._guard()
-        attempt_no = len(rec.attempts) + 1 if rec else 1
+        attempt_no = rec.next_attempt if rec else 1
         step_id = self._start(key, kind, attempt_no, **fields)
         armed = Attempt(
             step_id,
@@ -73,7 +74,7 @@ class WaitSteps:
             transitions.finish_step(lease, armed.id, StepStatus.COMPLETED, output=output)
             armed.status, armed.output = StepStatus.COMPLETED, output
         else:
-            err = {**encode_error(error), "terminal": True}
+            err = _terminal(error)
             transitions.finish_step(lease, armed.id, StepStatus.FAILED, error=err)
             armed.status, armed.error = StepStatus.FAILED, err
 
@@ -167,8 +168,12 @@ class WaitSteps:
         *,
         name: str,
         queue: str | None = None,
+        timeout: timedelta | float | None = None,
     ) -> Any:
-        """Start a child run and wait for its output; its failure is raised here."""
+        """Start a child run and wait for its output; its failure is raised here. With
+        `timeout`, a child that has not finished by then is canceled and StepTimeoutError is
+        raised here (checkpointed: replay raises it again)."""
+        seconds = timeout_seconds(timeout)
         key = self._key(name)
         rec = self._record(key, StepKind.CHILD)
         found, value = self._replayed(rec)
@@ -178,10 +183,11 @@ class WaitSteps:
         armed = rec.armed if rec is not None else None
         if armed is None:
             self._guard()  # outside the transaction: a hand-back must not roll back with it
+            give_up_at = clock.now() + timedelta(seconds=seconds) if seconds else None
             with transitions.outage_guard("run_child"), transaction.atomic():
                 if transitions.lock_for_child(lease):
                     self._canceled()
-                armed = self._arm(key, StepKind.CHILD, rec, guarded=True)
+                armed = self._arm(key, StepKind.CHILD, rec, guarded=True, wake_at=give_up_at)
                 child_id = _start_child(
                     workflow_or_name,
                     input,
@@ -206,11 +212,20 @@ class WaitSteps:
                 )
                 self._resolve(armed, error=exc)
                 raise exc
+            if armed.wake_at is not None and clock.now() >= armed.wake_at:
+                err = StepTimeoutError(
+                    f"child run {child_id} (step {key!r}) did not finish in time; canceled"
+                )
+                stored = _terminal(err)
+                if transitions.time_out_child(lease, armed.id, child_id, stored):
+                    armed.status, armed.error = StepStatus.FAILED, stored
+                    raise err
+                continue  # it finished meanwhile: take its outcome
             self._ctx.raise_if_canceled()
             parking = transitions.park_run_unless(
                 lease,
                 f"child:{child_id}",
-                None,
+                armed.wake_at,
                 self._s.deadline_at,
                 lambda: transitions.child_outcome(child_id)[0] in FINISHED,
             )
@@ -226,6 +241,11 @@ class WaitSteps:
         self._s.cancel_requested = True
         self._ctx.abort_signal.abort(exc)
         raise exc
+
+
+def _terminal(error: BaseException) -> dict[str, Any]:
+    """A wait's failure as stored: terminal, so replay raises it again."""
+    return {**encode_error(error), "terminal": True}
 
 
 def _child_key(run_id: Any, key: str, run_pass: int) -> str:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from umt import secret_key
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
-SECRET_KEY = env.str("SECRET_KEY", default="umt-dev-only-not-secret")
 DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1"])
 
@@ -24,6 +26,7 @@ INSTALLED_APPS = [
     "tasks_engine",
     "outbox",
     "umt",
+    "axes",  # admin login throttling (below)
 ]
 
 MIDDLEWARE = [
@@ -34,6 +37,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last, as django-axes requires
 ]
 
 ROOT_URLCONF = "umt.urls"
@@ -81,6 +85,53 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     _name = Path(str(_db["NAME"]))
     _db.setdefault("TEST", {})["NAME"] = str(_name.with_name(f"test_{_name.name}"))
 
+# No constant default (umt/secret_key.py): SECRET_KEY from the environment, else a random key
+# made on first start and kept, readable by its owner only, beside the SQLite database (or at
+# UMT_SECRET_KEY_FILE). Several hosts serving one site need the same SECRET_KEY: set it.
+_key_dir = (
+    Path(str(_db["NAME"])).parent if _db["ENGINE"] == "django.db.backends.sqlite3" else BASE_DIR
+)
+SECRET_KEY = secret_key.load(
+    env.str("SECRET_KEY", default=""),
+    Path(env.str("UMT_SECRET_KEY_FILE", default=str(_key_dir / ".umt_secret_key"))),
+)
+
+# Production behind a TLS reverse proxy (docs/PRODUCTION.md): UMT_TLS_PROXY=true trusts the
+# proxy's X-Forwarded-Proto, redirects plain HTTP and sends cookies over HTTPS only. HSTS is an
+# opt-in (UMT_HSTS_SECONDS), since browsers remember it long after a mistake.
+TLS_PROXY = env.bool("UMT_TLS_PROXY", default=False)
+if TLS_PROXY:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env.bool("UMT_SSL_REDIRECT", default=TLS_PROXY)
+SESSION_COOKIE_SECURE = env.bool("UMT_SECURE_COOKIES", default=TLS_PROXY)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SECURE_HSTS_SECONDS = env.int("UMT_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("UMT_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("UMT_HSTS_PRELOAD", default=False)
+# Joining the browsers' preload list is a deliberate act for a whole registrable domain, not a
+# setting of one host: check --deploy does not ask for it here (UMT_HSTS_PRELOAD opts in).
+SILENCED_SYSTEM_CHECKS = ["security.W021"]
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+# Admin login throttling (django-axes): after UMT_LOGIN_FAILURE_LIMIT failed logins for one
+# username from one address, that pair is locked out for UMT_LOGIN_LOCKOUT_HOURS (an attacker
+# cannot lock the owner out from elsewhere). Unlock early: manage.py axes_reset_username NAME.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("UMT_LOGIN_FAILURE_LIMIT", default=5)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_COOLOFF_TIME = timedelta(hours=env.float("UMT_LOGIN_LOCKOUT_HOURS", default=1.0))
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False  # no banner on every manage.py command
+if TLS_PROXY:
+    # The client's address as the proxy saw it (the proxy appends it to X-Forwarded-For);
+    # without a proxy only REMOTE_ADDR counts, so a client cannot pick its own address.
+    AXES_IPWARE_META_PRECEDENCE_ORDER = ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR")
+    AXES_IPWARE_PROXY_COUNT = env.int("UMT_PROXY_COUNT", default=1)
+    AXES_IPWARE_PROXY_ORDER = "right-most"
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -93,12 +144,23 @@ TASKS_ENGINE = {
     "HEARTBEAT_SECONDS": None,
     "POLL_INTERVAL": env.float("TASKS_POLL_INTERVAL", default=1.0),
     "MAX_STEP_ATTEMPTS_PER_RUN": 1000,
-    "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
-    "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
-    "GROUP_COMMIT": env.bool("TASKS_GROUP_COMMIT", default=True),
     # SQLite: an atomic step holding the only write lock longer is rolled back (0: no bound).
     "SQLITE_ATOMIC_STEP_SECONDS": env.float("TASKS_SQLITE_ATOMIC_STEP_SECONDS", default=5.0),
 }
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # PostgreSQL-only settings (manage.py check warns about them on SQLite, which ignores them).
+    TASKS_ENGINE |= {
+        "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
+        "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
+        "GROUP_COMMIT": env.bool("TASKS_GROUP_COMMIT", default=True),
+    }
+    # Behind PgBouncer in transaction mode (docs/operations/poolers.md): Django's own switch
+    # for transaction pooling, no prepared statements, LISTEN on a direct URL (or polling).
+    if env.bool("DATABASE_TRANSACTION_POOLER", default=False):
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+        TASKS_ENGINE["PREPARED_STATEMENTS"] = env.bool("TASKS_PREPARED_STATEMENTS", default=False)
+    if env.str("TASKS_LISTEN_URL", default=""):
+        TASKS_ENGINE["LISTEN_URL"] = env.str("TASKS_LISTEN_URL")
 
 OUTBOX = {
     "MAX_ATTEMPTS": 10,

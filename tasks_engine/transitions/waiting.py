@@ -8,12 +8,14 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
+from .. import clock
 from ..exceptions import LeaseLostError
 from ..models import Fact, WorkflowRun
+from ..states import FINISHED
 from ._common import Lease, attempt_write, held_row
-from .outcomes import park_run
+from .outcomes import cancel_active, park_run
 from .steps import finish_step, flush_deferred
 
 # -- waiting ----------------------------------------------------------------------------------
@@ -92,6 +94,23 @@ def child_outcome(child_id: uuid.UUID) -> tuple[str, Any, Any]:
 
 
 @attempt_write
+def time_out_child(lease: Lease, step_id: int, child_id: uuid.UUID, error: dict[str, Any]) -> bool:
+    """`run_child`'s timeout passed: fail the wait step and cancel the child, in one
+    transaction, unless the child finished meanwhile (then False, nothing written). The
+    parent's row is locked before the child's (the lock order)."""
+    flush_deferred(lease)
+    with transaction.atomic():
+        if not lock_held_run(lease):
+            raise LeaseLostError(f"run {lease.run_id}: lease lost before a child timed out")
+        child = WorkflowRun.objects.select_for_update().filter(pk=child_id).first()
+        if child is None or child.status in FINISHED:
+            return False
+        finish_step(lease, step_id, "failed", error=error)
+        cancel_active(child, f"parent run {lease.run_id}: child timed out")
+        return True
+
+
+@attempt_write
 def lock_for_child(lease: Lease) -> bool:
     """Before a run starts a child (inside that transaction): lock the run row if this attempt
     holds it and return whether cancel was requested. A cancel that commits first is seen here;
@@ -100,3 +119,29 @@ def lock_for_child(lease: Lease) -> bool:
     if row is None:
         raise LeaseLostError(f"run {lease.run_id}: lease lost before starting a child")
     return row[0] is not None
+
+
+def store_fact(
+    run: WorkflowRun, name: str, payload: Any, idempotency_key: str | None, answered: str
+) -> bool:
+    """Add a fact (the caller holds the run's row lock). With a key already stored for this
+    run: False and nothing written. The row lock serializes signals on PostgreSQL and SQLite's
+    IMMEDIATE transactions do there; the savepoint makes a duplicate that still slips through
+    a refusal, not an IntegrityError in the caller's transaction."""
+    fact = Fact(
+        run=run,
+        name=name,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        answered_status=answered,
+        created_at=clock.now(),
+    )
+    if idempotency_key is None:
+        fact.save(force_insert=True)
+        return True
+    try:
+        with transaction.atomic():
+            fact.save(force_insert=True)
+    except IntegrityError:
+        return False
+    return True

@@ -3,23 +3,42 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import connection
 
-from .. import sqlite_bounds, transitions
-from ..exceptions import DeadlineExceededError, LeaseLostError, TaskCanceledError
+from .. import clock, sqlite_bounds, transitions
+from ..exceptions import (
+    DeadlineExceededError,
+    LeaseLostError,
+    StepTimeoutError,
+    TaskCanceledError,
+)
 from ..models import WorkflowRun
 from ..outages import DB_ERRORS, Outage
 from ..serialization import encode_error
 
 if TYPE_CHECKING:
-    from .loop import Worker
+    from .loop import Held, Worker
 
 PROGRESS_FLUSH_SECONDS = 1.0
 DEFERRED_MAX_AGE = 0.5  # seconds a finished step may wait to ride on its run's next write
+
+
+class _Kick(threading.Event):
+    """An event that also wakes the heartbeat's loop."""
+
+    def __init__(self, wake: threading.Event) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def set(self) -> None:
+        super().set()
+        self._wake.set()
 
 
 class Heartbeat(threading.Thread):
@@ -27,7 +46,8 @@ class Heartbeat(threading.Thread):
         super().__init__(name="tasks-heartbeat", daemon=True)
         self.worker = worker
         self.stop = threading.Event()
-        self.kick = threading.Event()  # renew now (a cancel NOTIFY arrived)
+        self.wake = threading.Event()  # run the loop now (a kick, or a step timer armed)
+        self.kick = _Kick(self.wake)  # renew now (a cancel NOTIFY arrived)
 
     def run(self) -> None:
         w = self.worker
@@ -35,10 +55,14 @@ class Heartbeat(threading.Thread):
         next_renew = time.monotonic() + w.config.heartbeat_seconds
         try:
             while not self.stop.is_set():
-                self.kick.wait(min(PROGRESS_FLUSH_SECONDS, w.config.heartbeat_seconds))
+                self.wake.wait(
+                    min(PROGRESS_FLUSH_SECONDS, w.config.heartbeat_seconds, self.next_timer())
+                )
+                self.wake.clear()
                 kicked = self.kick.is_set()
                 self.kick.clear()
                 self.abort_unrenewed()
+                self.fire_step_timeouts(time.monotonic())
                 try:
                     w.hand_back_stale(time.monotonic())
                     self.flush_progress()
@@ -46,6 +70,7 @@ class Heartbeat(threading.Thread):
                     if kicked or time.monotonic() >= next_renew:
                         self.renew_once()
                         next_renew = time.monotonic() + w.config.heartbeat_seconds
+                    w.registration.beat_if_due(time.monotonic())  # the worker row (workers.py)
                     sqlite_bounds.optimize_periodically(connection)  # SQLite: ANALYZE hourly
                     if connection.connection is not None:  # a statement really went through
                         outage.ok()
@@ -72,6 +97,19 @@ class Heartbeat(threading.Thread):
                         f"{now - h.renewed_at:.0f}s (lease {w.config.lease_seconds:g}s)"
                     ),
                 )
+
+    def next_timer(self) -> float:
+        """Seconds until the earliest step timeout of the runs held (the loop's wait)."""
+        deadlines = [t.deadline for h in self.worker.held() if (t := h.ctx._state.timer)]
+        return max(0.01, min(deadlines) - time.monotonic()) if deadlines else PROGRESS_FLUSH_SECONDS
+
+    def fire_step_timeouts(self, now: float) -> None:
+        """Abort every step that ran past its timeout (in memory: works during an outage)."""
+        w = self.worker
+        for h in w.held():
+            timer = h.ctx._state.timer
+            if timer is not None:
+                timer.fire(now, functools.partial(w.abort, h))
 
     def renew_once(self) -> dict:
         w = self.worker
@@ -112,9 +150,23 @@ class Heartbeat(threading.Thread):
                     transitions.cancel_running_run(h.lease, has_parent=state.has_parent)
                 elif isinstance(reason, DeadlineExceededError):
                     transitions.fail_run(h.lease, encode_error(reason), has_parent=state.has_parent)
+                elif isinstance(reason, StepTimeoutError):
+                    self.write_off_timed_out(h, reason)
             except LeaseLostError:
                 pass
             self.worker.write_off(h)
+
+    def write_off_timed_out(self, h: Held, reason: StepTimeoutError) -> None:
+        """The step ignored its timeout: record its attempt failed and requeue the run, which
+        fences the stuck thread (the lease token changes). The next pass retries the step, or
+        raises the StepTimeoutError into the workflow when the step's retries are spent."""
+        timer = h.ctx._state.timer
+        if timer is None or timer.fired is not reason or not timer.take_write_off():
+            return  # the step ended meanwhile and recorded its own outcome
+        off = timer.write_off
+        at = clock.now() + timedelta(seconds=off.retry_in or 0.0)
+        transitions.requeue_run(h.lease, at, failed_step=(off.step_id, off.error))
+        h.ctx.logger.warning("step ignored its timeout; attempt written off", step=timer.key)
 
     def flush_progress(self) -> None:
         for h in self.worker.held():

@@ -1,7 +1,8 @@
 """The worker loop: claim -> hand to a slot -> execute -> free the slot. Reads top to bottom.
 
 Threads: the main loop (claims), `concurrency` slot threads (each keeps its own connection),
-one heartbeat, and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
+one heartbeat (which also beats the worker's row), the maintenance leader candidate
+(leader.py), and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
 in-flight steps finish within the grace period, abort the rest, hand their runs back, exit.
 """
 
@@ -24,14 +25,17 @@ from typing import Any
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from .. import clock, executor, transitions
+from .. import clock, executor, flow, metrics, transitions
 from ..conf import engine_settings
 from ..context import TaskContext
 from ..definitions import Workflow
 from ..exceptions import LeaseLostError, WorkerStopping
+from ..leader import Leader
 from ..logs import get_logger
-from ..notify import Listener
+from ..notify import Listener, listening_possible
 from ..outages import DB_ERRORS, Outage
+from ..pooler import behind_transaction_pooler
+from ..workers import Registration
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat
 
@@ -80,6 +84,8 @@ class Worker:
         self._written_off: set[uuid.UUID] = set()  # runs whose stuck slot thread was replaced
         self._signals = 0
         self.heartbeat = Heartbeat(self)
+        self.registration = Registration(self)
+        self.leader = Leader(self)
         self._batch = max(1, config.concurrency // 2)
         # Runs the group commit may claim beyond the free slots, queued for the next slot that
         # frees: a completing slot then starts its next run in the same group as its
@@ -101,6 +107,8 @@ class Worker:
             queues=self.queues or "all",
             concurrency=self.config.concurrency,
         )
+        with contextlib.suppress(*DB_ERRORS):  # else the heartbeat thread's first beat writes it
+            self.registration.beat()
         self._start_threads()
         outage = Outage(self.log, "claim")
         while not self.stopping.is_set():
@@ -116,6 +124,7 @@ class Worker:
                 continue
             claimed: list[transitions.Claimed] = []
             try:
+                flow.refresh()
                 claimed = transitions.claim_runs(
                     self.id, self.pairs, self.queues, free, self.config.lease_seconds, self._ids()
                 )
@@ -188,6 +197,7 @@ class Worker:
 
     def take_claimed(self, claimed: list[transitions.Claimed], held: int) -> None:
         """Hand claimed runs to the slots and give back the `held` slots they did not take."""
+        metrics.record_claims([item.run for item in claimed])
         for item in claimed:
             self._jobs.put(item)
         with self._lock:
@@ -266,6 +276,7 @@ class Worker:
         if self.group is not None:
             lease = dataclasses.replace(lease, group=self.group)
         wf, ctx = executor.build_context(run, lease, self.draining)
+        ctx._state.timer_armed = self.heartbeat.wake.set  # it sleeps until the earliest timer
         with self._lock:
             self._held[lease.run_id] = Held(lease, ctx, renewed_at=item.at)
         if self.draining.is_set():
@@ -277,6 +288,10 @@ class Worker:
             ctx.logger.warning("lease lost; dropping the run", error=str(exc))
 
     # -- shared state for the heartbeat -------------------------------------------------------
+
+    def slots_busy(self) -> int:
+        """Slots executing, queued for or reserving a run (the tasks_worker_slots_busy gauge)."""
+        return self._busy
 
     def executing(self) -> int:
         """Runs in slots right now (each sends its writes to the group commit)."""
@@ -291,7 +306,9 @@ class Worker:
             return [
                 h
                 for h in self._held.values()
-                if h.abort_deadline is not None and now >= h.abort_deadline
+                if h.abort_deadline is not None
+                and now >= h.abort_deadline
+                and h.ctx.abort_signal.aborted  # a step timeout's abort ends with its step
             ]
 
     def lose(self, held: Held, reason: BaseException) -> None:
@@ -301,8 +318,7 @@ class Worker:
 
     def abort(self, held: Held, reason: BaseException) -> None:
         """Set the run's abort signal; if its step ignores it past the grace, write it off."""
-        held.ctx.abort_signal.abort(reason)
-        if held.abort_deadline is None:
+        if held.ctx.abort_signal.abort(reason) or held.abort_deadline is None:
             held.abort_deadline = time.monotonic() + self.config.lease_seconds
 
     def write_off(self, held: Held) -> None:
@@ -338,14 +354,15 @@ class Worker:
         for _ in range(self.config.concurrency):
             self._start_slot()
         self.heartbeat.start()
-        if connection.vendor == "postgresql" and engine_settings().notify:
+        self.leader.start()
+        if engine_settings().notify and listening_possible():
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
 
     def _configure_connection(self, sender: Any, connection: Any, **kwargs: Any) -> None:
         """A frozen worker must not hold row locks for long: PostgreSQL ends a session that
         sits idle inside a transaction (only an atomic step keeps one open across user code)."""
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and not behind_transaction_pooler():
             ms = int(max(2 * self.config.lease_seconds, 10) * 1000)
             with connection.cursor() as cur:
                 cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")
@@ -364,6 +381,7 @@ class Worker:
 
     def _shutdown(self) -> int:
         self.draining.set()  # no new step starts; each run hands itself back at its next step
+        self.leader.stop.set()  # no service starts now; it resigns, so another worker leads at once
         self.log.info("worker stopping", in_flight=self._busy)
         deadline = time.monotonic() + self.config.grace_seconds
         while self._busy and time.monotonic() < deadline:
@@ -384,6 +402,9 @@ class Worker:
                 except DB_ERRORS:
                     pass
         self.heartbeat.stop.set()
+        self.leader.join(timeout=5.0)
+        with contextlib.suppress(*DB_ERRORS):
+            self.registration.remove()  # after the hand-back: the row no longer holds anything
         for _ in self._slots:
             self._jobs.put(None)
         connection.close()

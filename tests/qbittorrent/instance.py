@@ -1,5 +1,6 @@
 """A real `qbittorrent-nox` on loopback: one profile folder, free ports, start, stop, and
-helpers to make a small torrent. Recipe: shared/QBITTORRENT.md; config: fixtures/qbittorrent/."""
+helpers to make a small torrent. Recipe: docs/qbittorrent-loopback.md; config:
+fixtures/qbittorrent/."""
 
 from __future__ import annotations
 

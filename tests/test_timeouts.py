@@ -1,0 +1,257 @@
+"""Step timeouts, default deadlines and run_child timeouts, in-process with a fake clock.
+
+The heartbeat fires step timers in a worker; here the step body plays the heartbeat (it fires
+its own timer), so the step API's side is tested on its own (tests/process/test_timeouts.py
+runs the real heartbeat).
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+
+import tasks_engine
+from tasks_engine import StepTimeoutError, executor, transitions
+from tasks_engine.context import AbortSignal
+from tasks_engine.exceptions import TasksEngineError
+from tasks_engine.models import StepAttempt, WorkflowRun
+from tasks_engine.step_timeouts import StepTimer, WriteOff, timeout_seconds
+from tests.helpers import FakeClock, drain
+from tests.testapp.models import SideEffect
+
+pytestmark = pytest.mark.django_db
+
+
+def steps(run_id) -> list[tuple[str, str, int, str]]:
+    return list(
+        StepAttempt.objects.filter(run_id=run_id)
+        .order_by("id")
+        .values_list("name", "status", "attempt", "error__type")
+    )
+
+
+TIMEOUT = "tasks_engine.exceptions.StepTimeoutError"
+
+
+def test_step_timeout_error_is_exported_and_an_engine_error() -> None:
+    assert issubclass(tasks_engine.StepTimeoutError, TasksEngineError)
+    assert "StepTimeoutError" in tasks_engine.__all__
+
+
+def test_a_timed_out_step_fails_with_step_timeout_and_is_retried(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("timed_step", {"fire_in_process": True, "hangs": 1})
+    drain(fake_clock)
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == "completed"
+    assert view.output == {"slow": {"attempt": 2}, "after": {"aborted": False}}
+    assert steps(res.run_id) == [
+        ("slow", "failed", 1, TIMEOUT),
+        ("slow", "completed", 2, None),
+        ("after", "completed", 1, None),
+    ]
+    assert SideEffect.objects.filter(key="slow-returned").count() == 0
+
+
+def test_a_step_that_returns_after_its_timeout_fired_still_fails(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue(
+        "timed_step", {"fire_in_process": True, "hangs": 1, "watch": False, "hold": 0.05}
+    )
+    drain(fake_clock)
+    assert tasks_engine.get_run(res.run_id).output["slow"] == {"attempt": 2}
+    assert steps(res.run_id)[0] == ("slow", "failed", 1, TIMEOUT)
+    assert SideEffect.objects.filter(key="slow-returned").count() == 1  # its result is dropped
+
+
+def test_retries_spent_raise_step_timeout_in_the_workflow_and_the_next_step_is_not_aborted(
+    fake_clock: FakeClock,
+) -> None:
+    res = tasks_engine.enqueue(
+        "timed_step", {"fire_in_process": True, "hangs": 5, "max_attempts": 2}
+    )
+    drain(fake_clock)
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == "completed"
+    assert view.output == {
+        "slow": {"timed_out": "step 'slow' timed out after 0.5 seconds"},
+        "after": {"aborted": False},
+    }
+    assert [s[:3] for s in steps(res.run_id)] == [
+        ("slow", "failed", 1),
+        ("slow", "failed", 2),
+        ("after", "completed", 1),
+    ]
+
+
+def test_a_step_that_finishes_in_time_completes(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("timed_step", {"hangs": 0})
+    drain(fake_clock)
+    assert tasks_engine.get_run(res.run_id).output["slow"] == {"attempt": 1}
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "5", True])
+def test_invalid_timeouts_are_refused(bad: object) -> None:
+    with pytest.raises((TypeError, ValueError)):
+        timeout_seconds(bad)  # type: ignore[arg-type]
+
+
+def test_timeout_accepts_seconds_and_timedelta() -> None:
+    assert timeout_seconds(2) == 2.0
+    assert timeout_seconds(timedelta(minutes=1)) == 60.0
+    assert timeout_seconds(None) is None
+
+
+def test_timer_fires_once_and_only_when_due() -> None:
+    fired: list[StepTimeoutError] = []
+    t = StepTimer("s", 10.0, WriteOff(1, {}, None))
+    assert not t.fire(t.deadline - 1, fired.append)
+    assert t.fire(t.deadline, fired.append)
+    assert not t.fire(t.deadline + 1, fired.append)
+    assert len(fired) == 1 and t.stop() is fired[0]
+
+
+def test_a_write_off_and_the_step_thread_never_both_record() -> None:
+    t = StepTimer("s", 1.0, WriteOff(1, {}, None))
+    assert not t.take_write_off()  # not fired: nothing to write off
+    t.fire(t.deadline, lambda err: None)
+    assert t.take_write_off()
+    with pytest.raises(tasks_engine.LeaseLostError):
+        t.stop()  # the stuck thread, when its body finally returns
+    t2 = StepTimer("s", 1.0, WriteOff(1, {}, None))
+    t2.fire(t2.deadline, lambda err: None)
+    assert t2.stop() is not None
+    assert not t2.take_write_off()  # the step recorded its own outcome first
+
+
+def test_abort_signal_reset_clears_only_its_own_reason() -> None:
+    sig = AbortSignal()
+    timeout, cancel = StepTimeoutError("t"), tasks_engine.TaskCanceledError("c")
+    assert sig.abort(timeout) and not sig.abort(cancel)
+    sig.reset(cancel)
+    assert sig.aborted and sig.reason is timeout
+    sig.reset(timeout)
+    assert not sig.aborted and sig.reason is None
+
+
+def test_write_off_requeues_with_the_step_failed_and_fences_the_old_attempt(
+    fake_clock: FakeClock,
+) -> None:
+    """What the heartbeat does for a step that ignores its timeout (run here by hand)."""
+    res = tasks_engine.enqueue("noop", {"n": 1})
+    claimed = transitions.claim_runs("w", [("noop", 1)], None, 1, 30.0)[0]
+    step_id = transitions.start_step(claimed.lease, "only", "function", 1, 1)
+    transitions.requeue_run(
+        claimed.lease,
+        fake_clock.now(),
+        failed_step=(step_id, {"type": TIMEOUT, "message": "m", "terminal": True}),
+    )
+    with pytest.raises(tasks_engine.LeaseLostError):
+        transitions.finish_step(claimed.lease, step_id, "completed", output=1)
+    assert WorkflowRun.objects.get(pk=res.run_id).lease_token is None
+    drain(fake_clock)
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    # The next pass raises the recorded terminal StepTimeoutError in the workflow.
+    assert (run.status, run.error["type"]) == ("failed", TIMEOUT)
+
+
+# -- default deadlines --------------------------------------------------------------------------
+
+
+def test_default_deadline_is_created_plus_deadline(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("deadline_sleeper")
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert run.deadline_at == run.created_at + timedelta(seconds=2)
+
+
+def test_an_explicit_deadline_wins(fake_clock: FakeClock) -> None:
+    at = fake_clock.now() + timedelta(days=3)
+    res = tasks_engine.enqueue("deadline_sleeper", deadline_at=at)
+    assert WorkflowRun.objects.get(pk=res.run_id).deadline_at == at
+
+
+def test_a_workflow_without_deadline_has_none(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("noop")
+    assert WorkflowRun.objects.get(pk=res.run_id).deadline_at is None
+
+
+def test_default_deadline_fails_a_sleeping_run(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("deadline_sleeper")
+    drain(fake_clock, horizon=0)
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert run.status == "waiting"
+    assert run.available_at == run.deadline_at  # the hour-long nap is capped by the deadline
+    drain(fake_clock, horizon=5)
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert (run.status, run.error["type"]) == (
+        "failed",
+        "tasks_engine.exceptions.DeadlineExceededError",
+    )
+    assert SideEffect.objects.filter(run_id=res.run_id, key="after").count() == 0
+
+
+@pytest.mark.parametrize("bad", [timedelta(0), timedelta(seconds=-1), 5])
+def test_invalid_workflow_deadline_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError):
+        tasks_engine.workflow(name="bad_deadline", deadline=bad)(lambda ctx: None)  # type: ignore[arg-type]
+
+
+# -- run_child timeout ------------------------------------------------------------------------
+
+
+def test_run_child_timeout_raises_step_timeout_cancels_the_child_and_replays(
+    fake_clock: FakeClock,
+) -> None:
+    res = tasks_engine.enqueue("child_with_timeout", {"timeout": 60})
+    drain(fake_clock, horizon=0)
+    parent = WorkflowRun.objects.get(pk=res.run_id)
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    assert (parent.status, child.status) == ("waiting", "waiting")
+    assert parent.available_at == fake_clock.now() + timedelta(seconds=60)
+    fake_clock.advance(61)
+    drain(fake_clock, horizon=5)  # times out, then sleeps and replays the timeout
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == "completed"
+    assert view.output["got"].startswith("timeout: child run ")
+    assert WorkflowRun.objects.get(pk=child.pk).status == "canceled"
+    kid = [s for s in view.steps if s.name == "kid"]
+    assert [(s.status, s.error["type"]) for s in kid] == [("failed", TIMEOUT)]
+
+
+def test_run_child_finishing_in_time_is_not_timed_out(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue("child_with_timeout", {"timeout": 60})
+    drain(fake_clock, horizon=0)
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    tasks_engine.signal(child.pk, "never", None)
+    drain(fake_clock, horizon=5)
+    assert tasks_engine.get_run(res.run_id).output == {"got": "finished"}
+
+
+def test_a_child_that_finished_after_the_timeout_was_due_still_wins(
+    fake_clock: FakeClock,
+) -> None:
+    """The child completes after the timeout is due, before the parent wakes: it wins."""
+    res = tasks_engine.enqueue("child_with_timeout", {"timeout": 60})
+    drain(fake_clock, horizon=0)
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    fake_clock.advance(61)
+    tasks_engine.signal(child.pk, "never", None)
+    claimed = transitions.claim_runs("w", [("never_finishing_child", 1)], None, 1, 30.0)
+    run, lease = claimed[0].run, claimed[0].lease
+    wf, ctx = executor.build_context(run, lease, threading.Event())
+    assert executor.execute(run, wf, ctx) == "completed"
+    drain(fake_clock, horizon=5)
+    assert tasks_engine.get_run(res.run_id).output == {"got": "finished"}
+
+
+def test_time_out_child_writes_nothing_when_the_child_has_finished(
+    fake_clock: FakeClock,
+) -> None:
+    res = tasks_engine.enqueue("child_with_timeout", {"timeout": 60})
+    drain(fake_clock, horizon=0)
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    tasks_engine.cancel(child.pk)
+    claimed = transitions.claim_runs("w", [("child_with_timeout", 1)], None, 1, 30.0)[0]
+    kid = StepAttempt.objects.get(run_id=res.run_id, name="kid")
+    assert not transitions.time_out_child(claimed.lease, kid.pk, child.pk, {"type": "x"})
+    assert StepAttempt.objects.get(pk=kid.pk).status == "running"
