@@ -252,3 +252,31 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
             )
         )
     return errors
+
+
+@checks.register(deploy=True)
+def check_unserved_runs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """`check --deploy`: unfinished runs whose (task, version) and queue no live worker serves
+    (a version retired by a deploy while runs of it were mid-way, a queue nobody listens to).
+    Only once workers are known: with no live worker row nothing can be said. Says nothing
+    when the database cannot be read (not migrated yet, or down): this is advice, not a gate."""
+    from django.db import DatabaseError, transaction
+
+    from .workers import unserved_runs
+
+    try:
+        with transaction.atomic():  # a failed read inside a caller's transaction stays contained
+            unserved = unserved_runs()
+    except DatabaseError:
+        return []
+    return [
+        checks.Warning(
+            f"{u['runs']} unfinished run(s) of {u['task']}@{u['version']} in queue "
+            f"{u['queue']!r}: no live worker serves this task version and queue",
+            hint="Start a worker that registers this version and serves this queue, or "
+            "cancel the runs (manage.py tasks workers lists what each worker serves).",
+            obj=f"{u['task']}@{u['version']}",
+            id="tasks_engine.W002",
+        )
+        for u in unserved or []
+    ]

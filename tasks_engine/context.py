@@ -77,6 +77,11 @@ class StepRecord:
     name: str
     kind: str
     attempts: list[Attempt] = field(default_factory=list)
+    superseded: int = 0  # attempts an operator's retry from an earlier step set aside
+
+    @property
+    def next_attempt(self) -> int:
+        return self.superseded + len(self.attempts) + 1
 
     @property
     def completed(self) -> Attempt | None:
@@ -121,6 +126,7 @@ class RunState:
     has_parent: bool = False
     progress: dict[str, Any] | None = None
     progress_dirty: bool = False
+    current_step: str = ""  # the step whose function runs now (the op ledger's step column)
     timer: StepTimer | None = None  # the running step's timeout, fired by the heartbeat
     timer_armed: Callable[[], None] | None = None  # tells the heartbeat a timer was armed
     patches: dict[str, bool] = field(default_factory=dict)  # ctx.patched() answers this pass
@@ -210,7 +216,7 @@ class StepAPI(PatchSteps, WaitSteps):
 
     def _record(self, key: str, kind: str) -> StepRecord | None:
         rec = self._s.history.get(key)
-        if rec is not None and rec.kind != kind:
+        if rec is not None and rec.attempts and rec.kind != kind:
             err = NonDeterminismError(
                 f"step {key!r} was recorded as {rec.kind!r} but replay called it as {kind!r}"
             )
@@ -234,7 +240,10 @@ class StepAPI(PatchSteps, WaitSteps):
         self._s.attempts_made += 1
 
     def _remember(self, key: str, kind: str, attempt: Attempt) -> None:
-        self._s.history.setdefault(key, StepRecord(key, kind)).attempts.append(attempt)
+        rec = self._s.history.setdefault(key, StepRecord(key, kind))
+        if not rec.attempts:
+            rec.kind = kind  # only superseded attempts before: the step may be of a new kind
+        rec.attempts.append(attempt)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -258,7 +267,7 @@ class StepAPI(PatchSteps, WaitSteps):
         failures = rec.counted_failures(run_pass) if rec else 0
         self._guard()
         lease = self._s.lease
-        attempt_no = len(rec.attempts) + 1 if rec else 1
+        attempt_no = rec.next_attempt if rec else 1
         if failures >= policy.max_attempts:
             # Every earlier attempt died with its worker: fail for good instead of looping.
             exc = StepFailedError(
@@ -269,6 +278,7 @@ class StepAPI(PatchSteps, WaitSteps):
             self._remember(key, StepKind.FUNCTION, _att(0, "failed", run_pass, error=error))
             raise exc
         step_id = self._start(key, StepKind.FUNCTION, attempt_no)
+        self._s.current_step = key
         timer = self._timer(key, step_id, seconds, policy, failures + 1) if seconds else None
         try:
             if atomic:

@@ -32,12 +32,26 @@ def load_history(run_id: Any) -> tuple[dict[str, StepRecord], int]:
         StepAttempt.objects.filter(run_id=run_id)
         .order_by("id")
         .values_list(
-            "id", "name", "kind", "status", "run_pass", "counted", "output", "error", "wake_at"
+            "id",
+            "name",
+            "kind",
+            "status",
+            "run_pass",
+            "counted",
+            "output",
+            "error",
+            "wake_at",
+            "superseded",
         )
     )
-    for sid, name, kind, status, run_pass, counted, output, error, wake_at in rows:
+    for sid, name, kind, status, run_pass, counted, output, error, wake_at, superseded in rows:
         count += 1
         rec = history.setdefault(name, StepRecord(name, kind))
+        if superseded:  # retried from an earlier step: history only, but it keeps its number
+            rec.superseded += 1
+            continue
+        if not rec.attempts:
+            rec.kind = kind
         rec.attempts.append(Attempt(sid, status, run_pass, counted, output, error, wake_at))
     return history, count
 
@@ -54,7 +68,7 @@ def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threadin
     state = RunState(
         lease=lease,
         workflow=wf,
-        run_pass=run.failures + 1,
+        run_pass=run.failures + run.pass_offset + 1,
         deadline_at=run.deadline_at,
         history=history,
         attempts_made=count,

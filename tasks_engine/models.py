@@ -26,7 +26,15 @@ class WorkflowRun(models.Model):
     input_hash = models.CharField(max_length=64, blank=True)
     trace_id = models.CharField(max_length=64, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Claims so far.")
-    failures = models.PositiveIntegerField(default=0, help_text="Failed passes so far.")
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Failed passes since the run was created or last retried by hand."
+    )
+    # Passes before the last operator retry: a pass is numbered failures + pass_offset + 1.
+    pass_offset = models.PositiveIntegerField(default=0, db_default=0)
+    # Operator retries, oldest first: {"at", "by", "reason", "from_step"} (retry_run).
+    retries = models.JSONField(null=True, blank=True)
+    # Someone blocks in tasks_engine.wait() on this run: its end sends a NOTIFY (PostgreSQL).
+    awaited = models.BooleanField(default=False, db_default=False)
     worker_id = models.CharField(max_length=200, blank=True)
     lease_token = models.UUIDField(null=True, blank=True)
     # One column, three meanings by status: pending = due time, running = lease expiry,
@@ -64,7 +72,10 @@ class WorkflowRun(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        permissions = [("cancel_workflowrun", "Can cancel workflow runs")]
+        permissions = [
+            ("cancel_workflowrun", "Can cancel workflow runs"),
+            ("retry_workflowrun", "Can retry workflow runs"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["task_name", "idempotency_key"],
@@ -162,6 +173,11 @@ class StepAttempt(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     run_pass = models.PositiveIntegerField(default=1, help_text="Workflow pass (retry) number.")
     counted = models.BooleanField(default=True, help_text="Counts against the retry budget.")
+    superseded = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Replaced by a retry from an earlier step; kept as history, ignored by replay.",
+    )
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     worker_id = models.CharField(max_length=200, blank=True)
@@ -175,7 +191,7 @@ class StepAttempt(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["run", "name"],
-                condition=Q(status="completed"),
+                condition=Q(status="completed", superseded=False),
                 name="step_completed_once",
             ),
             models.UniqueConstraint(fields=["run", "name", "attempt"], name="step_attempt_unique"),
@@ -193,11 +209,22 @@ class Fact(models.Model):
     name = models.CharField(max_length=200)
     payload = models.JSONField(null=True, blank=True)
     consumed_by = models.CharField(max_length=300, blank=True, help_text="Step key that took it.")
+    # signal(..., idempotency_key=K): one fact per (run, K); a repeat answers with the status
+    # the first signal answered.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    answered_status = models.CharField(max_length=16, blank=True, db_default="")
     created_at = models.DateTimeField()
 
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["run", "name", "id"], name="fact_run_name")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="fact_idempotency_key_unique",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} for {self.run_id}"

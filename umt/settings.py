@@ -188,6 +188,9 @@ UMT = {
     "DOWNLOAD_CHECK_SECONDS": env.float("UMT_DOWNLOAD_CHECK_SECONDS", default=600),
     "COPY_CHUNK_BYTES": env.int("UMT_COPY_CHUNK_BYTES", default=8 * 1024 * 1024),
     "COPY_RATE_LIMIT": env.float("UMT_COPY_RATE_LIMIT", default=0),  # bytes/s, 0: unlimited
+    "PRESENCE_CHECK_SECONDS": env.float("UMT_PRESENCE_CHECK_SECONDS", default=600),
+    "RETRY_INITIAL_SECONDS": env.float("UMT_RETRY_INITIAL_SECONDS", default=1.0),
+    "RETRY_MAX_SECONDS": env.float("UMT_RETRY_MAX_SECONDS", default=60.0),
     "QBITTORRENT": {
         "URL": env.str("UMT_QBITTORRENT_URL", default="http://127.0.0.1:8080"),
         "USERNAME": env.str("UMT_QBITTORRENT_USERNAME", default=""),

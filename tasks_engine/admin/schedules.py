@@ -28,7 +28,7 @@ from ..exceptions import UnknownScheduleError
 from ..models import Schedule
 from . import ReadOnlyAdmin, run_link, when
 from .audit import record
-from .cancel import reason_from
+from .operator_actions import reason_from
 
 PAUSE_PERMISSION = "tasks_engine.pause_schedule"
 ACTIONS = {"pause": ("Paused", schedules.pause), "resume": ("Resumed", schedules.resume)}

@@ -249,6 +249,7 @@ CLAIM_COLUMNS = (
     "trace_id",
     "attempts",
     "failures",
+    "pass_offset",
     "worker_id",
     "lease_token",
     "available_at",

@@ -13,6 +13,7 @@ class TestAppConfig(AppConfig):
             leader_probe,
             observe_workflows,
             promise_workflows,
+            retry_workflows,
             sqlite_workflows,
             timeout_workflows,
             wait_workflows,
