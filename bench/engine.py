@@ -5,6 +5,7 @@
     python bench/engine.py latency --runs 200 [--no-notify]
     python bench/engine.py scale --waiting 100000 [--finished 0] --runs 2000
     python bench/engine.py steps --runs 200   # 10-step workflows: steps/s and one run's latency
+    python bench/engine.py metrics --runs 3000 --rounds 3   # drain with metrics off vs on
 
 Each command uses a fresh database on a throwaway cluster (or on $BENCH_SERVER_URL) and prints
 one JSON line.
@@ -107,6 +108,46 @@ def cmd_drain(a: argparse.Namespace) -> dict[str, Any]:
             "finished": done,
             "runs_per_s": round(done / seconds, 1),
             "wall_s_incl_startup": round(t.seconds, 2),
+        }
+
+
+def drain_rate(url: str, task: str, runs: int, concurrency: int, *extra: str) -> float:
+    """Runs/s of one burst worker draining `runs` fresh runs of `task`."""
+    from tasks_engine.models import WorkflowRun
+
+    WorkflowRun.objects.filter(task_name=task).delete()
+    enqueue_many(task, runs)
+    proc = worker(url, "--concurrency", str(concurrency), "--burst", *extra)
+    proc.wait()
+    wait_all_finished(task, runs, 5)
+    return runs / span(task)
+
+
+def cmd_metrics(a: argparse.Namespace) -> dict[str, Any]:
+    """The cost of recording metrics: drains with --metrics-port and without, alternating in
+    one database so that both see the same machine load and table state."""
+    import socket
+
+    with database("bench_metrics") as url:
+        setup_django(url)
+        off: list[float] = []
+        on: list[float] = []
+        for _ in range(a.rounds):
+            off.append(drain_rate(url, "bench_noop", a.runs, a.concurrency))
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = str(s.getsockname()[1])
+            on.append(drain_rate(url, "bench_noop", a.runs, a.concurrency, "--metrics-port", port))
+        return {
+            "bench": "metrics",
+            "runs": a.runs,
+            "rounds": a.rounds,
+            "concurrency": a.concurrency,
+            "runs_per_s_off": [round(x, 1) for x in off],
+            "runs_per_s_on": [round(x, 1) for x in on],
+            "on_over_off_median": round(median(on) / median(off), 3),
+            # load from other processes only ever slows a drain: best of each is the fairer pair
+            "on_over_off_best": round(max(on) / max(off), 3),
         }
 
 
@@ -305,6 +346,10 @@ def main() -> None:
     s.add_argument("--runs", type=int, default=2000)
     s.add_argument("--waiting", type=int, default=100_000)
     s.add_argument("--finished", type=int, default=0)
+    m = sub.add_parser("metrics")
+    m.add_argument("--runs", type=int, default=3000)
+    m.add_argument("--rounds", type=int, default=3)
+    m.add_argument("--concurrency", type=int, default=8)
     st = sub.add_parser("steps")
     st.add_argument("--runs", type=int, default=200)
     a = p.parse_args()

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from tasks_engine import clock
+from tasks_engine import clock, tracing
 
 from .models import EventStatus, OutboxEvent
 from .notify import wake_relay
@@ -45,6 +45,7 @@ def publish(
         max_attempts=max_attempts,
         next_attempt_at=now,
         created_at=now,
+        trace_context=tracing.current_trace_context(),
     )
     try:
         # A savepoint: a duplicate key must not poison the caller's transaction.

@@ -27,6 +27,9 @@ class OutboxEvent(models.Model):
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField()
     published_at = models.DateTimeField(null=True, blank=True, help_text="When it was dispatched.")
+    # The publisher's OpenTelemetry span (W3C traceparent), made current around the route so
+    # the runs it starts join the publisher's trace; "" when no span was current.
+    trace_context = models.CharField(max_length=128, blank=True, default="")
 
     class Meta:
         ordering = ["-id"]

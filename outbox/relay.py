@@ -26,8 +26,9 @@ from django.db import connection, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Concat
 
-from tasks_engine import clock
+from tasks_engine import clock, tracing
 from tasks_engine.logs import get_logger, redact_text
+from tasks_engine.notify import listening_possible
 from tasks_engine.outages import DB_ERRORS, Outage
 
 from .conf import OutboxSettings, outbox_settings
@@ -130,7 +131,7 @@ def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
     try:
         if found is None:
             raise NoRouteError(f"no route for outbox event type {event.type!r}")
-        with transaction.atomic():
+        with transaction.atomic(), tracing.trace_context_activated(event.trace_context):
             found.handler(event)
             # Django would roll this savepoint back without a word: the route's writes are
             # gone, so this is a failed attempt, not a dispatch.
@@ -227,7 +228,7 @@ class Relay:
             burst=self.config.burst,
             poll_interval=self.config.poll_interval,
         )
-        if connection.vendor == "postgresql" and not self.config.burst:
+        if listening_possible() and not self.config.burst:
             relay_listener(self.wake.set, self.stopping, self.log).start()
         outage = Outage(self.log, "relay")
         while not self.stopping.is_set():

@@ -21,6 +21,7 @@ from .exceptions import (
     StepTimeoutError,
     TaskCanceledError,
     UnknownRunError,
+    UnknownStepError,
     UnknownTaskError,
     UnstorableValueError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "TaskCanceledError",
     "TaskContext",
     "UnknownRunError",
+    "UnknownStepError",
     "UnknownTaskError",
     "UnstorableValueError",
     "Workflow",
@@ -50,15 +52,39 @@ __all__ = [
     "enqueue",
     "get_run",
     "list_runs",
+    "retry_run",
     "signal",
+    "wait",
     "workflow",
 ]
 
-_ENGINE = {"enqueue", "signal", "cancel", "get_run", "list_runs", "Enqueued", "Signaled", "RunView"}
+_ENGINE = {
+    "enqueue",
+    "signal",
+    "cancel",
+    "retry_run",
+    "get_run",
+    "list_runs",
+    "wait",
+    "Enqueued",
+    "Signaled",
+    "RunView",
+}
 
 if TYPE_CHECKING:
     from .context import TaskContext
-    from .engine import Enqueued, RunView, Signaled, cancel, enqueue, get_run, list_runs, signal
+    from .engine import (
+        Enqueued,
+        RunView,
+        Signaled,
+        cancel,
+        enqueue,
+        get_run,
+        list_runs,
+        retry_run,
+        signal,
+        wait,
+    )
 
 
 def __getattr__(name: str) -> Any:

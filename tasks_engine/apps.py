@@ -11,13 +11,15 @@ class TasksEngineConfig(AppConfig):
         from django.db.models.signals import post_migrate
         from django.utils.module_loading import autodiscover_modules
 
-        from . import backends, checks, logs, sql, sqlite_bounds  # noqa: F401 - checks; django_task
+        from . import backends, checks, logs, metrics, services, sql, sqlite_bounds  # noqa: F401
 
         logs.configure()
         register_services()
         connection_created.connect(sql.prepare_engine_statements, weak=False)
         # SQLite: planner statistics, so the claim reads its partial indexes (sqlite_bounds.py)
         post_migrate.connect(sqlite_bounds.analyze_after_migrate, sender=self, weak=False)
+        # tasks_runs{queue,status} on the leader's /metrics (a no-op unless it serves metrics)
+        services.register("metrics-run-counts", metrics.refresh_run_counts, every=15)
         autodiscover_modules("workflows")
 
 
@@ -28,7 +30,7 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 
 def register_services() -> None:
     """The engine's own maintenance services, run by the leader (leader.py)."""
-    from . import maintenance, services, workers
+    from . import maintenance, schedules, services, workers
 
     services.register("dead-workers", workers.reap_dead_workers, every=DEAD_WORKERS_EVERY)
     services.register(
@@ -36,3 +38,4 @@ def register_services() -> None:
         lambda: maintenance.prune_expired(max_batches=RETENTION_MAX_BATCHES),
         every=RETENTION_EVERY,
     )
+    services.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)

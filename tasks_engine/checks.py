@@ -7,12 +7,18 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from .conf import engine_settings
+from .conf import engine_settings, parse_queues, queues_setting
+from .pooler import behind_transaction_pooler
 
 
 @checks.register()
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
+    raw = getattr(settings, "TASKS_ENGINE", {}) or {}
+    try:
+        parse_queues(queues_setting(raw))
+    except ValueError as exc:
+        return [checks.Error(f"TASKS_ENGINE {exc}", id="tasks_engine.E006")]
     try:
         s = engine_settings()
     except (TypeError, ValueError) as exc:
@@ -76,3 +82,201 @@ def _sqlite_atomic_step_bound(s: Any) -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+# Misconfiguration that would otherwise show only at run time: settings the database in use
+# ignores or cannot honour, a lease too short for its heartbeats, queues nobody declared.
+SQLITE = "django.db.backends.sqlite3"
+POSTGRES_ONLY_SETTINGS = {
+    "NOTIFY": "SQLite has no LISTEN/NOTIFY: workers and relays poll every POLL_INTERVAL",
+    "LISTEN_URL": "SQLite has no LISTEN/NOTIFY",
+    "PREPARED_STATEMENTS": "prepared statements are a PostgreSQL (psycopg) feature",
+    "GROUP_COMMIT": "on SQLite each write commits by itself (one writer at a time)",
+}
+
+
+@checks.register()
+def check_misconfiguration(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    try:
+        s = engine_settings()
+    except (TypeError, ValueError):
+        return []  # tasks_engine.E001 reports it
+    raw = getattr(settings, "TASKS_ENGINE", {}) or {}
+    found = _lease_holds_three_heartbeats(s)
+    if settings.DATABASES.get("default", {}).get("ENGINE") == SQLITE:
+        found += _postgres_only_settings_on_sqlite(raw)
+    if behind_transaction_pooler():
+        found += _transaction_pooler(s)
+    found += _workflow_queues_declared(raw)
+    return found
+
+
+def _lease_holds_three_heartbeats(s: Any) -> list[checks.CheckMessage]:
+    """Two missed heartbeats (a GC pause, a slow commit) must not lose a lease: a lease shorter
+    than three heartbeats is given up after one. (E003 reports a heartbeat >= the lease.)"""
+    beat = s.heartbeat_seconds
+    if not beat or beat >= s.lease_seconds or s.lease_seconds >= 3 * beat:
+        return []
+    return [
+        checks.Warning(
+            f"TASKS_ENGINE LEASE_SECONDS ({s.lease_seconds:g}s) is shorter than three "
+            f"heartbeats (HEARTBEAT_SECONDS {beat:g}s): one late heartbeat loses the lease "
+            "and another worker runs the step again",
+            hint="Leave HEARTBEAT_SECONDS None (a third of the lease) or make the lease at "
+            f"least {3 * beat:g}s.",
+            id="tasks_engine.W020",
+        )
+    ]
+
+
+def _postgres_only_settings_on_sqlite(raw: dict[str, Any]) -> list[checks.CheckMessage]:
+    """Only settings the project set itself: the defaults suit both databases."""
+    return [
+        checks.Warning(
+            f"TASKS_ENGINE {key} is ignored on SQLite: {why}",
+            hint="Remove it from TASKS_ENGINE for SQLite, or set it only when DATABASE_URL "
+            "is PostgreSQL.",
+            id="tasks_engine.W021",
+        )
+        for key, why in POSTGRES_ONLY_SETTINGS.items()
+        if raw.get(key)
+    ]
+
+
+def _transaction_pooler(s: Any) -> list[checks.CheckMessage]:
+    found: list[checks.CheckMessage] = []
+    if s.prepared_statements:
+        found.append(
+            checks.Error(
+                "TASKS_ENGINE PREPARED_STATEMENTS cannot work through a transaction pooler "
+                "(DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] is True): a statement "
+                "prepared on one server connection does not exist on the next",
+                hint="Set TASKS_ENGINE['PREPARED_STATEMENTS'] = False "
+                "(docs/operations/poolers.md).",
+                id="tasks_engine.E020",
+            )
+        )
+    if s.notify and not s.listen_url:
+        found.append(
+            checks.Warning(
+                "TASKS_ENGINE NOTIFY: LISTEN cannot work through a transaction pooler; without "
+                "LISTEN_URL workers and relays are woken by polling only (POLL_INTERVAL)",
+                hint="Set TASKS_ENGINE['LISTEN_URL'] to a direct PostgreSQL URL (bypassing the "
+                "pooler) for push wake-ups.",
+                id="tasks_engine.W022",
+            )
+        )
+    return found
+
+
+def declared_queues(raw: dict[str, Any] | None = None) -> set[str] | None:
+    """The queue names TASKS_ENGINE["QUEUES"] declares, or None when it declares none."""
+    if raw is None:
+        raw = getattr(settings, "TASKS_ENGINE", {}) or {}
+    queues = raw.get("QUEUES")
+    if not queues or not isinstance(queues, dict | list | tuple):
+        return None
+    return {str(name) for name in queues}
+
+
+def _workflow_queues_declared(raw: dict[str, Any]) -> list[checks.CheckMessage]:
+    declared = declared_queues(raw)
+    if declared is None:
+        return []
+    from .definitions import registry
+
+    found: list[checks.CheckMessage] = []
+    for name, version in registry.pairs():
+        queue = registry.get(name, version).queue
+        if queue not in declared:
+            found.append(
+                checks.Warning(
+                    f"workflow {name}@{version} uses queue {queue!r}, which TASKS_ENGINE "
+                    f"QUEUES does not declare ({', '.join(sorted(declared))})",
+                    hint=f"A typo? Otherwise add {queue!r} to QUEUES ({{}} for no limits).",
+                    id="tasks_engine.W023",
+                )
+            )
+    return found
+
+
+def worker_checks(queues: list[str], processes: int = 1) -> list[checks.CheckMessage]:
+    """What `runworker` checks about its own arguments before it starts: errors stop it (one
+    line on stderr, exit 1), warnings are printed and it goes on."""
+    from .definitions import registry
+
+    found: list[checks.CheckMessage] = []
+    declared = declared_queues()
+    if declared is not None:
+        known = declared | {registry.get(n, v).queue for n, v in registry.pairs()}
+        for queue in queues:
+            if queue not in known:
+                found.append(
+                    checks.Error(
+                        f"unknown queue {queue!r}: TASKS_ENGINE QUEUES declares "
+                        f"{', '.join(sorted(declared))} and no workflow uses it",
+                        id="tasks_engine.E021",
+                    )
+                )
+    if processes > 1 and settings.DATABASES.get("default", {}).get("ENGINE") == SQLITE:
+        found.append(
+            checks.Warning(
+                f"--processes {processes} on SQLite: SQLite has one writer, so the processes "
+                "take turns for its write lock (more slots in one process, --concurrency, "
+                "do the same with less contention)",
+                id="tasks_engine.W024",
+            )
+        )
+    return found
+
+
+@checks.register()
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every schedule (`@workflow(schedule=...)`, `TASKS_ENGINE["SCHEDULES"]`) must parse, name
+    a known timezone and task, and carry input that task accepts: found here, not when it
+    would have fired."""
+    from .schedules import collect
+
+    errors: list[checks.CheckMessage] = []
+    for p in collect()[1]:
+        origin = (
+            f"schedule= of workflow {p.name!r}"
+            if p.source == "workflow"
+            else 'TASKS_ENGINE["SCHEDULES"]'
+        )
+        errors.append(
+            checks.Error(
+                f"schedule {p.name!r} ({origin}): {p.message}",
+                hint="See docs/schedules.md.",
+                id=f"tasks_engine.{p.code}",
+            )
+        )
+    return errors
+
+
+@checks.register(deploy=True)
+def check_unserved_runs(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """`check --deploy`: unfinished runs whose (task, version) and queue no live worker serves
+    (a version retired by a deploy while runs of it were mid-way, a queue nobody listens to).
+    Only once workers are known: with no live worker row nothing can be said. Says nothing
+    when the database cannot be read (not migrated yet, or down): this is advice, not a gate."""
+    from django.db import DatabaseError, transaction
+
+    from .workers import unserved_runs
+
+    try:
+        with transaction.atomic():  # a failed read inside a caller's transaction stays contained
+            unserved = unserved_runs()
+    except DatabaseError:
+        return []
+    return [
+        checks.Warning(
+            f"{u['runs']} unfinished run(s) of {u['task']}@{u['version']} in queue "
+            f"{u['queue']!r}: no live worker serves this task version and queue",
+            hint="Start a worker that registers this version and serves this queue, or "
+            "cancel the runs (manage.py tasks workers lists what each worker serves).",
+            obj=f"{u['task']}@{u['version']}",
+            id="tasks_engine.W002",
+        )
+        for u in unserved or []
+    ]

@@ -39,6 +39,10 @@ def non_negative_float(value: str) -> float:
     return _number(value, float, lambda f: math.isfinite(f) and f >= 0, "a number >= 0")
 
 
+def port_number(value: str) -> int:
+    return _number(value, int, lambda n: 1 <= n <= 65535, "a TCP port (1-65535)")
+
+
 def json_value(value: str) -> Any:
     """Standard JSON only: Python's parser also takes NaN and Infinity, which JSON has not."""
     try:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+
+
+@dataclass(frozen=True)
+class QueueLimits:
+    """`TASKS_ENGINE["QUEUES"][name]`: fleet-wide flow control of one queue."""
+
+    concurrency: int | None = None  # at most this many of its runs `running` at once
+    rate: tuple[int, float] | None = None  # (N, window seconds): at most N claims per window
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,7 @@ class EngineSettings:
     # SQLite only: an atomic step holds the database's only write lock while its code runs;
     # past this many seconds it is rolled back and fails (sqlite_bounds.py). None or 0: no bound.
     sqlite_atomic_step_seconds: float | None = 5.0
+    queues: dict[str, QueueLimits] = field(default_factory=dict)
     # A worker whose beat is older is dead: the leader makes its runs claimable at once.
     dead_worker_seconds: float = 10.0
     # The maintenance leader's lease (tasks_engine/leader.py): a leader that dies is replaced
@@ -34,6 +44,11 @@ class EngineSettings:
         ("failed", 90.0),
         ("canceled", 30.0),
     )
+    # The metrics view (views.metrics) requires `Authorization: Bearer <token>` when set.
+    metrics_token: str | None = None
+    # A direct PostgreSQL URL for LISTEN when the default database goes through a transaction
+    # pooler (tasks_engine/pooler.py); None: LISTEN on the default database's parameters.
+    listen_url: str | None = None
     # False: the engine never configures structlog (the host project does; docs/logging.md).
     configure_logging: bool = True
 
@@ -66,11 +81,57 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         prepared_statements=bool(raw.get("PREPARED_STATEMENTS", True)),
         group_commit=bool(raw.get("GROUP_COMMIT", True)),
         sqlite_atomic_step_seconds=_optional_float(raw.get("SQLITE_ATOMIC_STEP_SECONDS", 5.0)),
+        queues=parse_queues(queues_setting(raw)),
         dead_worker_seconds=float(raw.get("DEAD_WORKER_SECONDS", 10)),
         leader_lease_seconds=float(raw.get("LEADER_LEASE_SECONDS", 5)),
         retention_days=_retention(raw.get("RETENTION_DAYS")),
+        metrics_token=raw.get("METRICS_TOKEN") or None,
         configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
+        listen_url=raw.get("LISTEN_URL") or None,
     )
+
+
+_RATE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
+_WINDOW = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def queues_setting(raw: dict[str, Any]) -> Any:
+    value = raw.get("QUEUES")
+    return {} if value is None else value
+
+
+def parse_queues(raw: Any) -> dict[str, QueueLimits]:
+    """QUEUES validated; a bad value raises ValueError naming its queue."""
+    if not isinstance(raw, dict):
+        raise ValueError("QUEUES must be a dict of queue name -> limits")
+    return {str(name): _queue_limits(name, spec) for name, spec in raw.items()}
+
+
+def _queue_limits(name: Any, spec: Any) -> QueueLimits:
+    where = f"QUEUES[{name!r}]"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: a queue name must be a non-empty string")
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where} must be a dict with 'concurrency' and/or 'rate_limit'")
+    unknown = sorted(set(spec) - {"concurrency", "rate_limit"})
+    if unknown:
+        raise ValueError(f"{where}: unknown option(s) {', '.join(map(repr, unknown))}")
+    concurrency = spec.get("concurrency")
+    if concurrency is not None and (
+        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+    ):
+        raise ValueError(f"{where}['concurrency'] must be an integer >= 1, not {concurrency!r}")
+    rate = spec.get("rate_limit")
+    parsed = None
+    if rate is not None:
+        m = _RATE.fullmatch(rate) if isinstance(rate, str) else None
+        if m is None or int(m.group(1)) < 1:
+            raise ValueError(
+                f"{where}['rate_limit'] must look like '30/m' (N/s, N/m or N/h, N >= 1),"
+                f" not {rate!r}"
+            )
+        parsed = (int(m.group(1)), _WINDOW[m.group(2)])
+    return QueueLimits(concurrency=concurrency, rate=parsed)
 
 
 def _retention(raw: Any) -> tuple[tuple[str, float | None], ...]:

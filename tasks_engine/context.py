@@ -24,6 +24,7 @@ from .exceptions import (
 from .patches import PatchSteps
 from .serialization import encode_error, to_jsonable
 from .states import StepKind, StepStatus
+from .step_observer import observed_step
 from .step_timeouts import StepTimer, WriteOff, timeout_seconds
 from .waits import WaitSteps
 
@@ -76,6 +77,11 @@ class StepRecord:
     name: str
     kind: str
     attempts: list[Attempt] = field(default_factory=list)
+    superseded: int = 0  # attempts an operator's retry from an earlier step set aside
+
+    @property
+    def next_attempt(self) -> int:
+        return self.superseded + len(self.attempts) + 1
 
     @property
     def completed(self) -> Attempt | None:
@@ -120,9 +126,11 @@ class RunState:
     has_parent: bool = False
     progress: dict[str, Any] | None = None
     progress_dirty: bool = False
+    current_step: str = ""  # the step whose function runs now (the op ledger's step column)
     timer: StepTimer | None = None  # the running step's timeout, fired by the heartbeat
     timer_armed: Callable[[], None] | None = None  # tells the heartbeat a timer was armed
     patches: dict[str, bool] = field(default_factory=dict)  # ctx.patched() answers this pass
+    span: Any = None  # this claim's OpenTelemetry span (tracing.py), None when not tracing
 
 
 class TaskContext:
@@ -208,7 +216,7 @@ class StepAPI(PatchSteps, WaitSteps):
 
     def _record(self, key: str, kind: str) -> StepRecord | None:
         rec = self._s.history.get(key)
-        if rec is not None and rec.kind != kind:
+        if rec is not None and rec.attempts and rec.kind != kind:
             err = NonDeterminismError(
                 f"step {key!r} was recorded as {rec.kind!r} but replay called it as {kind!r}"
             )
@@ -232,7 +240,10 @@ class StepAPI(PatchSteps, WaitSteps):
         self._s.attempts_made += 1
 
     def _remember(self, key: str, kind: str, attempt: Attempt) -> None:
-        self._s.history.setdefault(key, StepRecord(key, kind)).attempts.append(attempt)
+        rec = self._s.history.setdefault(key, StepRecord(key, kind))
+        if not rec.attempts:
+            rec.kind = kind  # only superseded attempts before: the step may be of a new kind
+        rec.attempts.append(attempt)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -256,7 +267,7 @@ class StepAPI(PatchSteps, WaitSteps):
         failures = rec.counted_failures(run_pass) if rec else 0
         self._guard()
         lease = self._s.lease
-        attempt_no = len(rec.attempts) + 1 if rec else 1
+        attempt_no = rec.next_attempt if rec else 1
         if failures >= policy.max_attempts:
             # Every earlier attempt died with its worker: fail for good instead of looping.
             exc = StepFailedError(
@@ -267,6 +278,7 @@ class StepAPI(PatchSteps, WaitSteps):
             self._remember(key, StepKind.FUNCTION, _att(0, "failed", run_pass, error=error))
             raise exc
         step_id = self._start(key, StepKind.FUNCTION, attempt_no)
+        self._s.current_step = key
         timer = self._timer(key, step_id, seconds, policy, failures + 1) if seconds else None
         try:
             if atomic:
@@ -274,10 +286,10 @@ class StepAPI(PatchSteps, WaitSteps):
                     transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
                     sqlite_bounds.atomic_step(transaction.atomic(), key),
                 ):
-                    output = self._call(fn, timer)
+                    output = self._call(key, fn, timer)
                     transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
             else:
-                output = self._call(fn, timer)
+                output = self._call(key, fn, timer)
         except (Suspend, LeaseLostError):
             raise
         except Exception as exc:
@@ -306,9 +318,14 @@ class StepAPI(PatchSteps, WaitSteps):
         retry_in = None if terminal else policy.delay(failures)
         return StepTimer(key, seconds, WriteOff(step_id, error, retry_in))
 
-    def _call(self, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
-        """Run the step's body; with a timer, the attempt fails with StepTimeoutError when the
-        timer fired first (whatever the body did), and the abort it caused ends here."""
+    def _call(self, key: str, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
+        """Run the step's body (observed: metrics, span); with a timer, the attempt fails with
+        StepTimeoutError when the timer fired first (whatever the body did), and the abort it
+        caused ends here."""
+        with observed_step(self._ctx, key, StepKind.FUNCTION):
+            return self._call_timed(fn, timer)
+
+    def _call_timed(self, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
         if timer is None:
             return to_jsonable(fn())
         self._s.timer = timer

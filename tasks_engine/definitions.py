@@ -79,7 +79,14 @@ class Workflow:
     step_retry: RetryPolicy = DEFAULT_STEP_RETRY
     priority: int = 0
     options: dict[str, Any] = field(default_factory=dict)
+    # Flow control: a string, or a callable of the validated input returning one.
+    concurrency_key: str | Callable[[Any], str] | None = None
+    concurrency_limit: int = 1
     deadline: timedelta | None = None  # default deadline_at = created + deadline
+    # A cron expression: the workflow runs on it, under its own name, with input {}
+    # (tasks_engine/schedules/). Checked by `manage.py check`, not here.
+    schedule: str | None = None
+    schedule_timezone: str = "UTC"
 
     @property
     def key(self) -> str:
@@ -104,6 +111,22 @@ class Workflow:
         if (found := unstorable(model.model_dump(), foreign_ok=True)) is not None:
             raise _input_error(self.key, found, data)
         return model.model_dump(mode="json")
+
+    def key_for(self, stored: Any, override: str | None = None) -> str | None:
+        """The run's concurrency key: `override`, else the workflow's (a callable gets the
+        validated input). Raises ValueError for a key that is not a non-empty string."""
+        key: Any = override
+        if key is None and self.concurrency_key is not None:
+            wk = self.concurrency_key
+            key = wk(self.load_input(stored)) if callable(wk) else wk
+        if key is None:
+            return None
+        if not isinstance(key, str) or not key or len(key) > 255:
+            raise ValueError(
+                f"concurrency_key of {self.key} must be a non-empty string of at most 255"
+                f" characters, not {key!r}"
+            )
+        return key
 
     def load_input(self, stored: Any) -> Any:
         if self.input_model is None:
@@ -174,7 +197,11 @@ def workflow(
     retry: RetryPolicy | None = None,
     step_retry: RetryPolicy | None = None,
     priority: int = 0,
+    concurrency_key: str | Callable[[Any], str] | None = None,
+    concurrency_limit: int = 1,
     deadline: timedelta | None = None,
+    schedule: str | None = None,
+    schedule_timezone: str = "UTC",
 ) -> Any:
     """Register a workflow. Usable bare (`@workflow`) or with arguments. `deadline`: runs
     enqueued without a `deadline_at` get created + deadline."""
@@ -182,6 +209,14 @@ def workflow(
         raise TypeError("workflow input must be a pydantic BaseModel subclass")
     if version < 1:
         raise ValueError("workflow version must be >= 1")
+    if concurrency_key is not None and not (
+        (isinstance(concurrency_key, str) and concurrency_key) or callable(concurrency_key)
+    ):
+        raise TypeError("concurrency_key must be a non-empty string or a callable of the input")
+    if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int):
+        raise TypeError("concurrency_limit must be an integer")
+    if concurrency_limit < 1:
+        raise ValueError("concurrency_limit must be >= 1")
     if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
         raise ValueError(f"workflow deadline must be a positive timedelta, got {deadline!r}")
 
@@ -195,7 +230,11 @@ def workflow(
             retry=retry or DEFAULT_WORKFLOW_RETRY,
             step_retry=step_retry or DEFAULT_STEP_RETRY,
             priority=priority,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
             deadline=deadline,
+            schedule=schedule,
+            schedule_timezone=schedule_timezone,
         )
         return registry.register(wf)
 

@@ -1,4 +1,5 @@
-"""The engine API: enqueue, signal, cancel, get_run, list_runs. Thin; transitions do the writes."""
+"""The engine API: enqueue, signal, cancel, retry_run, get_run, list_runs, wait. Thin;
+transitions do the writes."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Any
 
 from django.db import transaction
 
-from . import clock, notify, transitions
+from . import clock, notify, tracing, transitions
 from .definitions import Workflow, registry
-from .exceptions import IdempotencyConflict, UnknownRunError
+from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import Fact, StepAttempt, WorkflowRun
 from .serialization import input_hash, to_jsonable
 from .states import FINISHED, RunStatus
@@ -39,6 +40,7 @@ class StepView:
     error: Any
     started_at: datetime | None
     finished_at: datetime | None
+    superseded: bool = False  # set aside by retry_run(from_step=...): history, not replayed
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class RunView:
     parent_run_id: uuid.UUID | None
     progress: Any
     unreached_steps: list[str]
+    concurrency_key: str | None = None
     waiting_on: str = ""
+    retries: list[dict[str, Any]] = field(default_factory=list)  # retry_run: at, by, reason
     steps: list[StepView] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,7 +111,9 @@ def _view(run: WorkflowRun, steps: list[StepView] | None = None) -> RunView:
         parent_run_id=run.parent_run_id,
         progress=run.progress,
         unreached_steps=list(run.unreached_steps or []),
+        concurrency_key=run.concurrency_key,
         waiting_on=run.waiting_on,
+        retries=list(run.retries or []),
         steps=steps or [],
     )
 
@@ -132,15 +138,18 @@ def enqueue(
     deadline_at: datetime | None = None,
     trace_id: str | None = None,
     queue: str | None = None,
+    concurrency_key: str | None = None,
     parent_run_id: uuid.UUID | None = None,
     parent_step: str = "",
 ) -> Enqueued:
-    """Create a run on the caller's connection: it commits or rolls back with the caller."""
+    """Create a run on the caller's connection: it commits or rolls back with the caller.
+    `concurrency_key` overrides the workflow's key (docs/FLOW_CONTROL.md)."""
     if isinstance(task, Workflow):
         version = version or task.version
         task = task.name
     wf = registry.get(task, version)
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
+    key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
     digest = input_hash(data)
     run_id = transitions.create_run(
         task_name=wf.name,
@@ -150,11 +159,13 @@ def enqueue(
         input=data,
         idempotency_key=idempotency_key,
         input_hash=digest,
-        trace_id=trace_id or uuid.uuid4().hex,
+        trace_id=trace_id or tracing.new_trace_id(),
         available_at=available_at,
         deadline_at=deadline_at if deadline_at is not None else _default_deadline(wf),
         parent_run_id=parent_run_id,
         parent_step=parent_step,
+        concurrency_key=key,
+        concurrency_limit=wf.concurrency_limit if key is not None else None,
     )
     if run_id is None:  # the idempotency key is taken: same input -> that run, else conflict
         assert idempotency_key is not None
@@ -194,7 +205,15 @@ def get_run(run_id: uuid.UUID | str) -> RunView | None:
         return None
     steps = [
         StepView(
-            s.name, s.kind, s.status, s.attempt, s.output, s.error, s.started_at, s.finished_at
+            s.name,
+            s.kind,
+            s.status,
+            s.attempt,
+            s.output,
+            s.error,
+            s.started_at,
+            s.finished_at,
+            s.superseded,
         )
         for s in StepAttempt.objects.filter(run_id=rid).order_by("id")
     ]
@@ -202,13 +221,21 @@ def get_run(run_id: uuid.UUID | str) -> RunView | None:
 
 
 def list_runs(
-    *, task: str | None = None, status: str | None = None, limit: int = 50
+    *,
+    task: str | None = None,
+    status: str | None = None,
+    version: int | None = None,
+    limit: int = 50,
 ) -> list[RunView]:
     if status is not None and status not in RunStatus.values:
         raise ValueError(f"unknown status {status!r}; one of {', '.join(RunStatus.values)}")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise ValueError(f"version must be an integer, not {version!r}")
     qs = WorkflowRun.objects.all().order_by("-created_at")
     if task is not None:
         qs = qs.filter(task_name=task)
+    if version is not None:
+        qs = qs.filter(version=version)
     if status is not None:
         qs = qs.filter(status=status)
     return [_view(run) for run in qs[: max(int(limit), 0)]]
@@ -228,20 +255,83 @@ def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:
     return True
 
 
-def signal(run_id: uuid.UUID | str, name: str, payload: Any = None) -> Signaled:
-    """Store a fact for the run and wake it if it waits on that name."""
+def retry_run(
+    run_id: uuid.UUID | str,
+    *,
+    from_step: str | None = None,
+    reason: str | None = None,
+    by: str = "",
+) -> bool:
+    """Send a failed or canceled run back to `pending` for a fresh pass (same id and key).
+
+    Completed steps are not run again; with `from_step`, that step and every step recorded
+    after it are (their old attempts are kept, marked superseded). False, and nothing
+    changes, for any other status. `by` names who retried, for the run's retry history.
+    Raises `UnknownRunError`, or `UnknownStepError` for a `from_step` the run never recorded.
+    """
+    rid = _run_id(run_id)
+    if from_step is not None and (not isinstance(from_step, str) or not from_step):
+        raise UnknownStepError(f"from_step must be a step name, not {from_step!r}")
+    return transitions.retry_run(rid, from_step=from_step, reason=reason or "", by=by)
+
+
+def signal(
+    run_id: uuid.UUID | str,
+    name: str,
+    payload: Any = None,
+    *,
+    idempotency_key: str | None = None,
+) -> Signaled:
+    """Store a fact for the run and wake it if it waits on that name.
+
+    With `idempotency_key`, the same key for the same run stores one fact however often it is
+    sent, and every repeat answers as the first signal did, even with another payload (the
+    first payload is the one kept) and even after the run has finished.
+    """
     rid = _run_id(run_id)
     data = to_jsonable(payload)
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str) or not idempotency_key
+    ):
+        raise ValueError(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
     with transaction.atomic():
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
         if run is None:
             raise UnknownRunError(f"no run with id {rid}")
+        if idempotency_key is not None and (first := _first_answer(rid, idempotency_key)):
+            return first
         if run.status in FINISHED or run.cancel_requested_at is not None:
             return Signaled(False, run.status)
-        now = clock.now()
-        Fact.objects.create(run=run, name=name, payload=data, created_at=now)
-        if run.status == RunStatus.WAITING and run.waiting_on == f"fact:{name}":
+        wakes = run.status == RunStatus.WAITING and run.waiting_on == f"fact:{name}"
+        answer = Signaled(True, RunStatus.PENDING if wakes else run.status)
+        if not transitions.store_fact(run, name, data, idempotency_key, answer.status):
+            # A concurrent signal with the same key stored it first (SQLite has no row lock).
+            first = _first_answer(rid, idempotency_key)
+            assert first is not None
+            return first
+        if wakes:
             transitions.wake_run(run)
             notify.wake_workers(run.queue)
-            return Signaled(True, RunStatus.PENDING)
-        return Signaled(True, run.status)
+        return answer
+
+
+def _first_answer(run_id: uuid.UUID, key: str | None) -> Signaled | None:
+    status = (
+        Fact.objects.filter(run_id=run_id, idempotency_key=key)
+        .values_list("answered_status", flat=True)
+        .first()
+    )
+    return None if status is None else Signaled(True, status)
+
+
+def wait(run_id: uuid.UUID | str, timeout: float | None = None) -> RunView:
+    """Block until the run has finished (completed, failed or canceled) and return its view.
+    Raises `TimeoutError` after `timeout` seconds, `UnknownRunError` for an unknown id."""
+    from .run_waiter import wait_finished
+
+    rid = _run_id(run_id)
+    wait_finished(rid, timeout)
+    view = get_run(rid)
+    if view is None:  # pruned the moment it finished
+        raise UnknownRunError(f"no run with id {rid}")
+    return view

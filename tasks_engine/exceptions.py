@@ -86,3 +86,11 @@ class Suspend(BaseException):
 
 class AtomicStepTimeoutError(NonRetryableError):
     """An atomic step held SQLite's write lock past SQLITE_ATOMIC_STEP_SECONDS: rolled back."""
+
+
+class UnknownStepError(TasksEngineError, ValueError):
+    """`retry_run(from_step=...)` names no step the run recorded."""
+
+
+class UnknownScheduleError(TasksEngineError, LookupError):
+    """No schedule of that name is defined (in code or TASKS_ENGINE["SCHEDULES"])."""

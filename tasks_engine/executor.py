@@ -6,7 +6,7 @@ import threading
 from datetime import timedelta
 from typing import Any
 
-from . import clock, transitions
+from . import clock, metrics, tracing, transitions
 from .conf import engine_settings
 from .context import Attempt, RunState, StepRecord, TaskContext
 from .definitions import Workflow, registry
@@ -32,12 +32,26 @@ def load_history(run_id: Any) -> tuple[dict[str, StepRecord], int]:
         StepAttempt.objects.filter(run_id=run_id)
         .order_by("id")
         .values_list(
-            "id", "name", "kind", "status", "run_pass", "counted", "output", "error", "wake_at"
+            "id",
+            "name",
+            "kind",
+            "status",
+            "run_pass",
+            "counted",
+            "output",
+            "error",
+            "wake_at",
+            "superseded",
         )
     )
-    for sid, name, kind, status, run_pass, counted, output, error, wake_at in rows:
+    for sid, name, kind, status, run_pass, counted, output, error, wake_at, superseded in rows:
         count += 1
         rec = history.setdefault(name, StepRecord(name, kind))
+        if superseded:  # retried from an earlier step: history only, but it keeps its number
+            rec.superseded += 1
+            continue
+        if not rec.attempts:
+            rec.kind = kind
         rec.attempts.append(Attempt(sid, status, run_pass, counted, output, error, wake_at))
     return history, count
 
@@ -54,7 +68,7 @@ def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threadin
     state = RunState(
         lease=lease,
         workflow=wf,
-        run_pass=run.failures + 1,
+        run_pass=run.failures + run.pass_offset + 1,
         deadline_at=run.deadline_at,
         history=history,
         attempts_made=count,
@@ -79,7 +93,17 @@ def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threadin
 
 
 def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
-    """Drive the handler once and write the outcome. Returns what happened, for logs and tests."""
+    """Drive the handler once and write the outcome. Returns what happened, for logs and tests.
+    Observed: a span for the claim (tracing.py) and the run's outcome counted (metrics.py)."""
+    with tracing.claim_span(ctx) as span:
+        ctx._state.span = span
+        outcome = _drive(run, wf, ctx)
+        tracing.outcome_of_claim(span, outcome)
+    metrics.record_run_outcome(run.task_name, outcome)
+    return outcome
+
+
+def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     state = ctx._state
     lease = state.lease
     if state.cancel_requested:

@@ -40,7 +40,7 @@ def with_attempt_token(
     lease = ctx._state.lease
     ctx.raise_if_canceled()
     transitions.flush_deferred(lease)
-    started = _record_start(lease, op_key)
+    started = _record_start(lease, op_key, ctx._state.current_step)
     if isinstance(started, _Done):
         return started.result
     if isinstance(started, _Busy):
@@ -92,7 +92,9 @@ BUSY_RETRY_SECONDS = 5.0
 
 
 @transitions.attempt_write
-def _record_start(lease: transitions.Lease, op_key: str) -> bool | _Done | _Busy:
+def _record_start(
+    lease: transitions.Lease, op_key: str, step_name: str = ""
+) -> bool | _Done | _Busy:
     """Commit "this attempt started op_key". Returns whether an earlier attempt had started it
     (`resumed`), its stored result, or that a live attempt of another run is inside it."""
     now = clock.now()
@@ -105,6 +107,7 @@ def _record_start(lease: transitions.Lease, op_key: str) -> bool | _Done | _Busy
                     OpLedger.objects.create(
                         op_key=op_key,
                         run_id=lease.run_id,
+                        step_name=step_name,
                         attempt_token=lease.token,
                         status=OpLedger.Status.STARTED,
                         created_at=now,
@@ -119,7 +122,8 @@ def _record_start(lease: transitions.Lease, op_key: str) -> bool | _Done | _Busy
         if holder is not None and entry.attempt_token != lease.token:
             return _Busy(holder[0], min(holder[1], now + timedelta(seconds=BUSY_RETRY_SECONDS)))
         entry.run_id, entry.attempt_token, entry.updated_at = lease.run_id, lease.token, now
-        entry.save(update_fields=["run_id", "attempt_token", "updated_at"])
+        entry.step_name = step_name or entry.step_name
+        entry.save(update_fields=["run_id", "attempt_token", "updated_at", "step_name"])
         return True
 
 

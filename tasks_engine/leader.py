@@ -28,12 +28,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db import connection
+from django.db.models.functions import Now
 
 from . import services
 from .conf import engine_settings
 from .models import LeaderLease
 from .outages import DB_ERRORS, Outage
-from .sql import db_clock, db_now_sql, execute, fetchall
+from .sql import db_now_sql, execute, fetchall
 
 if TYPE_CHECKING:
     from .worker.loop import Worker
@@ -52,8 +53,8 @@ class CurrentLeader:
 
 
 def current_leader() -> CurrentLeader | None:
-    """The leader whose lease has not expired (database clock), or None."""
-    row = LeaderLease.objects.filter(name=ROLE, expires_at__gt=db_clock()).first()
+    """The leader whose lease has not expired (on the database's clock), or None."""
+    row = LeaderLease.objects.filter(name=ROLE, expires_at__gt=Now()).first()
     if row is None:
         return None
     return CurrentLeader(row.worker_id, row.term, row.elected_at, row.expires_at)

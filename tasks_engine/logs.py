@@ -45,6 +45,7 @@ import re
 import sys
 from collections.abc import Mapping, MutableMapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 import structlog
 
@@ -117,7 +118,7 @@ SECRET_WHOLE_KEYS = frozenset({"session"})
 # Query parameters: everything above, plus a bare `key` (`?key=...` is how Google and others
 # pass API keys). Other parameters are kept: redacting every query value (the old behaviour)
 # turned `?page=2&sort=name` into noise that hid what a request was, and hid nothing secret.
-SECRET_QUERY_PARAMS = frozenset({"key"})
+SECRET_QUERY_PARAMS = frozenset({"key", "rsskey"})  # rsskey: private trackers
 AUTH_WORDS = frozenset({"authorization", "authorisation", "auth"})
 AUTH_SCHEMES = (
     r"(?:bearer|basic|digest|token|negotiate|ntlm|hoba|mutual|apikey|jwt|dpop|aws4-hmac-sha256)"
@@ -220,9 +221,29 @@ def redact_text(text: str) -> str:
         out = _redact_pairs(out, low)
     if "bearer" in low:
         out = _BARE_BEARER.sub(_bearer, out)
+    if "announce" in low or "scrape" in low:
+        out = _TRACKER_PATH_KEY.sub(rf"\g<1>{REDACTED}", out)
+    if "%3d" in low:
+        out = _ENCODED_QUERY.sub(_encoded_query, out)
     if "eyJ" in out:
         out = _JWT.sub(REDACTED, out)
     return text if out == text else out
+
+
+# Private trackers put the user's passkey in the announce URL's path (`/<key>/announce`,
+# `/announce/<key>`) or query; a magnet's `tr=` carries the URL percent-encoded.
+_TRACKER_PATH_KEY = re.compile(
+    r"(?i)(://[^/\s]+/(?:[^/\s]+/)*?)[A-Za-z0-9]{16,}(?=/(?:announce|scrape))"
+    r"|(?i:(/(?:announce|scrape)(?:\.php)?/))[A-Za-z0-9]{16,}"
+)
+_ENCODED_QUERY = re.compile(r"(?i)\b(tr|ws|as|xs)=([^&\s\"'<>]+)")
+
+
+def _encoded_query(m: re.Match[str]) -> str:
+    """A percent-encoded URL (a magnet's tracker): redacted as its decoded form would be."""
+    value = unquote(m.group(2))
+    redacted = redact_text(value)
+    return m.group(0) if redacted is value else f"{m.group(1)}={quote(redacted, safe=':/[]')}"
 
 
 def _is_name_char(char: str) -> bool:

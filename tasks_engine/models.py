@@ -26,12 +26,23 @@ class WorkflowRun(models.Model):
     input_hash = models.CharField(max_length=64, blank=True)
     trace_id = models.CharField(max_length=64, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Claims so far.")
-    failures = models.PositiveIntegerField(default=0, help_text="Failed passes so far.")
+    failures = models.PositiveIntegerField(
+        default=0, help_text="Failed passes since the run was created or last retried by hand."
+    )
+    # Passes before the last operator retry: a pass is numbered failures + pass_offset + 1.
+    pass_offset = models.PositiveIntegerField(default=0, db_default=0)
+    # Operator retries, oldest first: {"at", "by", "reason", "from_step"} (retry_run).
+    retries = models.JSONField(null=True, blank=True)
+    # Someone blocks in tasks_engine.wait() on this run: its end sends a NOTIFY (PostgreSQL).
+    awaited = models.BooleanField(default=False, db_default=False)
     worker_id = models.CharField(max_length=200, blank=True)
     lease_token = models.UUIDField(null=True, blank=True)
     # One column, three meanings by status: pending = due time, running = lease expiry,
     # waiting = wake time (NULL: no timer). Each status has its own partial index on it.
     available_at = models.DateTimeField(null=True, blank=True)
+    # When the run was due at its latest claim (its available_at just before): the claim
+    # delay metric reads it from the claim's RETURNING, which only sees the new available_at.
+    due_at = models.DateTimeField(null=True, blank=True)
     waiting_on = models.CharField(max_length=300, blank=True)
     deadline_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -49,6 +60,11 @@ class WorkflowRun(models.Model):
     parent_step = models.CharField(max_length=300, blank=True)
     progress = models.JSONField(null=True, blank=True)
     unreached_steps = models.JSONField(default=list, blank=True)
+    # Flow control (docs/FLOW_CONTROL.md): at most `concurrency_limit` runs with the same key
+    # run at once. The limit is stored with the run because the claim, which enforces it, is
+    # SQL and cannot ask the registry.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -56,7 +72,10 @@ class WorkflowRun(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        permissions = [("cancel_workflowrun", "Can cancel workflow runs")]
+        permissions = [
+            ("cancel_workflowrun", "Can cancel workflow runs"),
+            ("retry_workflowrun", "Can retry workflow runs"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["task_name", "idempotency_key"],
@@ -80,11 +99,24 @@ class WorkflowRun(models.Model):
             ),
         ]
         indexes = [
-            # The claim reads only this index: finished and waiting rows are not in it.
+            # The claim reads only this index: finished and waiting rows are not in it, nor
+            # runs with a concurrency key (held back by it, they would be walked past).
             models.Index(
                 fields=["-priority", "available_at"],
-                condition=Q(status="pending"),
+                condition=Q(status="pending", concurrency_key__isnull=True),
                 name="run_claim_pending",
+            ),
+            # Keyed runs, by key: a guarded claim visits each key once (a loose index scan),
+            # however many runs the key holds back.
+            models.Index(
+                fields=["concurrency_key", "-priority", "available_at"],
+                condition=Q(status="pending", concurrency_key__isnull=False),
+                name="run_claim_keyed",
+            ),
+            models.Index(
+                fields=["concurrency_key"],
+                condition=Q(status="running", concurrency_key__isnull=False),
+                name="run_running_keyed",
             ),
             models.Index(
                 fields=["available_at"], condition=Q(status="running"), name="run_lease_expiry"
@@ -115,6 +147,21 @@ class WorkflowRun(models.Model):
         return f"{self.task_name}@{self.version} {self.id} ({self.status})"
 
 
+class QueueClaim(models.Model):
+    """When a claim of a rate-limited queue's run started: the sliding window's log. The claim
+    that adds rows also deletes those older than the window, so a queue keeps at most its
+    rate's N rows."""
+
+    queue = models.CharField(max_length=100)
+    claimed_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["queue", "claimed_at"], name="queue_claim_window")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} at {self.claimed_at}"
+
+
 class StepAttempt(models.Model):
     # No index of its own: step_attempt_unique (run, name, attempt) leads with it.
     run = models.ForeignKey(
@@ -126,6 +173,11 @@ class StepAttempt(models.Model):
     attempt = models.PositiveIntegerField(default=1)
     run_pass = models.PositiveIntegerField(default=1, help_text="Workflow pass (retry) number.")
     counted = models.BooleanField(default=True, help_text="Counts against the retry budget.")
+    superseded = models.BooleanField(
+        default=False,
+        db_default=False,
+        help_text="Replaced by a retry from an earlier step; kept as history, ignored by replay.",
+    )
     output = models.JSONField(null=True, blank=True)
     error = models.JSONField(null=True, blank=True)
     worker_id = models.CharField(max_length=200, blank=True)
@@ -139,7 +191,7 @@ class StepAttempt(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["run", "name"],
-                condition=Q(status="completed"),
+                condition=Q(status="completed", superseded=False),
                 name="step_completed_once",
             ),
             models.UniqueConstraint(fields=["run", "name", "attempt"], name="step_attempt_unique"),
@@ -157,11 +209,22 @@ class Fact(models.Model):
     name = models.CharField(max_length=200)
     payload = models.JSONField(null=True, blank=True)
     consumed_by = models.CharField(max_length=300, blank=True, help_text="Step key that took it.")
+    # signal(..., idempotency_key=K): one fact per (run, K); a repeat answers with the status
+    # the first signal answered.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    answered_status = models.CharField(max_length=16, blank=True, db_default="")
     created_at = models.DateTimeField()
 
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["run", "name", "id"], name="fact_run_name")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="fact_idempotency_key_unique",
+            )
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} for {self.run_id}"
@@ -232,3 +295,33 @@ class LeaderLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.worker_id} (term {self.term})"
+
+
+class Schedule(models.Model):
+    """The state of one named schedule (tasks_engine/schedules/); its definition lives in code
+    (`@workflow(schedule=...)`) or settings (`TASKS_ENGINE["SCHEDULES"]`), not here. A row
+    outlives its definition (a schedule removed from code keeps its pause and history, and is
+    not fired)."""
+
+    name = models.CharField(max_length=200, unique=True)
+    # The definition `next_fire_at` was computed for; "" once the schedule is no longer
+    # defined. A changed definition starts again from the next slot after the change.
+    cron = models.CharField(max_length=200, blank=True)
+    timezone = models.CharField(max_length=100, blank=True)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    next_fire_at = models.DateTimeField(null=True, blank=True, help_text="Next slot (UTC).")
+    last_slot_at = models.DateTimeField(null=True, blank=True, help_text="Last slot fired.")
+    last_fired_at = models.DateTimeField(null=True, blank=True, help_text="When it was fired.")
+    # No foreign key: runs are pruned with raw deletes, and the id is worth keeping anyway.
+    last_run_id = models.UUIDField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("pause_schedule", "Can pause and resume schedules")]
+
+    def __str__(self) -> str:
+        return self.name

@@ -14,6 +14,7 @@ from typing import Any
 from django.db import connection, connections
 
 from .conf import engine_settings
+from .pooler import behind_transaction_pooler
 
 CHANNEL = "tasks_engine_wake"
 
@@ -29,8 +30,20 @@ def wake_workers(queue: str, *, cancel: bool = False) -> None:
         cur.execute("SELECT pg_notify(%s, %s)", [CHANNEL, ("cancel:" if cancel else "") + queue])
 
 
+def listening_possible() -> bool:
+    """LISTEN needs a session of its own: not through a transaction pooler, unless LISTEN_URL
+    names a direct connection (tasks_engine/pooler.py). Otherwise workers and relays poll."""
+    if connection.vendor != "postgresql":
+        return False
+    return bool(engine_settings().listen_url) or not behind_transaction_pooler()
+
+
 def listen_params() -> dict[str, Any]:
-    """Django's connection parameters, minus the options only Django's wrapper understands."""
+    """LISTEN_URL when set, else Django's connection parameters minus the options only
+    Django's wrapper understands."""
+    url = engine_settings().listen_url
+    if url:
+        return {"conninfo": url}
     params = dict(connections["default"].get_connection_params())
     for key in ("cursor_factory", "context", "server_side_binding", "prepare_threshold"):
         params.pop(key, None)

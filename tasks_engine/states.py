@@ -55,6 +55,8 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], tuple[str, str]] = {
     ),
     (RunStatus.PENDING, RunStatus.CANCELED): ("canceled before it ran", "cancel_idle_run"),
     (RunStatus.WAITING, RunStatus.CANCELED): ("canceled while waiting", "cancel_idle_run"),
+    (RunStatus.FAILED, RunStatus.PENDING): ("retried by an operator (retry_run)", "retry_run"),
+    (RunStatus.CANCELED, RunStatus.PENDING): ("retried by an operator (retry_run)", "retry_run"),
 }
 
 

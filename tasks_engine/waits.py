@@ -45,7 +45,7 @@ class WaitSteps:
             return armed
         if not guarded:
             self._guard()
-        attempt_no = len(rec.attempts) + 1 if rec else 1
+        attempt_no = rec.next_attempt if rec else 1
         step_id = self._start(key, kind, attempt_no, **fields)
         armed = Attempt(
             step_id,

@@ -24,6 +24,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
+from django.db.models import Count, Q
+from django.db.models.functions import Now
 
 from . import clock
 from .conf import engine_settings
@@ -156,27 +158,53 @@ def list_workers() -> list[WorkerView]:
     ]
 
 
-def unserved_runs() -> list[dict[str, Any]] | None:
+def unserved_runs(
+    live: list[tuple[list[str], list[str]]] | None = None,
+) -> list[dict[str, Any]] | None:
     """Unfinished runs whose (task, version) and queue no live worker serves, grouped:
     `[{"task", "version", "queue", "runs"}]`. None when no worker is alive: then nothing is
-    known about what the fleet serves (a deploy in progress, or workers not started yet)."""
-    live = list(Worker.objects.filter(last_heartbeat__gte=alive_since()).values("queues", "tasks"))
+    known about what the fleet serves (a deploy in progress, or workers not started yet).
+    `live`: the live workers' filters, when the caller has read them already."""
+    live = live_filters() if live is None else live
     if not live:
         return None
     groups = (
         WorkflowRun.objects.filter(status__in=UNFINISHED)
+        .order_by()
         .values_list("task_name", "version", "queue")
-        .distinct()
+        .annotate(n=Count("pk"))
     )
-    unserved = []
-    for task, version, queue in groups:
-        key = f"{task}@{version}"
-        if not any(key in w["tasks"] and (not w["queues"] or queue in w["queues"]) for w in live):
-            count = WorkflowRun.objects.filter(
-                status__in=UNFINISHED, task_name=task, version=version, queue=queue
-            ).count()
-            unserved.append({"task": task, "version": version, "queue": queue, "runs": count})
+    unserved = [
+        {"task": task, "version": version, "queue": queue, "runs": n}
+        for task, version, queue, n in groups
+        if not any(_serves(w, task, version, queue) for w in live)
+    ]
     return sorted(unserved, key=lambda u: (u["task"], u["version"], u["queue"]))
+
+
+def served(task: str, version: int, queue: str) -> bool | None:
+    """Whether a live worker serves runs of (task, version) in `queue` (None: no worker alive)."""
+    live = live_filters()
+    if not live:
+        return None
+    return any(_serves(w, task, version, queue) for w in live)
+
+
+def alive() -> Q:
+    """Workers whose beat is at most DEAD_WORKER_SECONDS old, on the database's clock, in the
+    query itself (no round trip to read the clock first)."""
+    return Q(last_heartbeat__gte=Now() - timedelta(seconds=engine_settings().dead_worker_seconds))
+
+
+def live_filters() -> list[tuple[list[str], list[str]]]:
+    """(queues, tasks) of every live worker."""
+    rows = Worker.objects.filter(alive()).values_list("queues", "tasks")
+    return [(list(q), list(t)) for q, t in rows]
+
+
+def _serves(worker: tuple[list[str], list[str]], task: str, version: int, queue: str) -> bool:
+    queues, tasks = worker
+    return f"{task}@{version}" in tasks and (not queues or queue in queues)
 
 
 # -- the dead-worker service -----------------------------------------------------------------

@@ -6,40 +6,19 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.db import connection
 
-from tasks_engine import clock, executor, transitions
-from tasks_engine.definitions import registry
-from tasks_engine.models import WorkflowRun
+from tasks_engine import testing
+from tasks_engine.testing import FakeClock
+
+__all__ = ["ROOT", "FakeClock", "WorkerProcess", "database_url", "drain", "wait_for"]
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-class FakeClock:
-    def __init__(self, start: datetime) -> None:
-        self.current = start
-
-    def now(self) -> datetime:
-        return self.current
-
-    def advance(self, seconds: float) -> None:
-        self.current += timedelta(seconds=seconds)
-
-
-def next_wake(pairs: list[tuple[str, int]]) -> datetime | None:
-    return (
-        WorkflowRun.objects.filter(status__in=["pending", "waiting"], available_at__isnull=False)
-        .order_by("available_at")
-        .values_list("available_at", flat=True)
-        .first()
-    )
 
 
 def drain(
@@ -50,23 +29,9 @@ def drain(
     limit: int = 500,
     worker_id: str = "test-worker",
 ) -> list[str]:
-    """Execute due runs in this thread until none is due. With a fake clock, jump to timers
-    due within `horizon` seconds (retry backoffs, short sleeps) instead of waiting for them."""
-    pairs = pairs or registry.pairs()
-    outcomes: list[str] = []
-    for _ in range(limit):
-        claimed = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
-        if not claimed:
-            wake = next_wake(pairs) if fake is not None else None
-            if wake is None or wake > clock.now() + timedelta(seconds=horizon):
-                break
-            assert fake is not None
-            fake.current = max(fake.current, wake)
-            continue
-        run, lease = claimed[0].run, claimed[0].lease
-        wf, ctx = executor.build_context(run, lease, threading.Event())
-        outcomes.append(executor.execute(run, wf, ctx))
-    return outcomes
+    """`tasks_engine.testing.drain`, jumping only over timers due within two minutes by
+    default (retry backoffs, short sleeps): the project's tests say when they mean longer."""
+    return testing.drain(fake, pairs=pairs, horizon=horizon, limit=limit, worker_id=worker_id)
 
 
 # -- real processes ---------------------------------------------------------------------------

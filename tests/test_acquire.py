@@ -21,6 +21,8 @@ from outbox.relay import relay_once
 from tasks_engine.models import OpLedger
 from tests.helpers import FakeClock, drain
 from umt.acquisition import PLANNED, plan_acquisition
+from umt.conf import umt_settings
+from umt.library import partial_path
 from umt.models import AcquisitionPlan, LibraryItem
 
 pytestmark = pytest.mark.django_db
@@ -53,6 +55,11 @@ def rid(plan: AcquisitionPlan) -> uuid.UUID:
 
 def files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def partial_of(plan: AcquisitionPlan, media: Path) -> Path:
+    dest = media / "library" / "Sintel (2010)" / "Sintel (2010).mkv"
+    return partial_path(plan, dest, umt_settings())
 
 
 def started(title: str = "Sintel (2010)", **kw: Any) -> AcquisitionPlan:
@@ -149,15 +156,35 @@ def test_retention_holds_the_source_without_a_worker(media: Path, fake_clock: Fa
     assert not source.exists()
 
 
-def test_a_multi_file_download_copies_its_largest_file(media: Path, fake_clock: FakeClock) -> None:
+def test_a_season_pack_copies_every_video_file(media: Path, fake_clock: FakeClock) -> None:
     plan = started("Tears of Steel")
     folder = media / "downloads" / "Tears of Steel"
-    write(folder / "sample.mkv", 500)
-    digest = write(folder / "feature" / "tos.mkv", 5000, seed=2)
+    d1 = write(folder / "S01E01.mkv", 500)
+    d2 = write(folder / "feature" / "S01E02.mkv", 5000, seed=2)
+    write(folder / "notes.nfo", 50, seed=3)
     tasks_engine.signal(rid(plan), "download-done", {"content_path": str(folder)})
     drain(fake_clock)
-    item = LibraryItem.objects.get(plan=plan)
-    assert item.sha256 == digest and item.path.endswith("Tears of Steel/Tears of Steel.mkv")
+    items = sorted((i.path, i.sha256) for i in LibraryItem.objects.filter(plan=plan))
+    lib = media / "library" / "Tears of Steel"
+    assert items == [(str(lib / "S01E01.mkv"), d1), (str(lib / "feature" / "S01E02.mkv"), d2)]
+    assert files(media / "library") == [
+        "Tears of Steel/S01E01.mkv",
+        "Tears of Steel/feature/S01E02.mkv",
+    ]
+
+
+def test_a_plan_takes_the_files_its_pattern_names(media: Path, fake_clock: FakeClock) -> None:
+    plan = plan_acquisition(title="Pack", source="Pack", files="*.srt")
+    relay_once()
+    plan.refresh_from_db()
+    folder = media / "downloads" / "Pack"
+    write(folder / "e1.mkv", 500)
+    digest = write(folder / "e1.srt", 70, seed=4)
+    tasks_engine.signal(rid(plan), "download-done", {"content_path": str(folder)})
+    drain(fake_clock)
+    assert [(i.path, i.sha256) for i in LibraryItem.objects.filter(plan=plan)] == [
+        (str(media / "library" / "Pack" / "Pack.srt"), digest)  # one file: named after the plan
+    ]
 
 
 def test_a_different_file_in_the_way_fails_the_run_without_touching_it(
@@ -174,6 +201,8 @@ def test_a_different_file_in_the_way_fails_the_run_without_touching_it(
     assert run is not None and run.status == "failed"
     assert run.error["type"] == "umt.library.LibraryConflict"
     assert not LibraryItem.objects.exists()
+    plan.refresh_from_db()
+    assert plan.status == "failed" and "LibraryConflict" in plan.failure
     assert squatter.read_bytes() != source.read_bytes()
 
 
@@ -182,7 +211,7 @@ def test_a_resumed_copy_continues_a_partial_file(media: Path, fake_clock: FakeCl
     plan = started()
     source = media / "downloads" / "Sintel (2010).mkv"
     digest = write(source, 200_000)
-    partial = media / "library" / ".partial" / f"{plan.pk}-Sintel (2010).mkv.part"
+    partial = partial_of(plan, media)
     partial.parent.mkdir(parents=True)
     partial.write_bytes(source.read_bytes()[:70_000])
     drain(fake_clock)
@@ -197,7 +226,7 @@ def test_a_resumed_copy_continues_a_partial_file(media: Path, fake_clock: FakeCl
     tasks_engine.signal(rid(plan), "download-done", {"content_path": str(source)})
     drain(fake_clock)
     copy = next(s for s in tasks_engine.get_run(rid(plan)).steps if s.name == "copy-file")
-    assert copy.output["resumed_from"] == 70_000
+    assert copy.output[0]["resumed_from"] == 70_000
     assert LibraryItem.objects.get(plan=plan).sha256 == digest
     assert files(media / "library") == ["Sintel (2010)/Sintel (2010).mkv"]
 
@@ -208,7 +237,7 @@ def test_a_corrupt_partial_file_is_dropped_and_copied_again(
     plan = started()
     source = media / "downloads" / "Sintel (2010).mkv"
     digest = write(source, 100_000)
-    partial = media / "library" / ".partial" / f"{plan.pk}-Sintel (2010).mkv.part"
+    partial = partial_of(plan, media)
     partial.parent.mkdir(parents=True)
     partial.write_bytes(b"\0" * 50_000)  # a torn write: the length is there, the bytes are not
     drain(fake_clock)

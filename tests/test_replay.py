@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import tasks_engine
-from tasks_engine import clock, transitions
+from tasks_engine import clock, testing, transitions
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tests.helpers import FakeClock, drain
 from tests.testapp.models import SideEffect
@@ -41,36 +41,37 @@ def test_repeated_step_names_are_numbered(fake_clock: FakeClock) -> None:
     assert view.output == [0, 1, 2]
 
 
-def test_replay_after_sleep_does_not_rerun_finished_steps(fake_clock: FakeClock) -> None:
-    res = tasks_engine.enqueue("sleeper", {"seconds": 30})
-    assert drain(fake_clock, horizon=0) == ["suspended"]
-    run = WorkflowRun.objects.get(pk=res.run_id)
-    assert run.status == "waiting" and run.waiting_on == "sleep:nap"
-    fake_clock.advance(31)
-    assert drain(fake_clock) == ["completed"]
+def test_replay_after_sleep_does_not_rerun_finished_steps() -> None:
+    with testing.WorkflowTester() as t:
+        run_id = t.start("sleeper", {"seconds": 30})
+        assert t.run_until_idle(jump=False) == ["suspended"]
+        run = WorkflowRun.objects.get(pk=run_id)
+        assert run.status == "waiting" and run.waiting_on == "sleep:nap"
+        t.advance(31)
+        assert t.run_until_idle(jump=False) == ["completed"]
     assert (effects("before"), effects("after")) == (1, 1)
-    assert WorkflowRun.objects.get(pk=res.run_id).attempts == 2
+    assert WorkflowRun.objects.get(pk=run_id).attempts == 2
 
 
-def test_step_failing_twice_under_three_attempts_completes(fake_clock: FakeClock) -> None:
-    res = tasks_engine.enqueue("flaky", {"fail_times": 2})
-    drain(fake_clock)
-    view = tasks_engine.get_run(res.run_id)
-    assert view.status == "completed", view.error
-    assert view.output == "ok"
-    assert [(s.attempt, s.status) for s in view.steps] == [
+def test_step_failing_twice_under_three_attempts_completes() -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("flaky", {"fail_times": 2})
+        view = t.run_to_completion(run)  # over both retry backoffs
+        assert view.status == "completed", view.error
+        assert view.output == "ok"
+        steps = t.steps(run)
+    assert [(s.attempt, s.status) for s in steps] == [
         (1, "failed"),
         (2, "failed"),
         (3, "completed"),
     ]
-    assert view.steps[0].error["message"] == "failure 1"
+    assert steps[0].error["message"] == "failure 1"
     assert effects("flaky") == 3
 
 
-def test_step_failing_always_fails_the_run_with_last_error(fake_clock: FakeClock) -> None:
-    res = tasks_engine.enqueue("flaky", {"fail_times": 99})
-    drain(fake_clock)
-    view = tasks_engine.get_run(res.run_id)
+def test_step_failing_always_fails_the_run_with_last_error() -> None:
+    with testing.WorkflowTester() as t:
+        view = t.run_to_completion(t.start("flaky", {"fail_times": 99}))
     assert view.status == "failed"
     assert view.error["type"] == "tests.testapp.workflows.AppError"
     assert view.error["message"] == "failure 3"

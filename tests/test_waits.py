@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 import tasks_engine
+from tasks_engine import testing
 from tasks_engine.models import Fact, StepAttempt, WorkflowRun
 from tests.helpers import FakeClock, drain
 from tests.testapp.models import Marker
@@ -16,39 +17,36 @@ def status(run_id) -> str:
     return WorkflowRun.objects.get(pk=run_id).status
 
 
-def test_fact_signalled_before_the_run_starts_is_seen(fake_clock: FakeClock) -> None:
-    res = tasks_engine.enqueue("fact_waiter", {"count": 1})
-    assert tasks_engine.signal(res.run_id, "item", {"n": 1}) == tasks_engine.Signaled(
-        True, "pending"
-    )
-    drain(fake_clock)
-    assert tasks_engine.get_run(res.run_id).output == [{"n": 1}]
+def test_fact_signalled_before_the_run_starts_is_seen() -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("fact_waiter", {"count": 1})
+        assert t.signal(run, "item", {"n": 1}) == tasks_engine.Signaled(True, "pending")
+        assert t.run_to_completion(run).output == [{"n": 1}]
 
 
-def test_fact_while_waiting_wakes_the_run(fake_clock: FakeClock) -> None:
-    res = tasks_engine.enqueue("fact_waiter", {"count": 1})
-    drain(fake_clock, horizon=0)
-    run = WorkflowRun.objects.get(pk=res.run_id)
-    assert (run.status, run.waiting_on, run.available_at) == ("waiting", "fact:item", None)
-    out = tasks_engine.signal(res.run_id, "item", "payload")
-    assert out.delivered is True
-    assert status(res.run_id) == "pending"
-    drain(fake_clock, horizon=0)
-    assert tasks_engine.get_run(res.run_id).output == ["payload"]
+def test_fact_while_waiting_wakes_the_run() -> None:
+    with testing.WorkflowTester() as t:
+        run_id = t.start("fact_waiter", {"count": 1})
+        t.run_until_idle()
+        run = WorkflowRun.objects.get(pk=run_id)
+        assert (run.status, run.waiting_on, run.available_at) == ("waiting", "fact:item", None)
+        assert t.signal(run_id, "item", "payload").delivered is True
+        assert t.get_run(run_id).status == "pending"
+        assert t.run_to_completion(run_id).output == ["payload"]
 
 
-def test_a_loop_of_waits_sees_each_fact_once_in_order(fake_clock: FakeClock) -> None:
-    res = tasks_engine.enqueue("fact_waiter", {"count": 3})
-    tasks_engine.signal(res.run_id, "item", 1)
-    tasks_engine.signal(res.run_id, "item", 2)
-    drain(fake_clock, horizon=0)
-    assert status(res.run_id) == "waiting"
-    tasks_engine.signal(res.run_id, "item", 3)
-    tasks_engine.signal(res.run_id, "other", "ignored")
-    drain(fake_clock, horizon=0)
-    view = tasks_engine.get_run(res.run_id)
-    assert view.output == [1, 2, 3]
-    assert [s.name for s in view.steps] == ["item", "item#2", "item#3"]
+def test_a_loop_of_waits_sees_each_fact_once_in_order() -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("fact_waiter", {"count": 3})
+        t.signal(run, "item", 1)
+        t.signal(run, "item", 2)
+        t.run_until_idle()
+        assert t.get_run(run).status == "waiting"
+        t.signal(run, "item", 3)
+        t.signal(run, "other", "ignored")
+        view = t.run_to_completion(run)
+        assert view.output == [1, 2, 3]
+        assert [s.name for s in t.steps(run)] == ["item", "item#2", "item#3"]
     assert list(Fact.objects.filter(name="item").values_list("consumed_by", flat=True)) == [
         "item",
         "item#2",
@@ -56,17 +54,18 @@ def test_a_loop_of_waits_sees_each_fact_once_in_order(fake_clock: FakeClock) -> 
     ]
 
 
-def test_fact_timeout_raises_and_replays_as_timeout(fake_clock: FakeClock) -> None:
-    res = tasks_engine.enqueue("fact_timeout")
-    drain(fake_clock, horizon=0)
-    assert status(res.run_id) == "waiting"
-    fake_clock.advance(6)
-    drain(fake_clock)  # times out, sleeps, replays (raising the timeout again), completes
-    view = tasks_engine.get_run(res.run_id)
-    assert view.status == "completed"
-    assert view.output["got"].startswith("timeout: no fact 'never'")
-    assert [(s.name, s.status) for s in view.steps] == [("never", "failed"), ("after", "completed")]
-    assert WorkflowRun.objects.get(pk=res.run_id).attempts == 3
+def test_fact_timeout_raises_and_replays_as_timeout() -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("fact_timeout")
+        t.run_until_idle()  # a fact's timeout is not jumped: the test could still signal
+        assert t.get_run(run).status == "waiting"
+        # times out, sleeps, replays (raising the timeout again), completes
+        view = t.run_to_completion(run)
+        assert view.status == "completed"
+        assert view.output["got"].startswith("timeout: no fact 'never'")
+        steps = [(s.name, s.status) for s in t.steps(run)]
+        assert steps == [("never", "failed"), ("after", "completed")]
+    assert WorkflowRun.objects.get(pk=run).attempts == 3
 
 
 def test_fact_after_timeout_is_not_taken(fake_clock: FakeClock) -> None:

@@ -3,6 +3,8 @@ finished download to its run (what the download client's completion hook calls).
 
 from __future__ import annotations
 
+import math
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -12,11 +14,12 @@ from django.db import transaction
 from outbox import publish
 from tasks_engine import Signaled, signal
 
-from .models import AcquisitionPlan
+from .models import ACTIVE_STATUSES, MAX_RETENTION_SECONDS, AcquisitionPlan
 
 PLANNED = "acquisition.planned"  # outbox event type; umt/outbox_routes.py starts `acquire`
 DOWNLOAD_DONE = "download-done"  # the fact the workflow waits for
 INFO_HASH = re.compile(r"^[0-9a-fA-F]{40}$")
+V2_HASH = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 class UnknownDownload(LookupError):
@@ -29,11 +32,24 @@ def plan_acquisition(
     source: str,
     client: str = AcquisitionPlan.Client.FOLDER,
     retention_seconds: float | None = None,
+    files: str = "",
 ) -> AcquisitionPlan:
-    """Create a plan and publish `acquisition.planned`: both commit, or neither does."""
+    """Create a plan and publish `acquisition.planned`: both commit, or neither does.
+    A retention that is negative, not finite or over MAX_RETENTION_SECONDS is refused."""
+    if retention_seconds is not None and not (
+        math.isfinite(retention_seconds) and 0 <= retention_seconds <= MAX_RETENTION_SECONDS
+    ):
+        raise ValueError(
+            f"retention_seconds must be between 0 and {MAX_RETENTION_SECONDS}, "
+            f"not {retention_seconds!r}"
+        )
     with transaction.atomic():
         plan = AcquisitionPlan.objects.create(
-            title=title, source=source, client=client, retention_seconds=retention_seconds
+            title=title,
+            source=source,
+            client=client,
+            retention_seconds=retention_seconds,
+            files=files,
         )
         announce(plan)
     return plan
@@ -50,24 +66,41 @@ class Reported:
     signaled: Signaled
 
 
-def find_plan(ref: str) -> AcquisitionPlan:
-    """The plan a download reference names: `plan:<id>`, or a torrent's v1 info hash."""
+def find_plans(ref: str) -> list[AcquisitionPlan]:
+    """The plans a download reference names: `plan:<id>`, or a torrent's hash (qBittorrent's
+    `%I` or `%K`: 40 hex digits; `%J`: the 64-digit v2 hash). Every unfinished plan of a torrent
+    gets its completion: two plans of one torrent share its download."""
+    ref = ref.strip()
     if ref.startswith("plan:"):
-        plan = AcquisitionPlan.objects.filter(pk=int(ref.removeprefix("plan:"))).first()
-    elif INFO_HASH.match(ref):
-        plan = AcquisitionPlan.objects.filter(info_hash=ref.lower()).order_by("-pk").first()
+        number = ref.removeprefix("plan:")
+        if not number.isdigit():
+            raise UnknownDownload(f"{ref!r}: plan:<id> needs a number")
+        plans = list(AcquisitionPlan.objects.filter(pk=int(number)))
+    elif INFO_HASH.match(ref) or V2_HASH.match(ref):
+        torrent_id = ref.lower()[:40]
+        plans = list(
+            AcquisitionPlan.objects.filter(info_hash=torrent_id, status__in=ACTIVE_STATUSES)
+            .exclude(run_id=None)
+            .order_by("pk")
+        )
     else:
         raise UnknownDownload(f"{ref!r} is neither plan:<id> nor a 40-hex-digit info hash")
-    if plan is None:
+    if not plans:
         raise UnknownDownload(f"no acquisition plan for {ref}")
-    if plan.run_id is None:
-        raise UnknownDownload(f"plan #{plan.pk} has no workflow run yet")
-    return plan
+    if plans[0].run_id is None:
+        raise UnknownDownload(f"plan #{plans[0].pk} has no workflow run yet")
+    return plans
 
 
-def report_download_done(ref: str, content_path: str, **extra: Any) -> Reported:
-    """Signal `download-done` to the run of the plan that `ref` names."""
-    plan = find_plan(ref)
-    assert plan.run_id is not None  # find_plan refuses plans without a run
+def report_download_done(ref: str, content_path: str, **extra: Any) -> list[Reported]:
+    """Signal `download-done` to the run of every plan that `ref` names. A content path that
+    does not exist is refused (nothing is signaled): the run would only fail on it."""
+    plans = find_plans(ref)
+    if not os.path.exists(content_path):
+        raise UnknownDownload(f"the content path {content_path!r} does not exist")
     payload = {"content_path": content_path, "ref": ref, **extra}
-    return Reported(plan, signal(plan.run_id, DOWNLOAD_DONE, payload))
+    out = []
+    for plan in plans:
+        assert plan.run_id is not None  # find_plans refuses plans without a run
+        out.append(Reported(plan, signal(plan.run_id, DOWNLOAD_DONE, payload)))
+    return out

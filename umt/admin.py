@@ -10,6 +10,8 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from tasks_engine.models import WorkflowRun
+
 from .acquisition import announce
 from .models import AcquisitionPlan, LibraryItem
 
@@ -31,22 +33,36 @@ class AcquisitionPlanAdmin(admin.ModelAdmin):
         "client",
         "source",
         "retention_seconds",
+        "files",
         "status",
+        "failure",
         "info_hash",
         "download_ref",
         "run",
         "created_at",
         "updated_at",
     ]
-    readonly_fields = ["status", "info_hash", "download_ref", "run", "created_at", "updated_at"]
+    readonly_fields = [
+        "status",
+        "failure",
+        "info_hash",
+        "download_ref",
+        "run",
+        "created_at",
+        "updated_at",
+    ]
 
-    @admin.display(description="workflow run")
+    @admin.display(description="workflow runs")
     def run(self, obj: AcquisitionPlan) -> str:
-        return run_link(obj.run_id)
+        """The plan's run, with its status (a retried plan's runs share its idempotency key)."""
+        if obj.run_id is None:
+            return "-"
+        row = WorkflowRun.objects.filter(pk=obj.run_id).values_list("status", flat=True).first()
+        return format_html("{} ({})", run_link(obj.run_id), row or "pruned")
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:  # adding: only what a person decides
-            return ["title", "client", "source", "retention_seconds"]
+            return ["title", "client", "source", "retention_seconds", "files"]
         return self.fields
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -72,3 +88,6 @@ class LibraryItemAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the row is the library's record of a file on disk

@@ -13,7 +13,7 @@ from django.conf import settings
 class QBittorrentSettings:
     url: str = "http://127.0.0.1:8080"  # the Web UI / Web API address
     username: str = ""  # empty: no login (qBittorrent's "bypass authentication for localhost")
-    password: str = ""
+    password: str = field(default="", repr=False)  # never printed
     save_path: str = ""  # where qBittorrent saves downloads; empty: its own default
     peers: tuple[str, ...] = ()  # "host:port" peers added to every torrent (LAN seeders, tests)
 
@@ -27,6 +27,9 @@ class UmtSettings:
     download_check_seconds: float = 600  # also ask the client this often (0: hook only)
     copy_chunk_bytes: int = 8 * 1024 * 1024  # progress and cancel are checked once a chunk
     copy_rate_limit: float = 0  # bytes per second, 0: as fast as the disks go
+    presence_check_seconds: float = 600  # hook-only mode still asks whether the torrent is there
+    retry_initial_seconds: float = 1.0  # network and file steps' first retry delay
+    retry_max_seconds: float = 60.0  # ... growing 4x per attempt up to this
     qbittorrent: QBittorrentSettings = field(default_factory=QBittorrentSettings)
 
     @property
@@ -49,6 +52,9 @@ def umt_settings() -> UmtSettings:
         download_check_seconds=float(raw.get("DOWNLOAD_CHECK_SECONDS", d.download_check_seconds)),
         copy_chunk_bytes=int(raw.get("COPY_CHUNK_BYTES", d.copy_chunk_bytes)),
         copy_rate_limit=float(raw.get("COPY_RATE_LIMIT", d.copy_rate_limit)),
+        presence_check_seconds=float(raw.get("PRESENCE_CHECK_SECONDS", 600)),
+        retry_initial_seconds=float(raw.get("RETRY_INITIAL_SECONDS", 1.0)),
+        retry_max_seconds=float(raw.get("RETRY_MAX_SECONDS", 60.0)),
         qbittorrent=QBittorrentSettings(
             url=str(qbt.get("URL", d.qbittorrent.url)),
             username=str(qbt.get("USERNAME", "")),

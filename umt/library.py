@@ -30,6 +30,7 @@ from .models import AcquisitionPlan, LibraryItem
 
 if TYPE_CHECKING:
     from tasks_engine import TaskContext
+    from tasks_engine.fencing import OpInfo
 
 READ_BYTES = 1024 * 1024
 
@@ -42,35 +43,70 @@ class CopyVerificationError(Exception):
     """The copy's size or hash differs from the source (retried from scratch)."""
 
 
-def library_path(plan: AcquisitionPlan, source: Path, s: UmtSettings) -> Path:
-    """`<library>/<title>/<title><source suffix>`."""
-    title = re.sub(r"[^\w .()\[\]-]+", "_", plan.title).strip(" .") or f"plan-{plan.pk}"
-    return s.library_dir / title / f"{title}{source.suffix}"
+NAME_MAX = 255  # bytes of one file name component (ext4, xfs, btrfs, tmpfs)
+
+
+def safe_name(text: str, limit: int = NAME_MAX) -> str:
+    """`text` as one file name: unsafe characters replaced, cut to `limit` UTF-8 bytes on a
+    character boundary (85 CJK characters are 255 bytes)."""
+    name = re.sub(r"[^\w .()\[\]-]+", "_", text).strip(" .")
+    return name.encode()[:limit].decode("utf-8", "ignore").rstrip(" .")
+
+
+def library_path(plan: AcquisitionPlan, source: Path, s: UmtSettings, rel: str = "") -> Path:
+    """`<library>/<title>/<title><suffix>` for a single file; for a file of a multi-file
+    download, `<library>/<title>/<its path in the download>`."""
+    title = safe_name(plan.title) or f"plan-{plan.pk}"
+    if rel:
+        parts = [safe_name(p) or "_" for p in Path(rel).parts]
+        return s.library_dir.joinpath(title, *parts)
+    suffix = source.suffix if len(source.suffix.encode()) < 32 else ""
+    return s.library_dir / title / f"{safe_name(title, NAME_MAX - len(suffix.encode()))}{suffix}"
+
+
+def partial_path(plan: AcquisitionPlan, dest: Path, s: UmtSettings) -> Path:
+    """A copy in progress: a short name of its own, whatever the destination's length."""
+    key = hashlib.sha256(str(dest).encode()).hexdigest()[:16]
+    return s.partial_dir / f"{plan.pk}-{key}.part"
 
 
 def copy_into_library(
-    ctx: TaskContext, plan: AcquisitionPlan, source: Path, s: UmtSettings
-) -> dict[str, Any]:
-    """Copy, verify, rename, and commit the LibraryItem. Returns what the commit stored."""
-    dest = library_path(plan, source, s)
-    copier = Copier(ctx, source, dest, s.partial_dir / f"{plan.pk}-{dest.name}.part", s)
-
-    def commit(result: dict[str, Any]) -> None:
-        LibraryItem.objects.create(
-            plan=plan,
-            title=plan.title,
-            path=result["path"],
-            size=result["size"],
-            sha256=result["sha256"],
-        )
-        AcquisitionPlan.objects.filter(pk=plan.pk).update(
-            status=AcquisitionPlan.Status.COPIED, updated_at=timezone.now()
-        )
-
-    result: dict[str, Any] = ctx.with_attempt_token(
-        f"umt:copy:plan:{plan.pk}", lambda info: copier.run(resumed=info.resumed), commit=commit
+    ctx: TaskContext, plan: AcquisitionPlan, files: list[tuple[Path, str]], s: UmtSettings
+) -> list[dict[str, Any]]:
+    """Copy, verify, rename and commit one LibraryItem per file (each file its own fenced op,
+    so a crash between two files redoes neither). Progress runs over the total."""
+    grand = sum(p.stat().st_size for p, _ in files)
+    single = len(files) == 1
+    results, base = [], 0
+    for source, rel in files:
+        dest = library_path(plan, source, s, "" if single else rel)
+        copier = Copier(ctx, source, dest, partial_path(plan, dest, s), s, base, grand)
+        key = hashlib.sha256(rel.encode()).hexdigest()[:16]
+        op = f"umt:copy:plan:{plan.pk}" if single else f"umt:copy:plan:{plan.pk}:{key}"
+        results.append(ctx.with_attempt_token(op, copier.run_op, commit=_committer(plan)))
+        base += source.stat().st_size
+    AcquisitionPlan.objects.filter(pk=plan.pk).update(
+        status=AcquisitionPlan.Status.COPIED, updated_at=timezone.now()
     )
-    return result
+    ctx.progress(grand, grand, f"copied and verified {len(files)} file(s)")
+    return results
+
+
+def _committer(plan: AcquisitionPlan) -> Any:
+    def commit(result: dict[str, Any]) -> None:
+        held = LibraryItem.objects.filter(path=result["path"]).first()
+        if held is not None and held.plan_id != plan.pk:
+            raise LibraryConflict(f"{result['path']} is already plan #{held.plan_id}'s")
+        if held is None:
+            LibraryItem.objects.create(
+                plan=plan,
+                title=plan.title,
+                path=result["path"],
+                size=result["size"],
+                sha256=result["sha256"],
+            )
+
+    return commit
 
 
 @dataclass
@@ -80,6 +116,11 @@ class Copier:
     dest: Path
     partial: Path
     settings: UmtSettings
+    base: int = 0  # bytes of the plan's earlier files (progress runs over the total)
+    grand: int = 0
+
+    def run_op(self, info: OpInfo) -> dict[str, Any]:
+        return self.run(resumed=info.resumed)
 
     def run(self, *, resumed: bool) -> dict[str, Any]:
         total = self.source.stat().st_size
@@ -95,13 +136,13 @@ class Copier:
         try:
             digest = self._copy(offset, total)
             self._verify(total, digest)
-        except (TaskCanceledError, DeadlineExceededError, CopyVerificationError):
-            self.partial.unlink(missing_ok=True)  # the run ends (or starts over): drop the copy
+            self.dest.parent.mkdir(parents=True, exist_ok=True)
+        except (TaskCanceledError, DeadlineExceededError, CopyVerificationError, OSError):
+            # The run ends or starts over (a full disk: the retry copies afresh): drop the copy.
+            self.partial.unlink(missing_ok=True)
             raise
-        self.dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(self.partial, self.dest)  # atomic: same filesystem
         _fsync_dir(self.dest.parent)
-        self.ctx.progress(total, total, "copied and verified")
         return {"path": str(self.dest), "size": total, "sha256": digest, "resumed_from": offset}
 
     def _copy(self, offset: int, total: int) -> str:
@@ -121,14 +162,15 @@ class Copier:
                 out.write(data)
                 h.update(data)
                 done += len(data)
-                self.ctx.progress(done, total, f"copying {done * 100 // max(total, 1)}%")
+                at, of = self.base + done, max(self.grand, total, 1)
+                self.ctx.progress(at, of, f"copying {at * 100 // of}%")
                 self._throttle(done - offset, started)
             out.flush()
             os.fsync(out.fileno())
         return h.hexdigest()
 
     def _verify(self, total: int, source_digest: str) -> None:
-        self.ctx.progress(total, total, "verifying")
+        self.ctx.progress(self.base + total, max(self.grand, total), "verifying")
         size = self.partial.stat().st_size
         if size != total:
             raise CopyVerificationError(f"copy holds {size} bytes, the source {total}")

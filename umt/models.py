@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+
+MAX_RETENTION_SECONDS = 100 * 365 * 24 * 3600  # a timedelta holds far more; no plan needs more
 
 
 class AcquisitionPlan(models.Model):
@@ -20,6 +23,7 @@ class AcquisitionPlan(models.Model):
         COPIED = "copied"  # the library holds the file (a LibraryItem exists)
         REGISTERED = "registered"  # the item is registered; the source is kept for retention
         DONE = "done"  # the source was cleaned up
+        FAILED = "failed"  # the run failed (`failure` says why); what UMT added was removed
 
     title = models.CharField(max_length=300)
     client = models.CharField(max_length=20, choices=Client.choices, default=Client.FOLDER)
@@ -29,11 +33,27 @@ class AcquisitionPlan(models.Model):
         "Folder: the file's name in the downloads folder.",
     )
     retention_seconds = models.FloatField(
-        null=True, blank=True, help_text="Keep the source this long after copying (default: UMT)."
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0), MaxValueValidator(MAX_RETENTION_SECONDS)],
+        help_text="Keep the source this long after copying (default: UMT).",
+    )
+    files = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Which files of a multi-file download to take: comma-separated glob patterns "
+        "(empty: every video file).",
     )
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.PLANNED)
+    failure = models.TextField(blank=True, help_text="Why the run failed (secrets redacted).")
     info_hash = models.CharField(
-        max_length=64, blank=True, db_index=True, help_text="BitTorrent v1 info hash (hex)."
+        max_length=64,
+        blank=True,
+        db_index=True,
+        help_text="qBittorrent's torrent id: the v1 info hash, or the truncated v2 hash.",
+    )
+    download_hashes = models.CharField(
+        max_length=300, blank=True, help_text="Every hash form the client may list it under."
     )
     download_ref = models.CharField(max_length=2000, blank=True, help_text="The client's handle.")
     run_id = models.UUIDField(null=True, blank=True, help_text="The acquire workflow run.")
@@ -48,9 +68,10 @@ class AcquisitionPlan(models.Model):
 
 
 class LibraryItem(models.Model):
-    """A complete, verified file in the library. Written only by the fenced copy commit."""
+    """A complete, verified file in the library (one per file a plan takes). Written only by the
+    fenced copy commit."""
 
-    plan = models.OneToOneField(AcquisitionPlan, on_delete=models.PROTECT, related_name="item")
+    plan = models.ForeignKey(AcquisitionPlan, on_delete=models.PROTECT, related_name="items")
     title = models.CharField(max_length=300)
     path = models.CharField(max_length=2000, unique=True)
     size = models.BigIntegerField()
@@ -63,3 +84,13 @@ class LibraryItem(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+
+# Plans that still need their download (the files must not be deleted under them).
+ACTIVE_STATUSES = (
+    AcquisitionPlan.Status.PLANNED,
+    AcquisitionPlan.Status.DOWNLOADING,
+    AcquisitionPlan.Status.COPYING,
+    AcquisitionPlan.Status.COPIED,
+    AcquisitionPlan.Status.REGISTERED,
+)

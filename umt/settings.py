@@ -144,12 +144,23 @@ TASKS_ENGINE = {
     "HEARTBEAT_SECONDS": None,
     "POLL_INTERVAL": env.float("TASKS_POLL_INTERVAL", default=1.0),
     "MAX_STEP_ATTEMPTS_PER_RUN": 1000,
-    "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
-    "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
-    "GROUP_COMMIT": env.bool("TASKS_GROUP_COMMIT", default=True),
     # SQLite: an atomic step holding the only write lock longer is rolled back (0: no bound).
     "SQLITE_ATOMIC_STEP_SECONDS": env.float("TASKS_SQLITE_ATOMIC_STEP_SECONDS", default=5.0),
 }
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # PostgreSQL-only settings (manage.py check warns about them on SQLite, which ignores them).
+    TASKS_ENGINE |= {
+        "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
+        "PREPARED_STATEMENTS": env.bool("TASKS_PREPARED_STATEMENTS", default=True),
+        "GROUP_COMMIT": env.bool("TASKS_GROUP_COMMIT", default=True),
+    }
+    # Behind PgBouncer in transaction mode (docs/operations/poolers.md): Django's own switch
+    # for transaction pooling, no prepared statements, LISTEN on a direct URL (or polling).
+    if env.bool("DATABASE_TRANSACTION_POOLER", default=False):
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+        TASKS_ENGINE["PREPARED_STATEMENTS"] = env.bool("TASKS_PREPARED_STATEMENTS", default=False)
+    if env.str("TASKS_LISTEN_URL", default=""):
+        TASKS_ENGINE["LISTEN_URL"] = env.str("TASKS_LISTEN_URL")
 
 OUTBOX = {
     "MAX_ATTEMPTS": 10,
@@ -177,6 +188,9 @@ UMT = {
     "DOWNLOAD_CHECK_SECONDS": env.float("UMT_DOWNLOAD_CHECK_SECONDS", default=600),
     "COPY_CHUNK_BYTES": env.int("UMT_COPY_CHUNK_BYTES", default=8 * 1024 * 1024),
     "COPY_RATE_LIMIT": env.float("UMT_COPY_RATE_LIMIT", default=0),  # bytes/s, 0: unlimited
+    "PRESENCE_CHECK_SECONDS": env.float("UMT_PRESENCE_CHECK_SECONDS", default=600),
+    "RETRY_INITIAL_SECONDS": env.float("UMT_RETRY_INITIAL_SECONDS", default=1.0),
+    "RETRY_MAX_SECONDS": env.float("UMT_RETRY_MAX_SECONDS", default=60.0),
     "QBITTORRENT": {
         "URL": env.str("UMT_QBITTORRENT_URL", default="http://127.0.0.1:8080"),
         "USERNAME": env.str("UMT_QBITTORRENT_USERNAME", default=""),

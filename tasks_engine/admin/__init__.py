@@ -1,8 +1,9 @@
-"""The admin: a read-only inspector of runs, steps, facts and the op ledger, plus cancel.
+"""The admin: a read-only inspector of runs, steps, facts and the op ledger, plus cancel and retry.
 
 Nothing here writes an engine row. Add, change and delete answer 403 for everyone, superusers
 included; a run's change page (GET) is the read-only run page, and any POST to it is refused.
-Cancel (`admin/cancel.py`) goes through `tasks_engine.engine.cancel`.
+Cancel (`admin/cancel.py`) and retry (`admin/retry.py`) go through the engine API, with the views
+they share in `admin/operator_actions.py`.
 Lists stay fast on millions of rows: see `paging.py`, `stats.py`, `filters.py`.
 """
 
@@ -25,12 +26,14 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
-from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
+from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from ..states import RunStatus
 from . import stats as admin_stats
-from .cancel import CancelMixin
+from .cancel import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .paging import CappedPaginator, RunPaginator
+from .queues import QueuesMixin
+from .retry import RETRY, RetryMixin, step_choices
 from .run_page import elapsed, humanize_seconds, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -88,7 +91,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
+class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
     list_display = (
         "short_id",
         "task",
@@ -112,10 +115,10 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
     search_help_text = "Exact run id (or its first 8 characters), idempotency key or trace id."
     ordering = ("-created_at",)
     sortable_by = ("created",)
-    actions = ("cancel_selected",)
+    actions = ("cancel_selected", "retry_selected")
 
     def get_urls(self) -> list[Any]:
-        return self.cancel_urls() + super().get_urls()
+        return self.cancel_urls() + self.retry_urls() + self.queues_urls() + super().get_urls()
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -205,6 +208,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
     # -- views -----------------------------------------------------------------------------
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        self.refuse_unpermitted_actions(request, [CANCEL, RETRY])
         counts = admin_stats.status_counts()
         current = request.GET.get("status__exact", "")
         extra = {
@@ -213,6 +217,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
             "status_bars": admin_stats.status_bars(counts),
             "throughput": admin_stats.throughput(),
             "current_status": current,
+            **fleet_summary(),
             **(extra_context or {}),
         }
         return super().changelist_view(request, extra)
@@ -233,6 +238,7 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
             return HttpResponseRedirect(reverse("admin:tasks_engine_workflowrun_changelist"))
         if not self.has_view_permission(request, run):
             raise PermissionDenied
+        warn_if_unserved(request, run)
         context = {
             **self.admin_site.each_context(request),
             **run_page(run),
@@ -245,6 +251,10 @@ class WorkflowRunAdmin(CancelMixin, ReadOnlyAdmin):
             and run.cancel_requested_at is None
             and self.has_cancel_permission(request, run),
             "cancel_url": reverse("admin:tasks_engine_workflowrun_cancel", args=[run.pk]),
+            "can_retry": run.status in {"failed", "canceled"}
+            and self.has_retry_permission(request, run),
+            "retry_url": reverse("admin:tasks_engine_workflowrun_retry", args=[run.pk]),
+            "retry_steps": step_choices(run.pk) if run.status in {"failed", "canceled"} else [],
             "history_url": reverse("admin:tasks_engine_workflowrun_history", args=[run.pk]),
             **(extra_context or {}),
         }
@@ -341,3 +351,11 @@ def _by_run_id(queryset: QuerySet, term: str) -> QuerySet:
         return queryset.filter(run_id=uuid.UUID(term))
     except ValueError:
         return queryset.none()
+
+
+from . import schedules as _schedules  # noqa: E402, F401 - registers ScheduleAdmin (uses the above)
+
+# Last: the workers page builds on ReadOnlyAdmin and `when` above.
+from .workers import WorkerAdmin, fleet_summary, warn_if_unserved  # noqa: E402
+
+admin.site.register(Worker, WorkerAdmin)

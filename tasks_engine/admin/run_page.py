@@ -1,7 +1,7 @@
 """What the admin's run page shows: header, progress, timeline, facts, ledger, family.
 
 Pure presentation: reads rows (a fixed number of queries, whatever the run's size) and turns
-them into plain values for `templates/admin/tasks_engine/workflowrun/change_form.html`.
+them into plain values for `tasks_engine/templates/admin/tasks_engine/workflowrun/change_form.html`.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ it fail; on SQLite each statement runs under the single writer lock.
 
 Modules: `claims` (create, claim, renew), `steps` (attempts and the deferred completion),
 `outcomes` (complete, fail, requeue, park, cancel, wake), `waiting` (facts, parking under
-the row lock), `group` (group commit). Everything is re-exported here; callers use
-`transitions.<name>`.
+the row lock), `group` (group commit), `retry` (an operator's retry), `awaiting` (runs
+someone waits on). Everything is re-exported here; callers use `transitions.<name>`.
 
 Lock order: a parent's run row before its child's; a run row before its step attempts.
 """
@@ -43,6 +43,7 @@ from .outcomes import (
     wake_parent,
     wake_run,
 )
+from .retry import retry_run
 from .steps import (
     close_interrupted_attempts,
     defer_step_completion,
@@ -57,6 +58,7 @@ from .waiting import (
     lock_for_child,
     lock_held_run,
     park_run_unless,
+    store_fact,
     take_fact,
     time_out_child,
 )
@@ -99,8 +101,10 @@ __all__ = [
     "renew_leases",
     "request_cancel",
     "requeue_run",
+    "retry_run",
     "set_progress",
     "start_step",
+    "store_fact",
     "take_fact",
     "time_out_child",
     "wake_parent",

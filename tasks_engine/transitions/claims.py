@@ -13,7 +13,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.base import ModelState
 
-from .. import clock, notify
+from .. import clock, flow, notify
 from ..models import WorkflowRun
 from ..sql import (
     fetchall,
@@ -80,6 +80,8 @@ def create_run(
     deadline_at: datetime | None,
     parent_run_id: uuid.UUID | None,
     parent_step: str,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> uuid.UUID | None:
     """Insert a pending run on the caller's connection (and transaction) in one statement,
     which on PostgreSQL also NOTIFYs idle workers (delivered at commit). With an idempotency
@@ -95,18 +97,21 @@ def create_run(
         INSERT INTO {RUN} (id, task_name, version, queue, status, priority, input,
             idempotency_key, input_hash, trace_id, attempts, failures, worker_id, available_at,
             waiting_on, deadline_at, cancel_reason, parent_run_id, parent_step, unreached_steps,
-            created_at, updated_at)
+            concurrency_key, concurrency_limit, created_at, updated_at)
         VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, %s, %s, 0, 0, '', %s, '', %s, '', %s, %s,
-            '[]', %s, %s){conflict}
+            '[]', %s, %s, %s, %s){conflict}
         RETURNING id
     """
     params: list[Any] = [p_uuid(run_id), task_name, version, queue, priority, p_json(input)]
     params += [idempotency_key, input_hash, trace_id, p_dt(available_at or now), p_dt(deadline_at)]
-    params += [p_uuid(parent_run_id), parent_step, p_dt(now), p_dt(now)]
+    params += [p_uuid(parent_run_id), parent_step, concurrency_key, concurrency_limit]
+    params += [p_dt(now), p_dt(now)]
     if notify.enabled():
         sql = f"WITH created AS ({sql}) SELECT id, pg_notify(%s, %s) FROM created"
         params += [notify.CHANNEL, queue]
     rows = fetchall(sql, params)
+    if rows and concurrency_key is not None:
+        flow.note_keyed()
     return run_id if rows else None
 
 
@@ -151,17 +156,15 @@ def claim_statement(
             ORDER BY available_at LIMIT %s{lock}
         ), woken AS (
             SELECT id, 1 AS src, priority, available_at FROM {RUN}
-            WHERE status = 'waiting' AND available_at <= %s{filt}
+            WHERE status = 'waiting' AND available_at <= %s AND concurrency_key IS NULL{filt}
             ORDER BY available_at LIMIT %s{lock}
         ), due AS (
             SELECT id, 2 AS src, priority, available_at FROM {RUN}
-            WHERE status = 'pending' AND available_at <= %s{filt}
+            WHERE status = 'pending' AND available_at <= %s AND concurrency_key IS NULL{filt}
             ORDER BY priority DESC, available_at LIMIT %s{lock}
         )"""
     update = f"""
-        UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,
-            attempts = attempts + 1, available_at = %s, waiting_on = '',
-            started_at = COALESCE(started_at, %s), updated_at = %s
+        {claim_update()}
         WHERE id IN (
             SELECT id FROM (
                 SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
@@ -171,9 +174,22 @@ def claim_statement(
     t = p_dt(now)
     expired_params = [t, *fparams, not_these]
     params: list[Any] = [*expired_params, req.limit, t, *fparams, req.limit, t, *fparams]
-    params += [req.limit, req.worker_id, p_dt(now + timedelta(seconds=req.lease_seconds)), t, t]
-    params.append(req.limit)
+    params += [req.limit, *claim_update_params(req, now), req.limit]
     return ctes, update, params
+
+
+def claim_update() -> str:
+    """What a claim writes to each run it takes (the plain and the guarded claim alike)."""
+    return (
+        f"UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,"
+        " attempts = attempts + 1, due_at = available_at, available_at = %s, waiting_on = '',"
+        " started_at = COALESCE(started_at, %s), updated_at = %s"
+    )
+
+
+def claim_update_params(req: ClaimRequest, now: datetime) -> list[Any]:
+    t = p_dt(now)
+    return [req.worker_id, p_dt(now + timedelta(seconds=req.lease_seconds)), t, t]
 
 
 def claim_runs(
@@ -188,13 +204,24 @@ def claim_runs(
     if not pairs or limit <= 0:
         return []
     req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds, held)
+    if flow.guarded(pairs, queues):
+        from .flow_claims import claim_guarded
+
+        return claim_guarded(req)
     if is_postgres():
         ctes, update, params = claim_statement(req, clock.now())
         return claimed_from_rows(fetchall(f"WITH {ctes} {update}", params), worker_id)
     with _write_lock():  # the lease starts once the write lock is held
         ctes, update, params = claim_statement(req, clock.now())
-        # SQLite returns text for times and JSON: let Django convert them
-        return _leases(list(WorkflowRun.objects.raw(f"WITH {ctes} {update}", params)), worker_id)
+        return returning_claimed(f"WITH {ctes} {update}", params, worker_id)
+
+
+def returning_claimed(sql: str, params: list[Any], worker_id: str) -> list[Claimed]:
+    """Run a claim's `UPDATE ... RETURNING` and lease what it returns."""
+    if is_postgres():
+        return claimed_from_rows(fetchall(sql, params), worker_id)
+    # SQLite returns text for times and JSON: let Django convert them
+    return _leases(list(WorkflowRun.objects.raw(sql, params)), worker_id)
 
 
 def _ids_json(ids: list[uuid.UUID]) -> str:
@@ -222,9 +249,11 @@ CLAIM_COLUMNS = (
     "trace_id",
     "attempts",
     "failures",
+    "pass_offset",
     "worker_id",
     "lease_token",
     "available_at",
+    "due_at",
     "deadline_at",
     "cancel_requested_at",
     "cancel_reason",

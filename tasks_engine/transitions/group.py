@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .. import clock
+from .. import clock, flow
 from ..exceptions import LeaseLostError
 from ..sql import (
     fetchall,
@@ -17,6 +17,7 @@ from ..sql import (
 )
 from ._common import RUN, STEP, Claimed, Lease
 from .claims import CLAIM_COLUMNS, ClaimRequest, claim_statement, claimed_from_rows
+from .flow_claims import claim_guarded
 
 
 # A row set from `json_to_recordset` has no statistics (the planner guesses 100 rows): spelling
@@ -62,7 +63,13 @@ def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> 
     With `claim`, the same statement (and commit) claims the runs that take over the slots
     these completions free, and returns them: under a backlog a slot gets its next run without
     a round trip of its own. Each part's rows travel as arrays, so the statement's text (and
-    its prepared plan) does not depend on how many writes the group holds."""
+    its prepared plan) does not depend on how many writes the group holds.
+
+    A claim that flow control guards (flow.py) is not part of the statement: it runs after the
+    group committed, so the places the completions free are free for it."""
+    if claim is not None and flow.guarded(claim.pairs, claim.queues):
+        write_group(writes)
+        return claim_after_group(claim)
     fence = (
         "EXISTS (SELECT 1 FROM {run} r WHERE r.id = {v}.run_id AND r.lease_token = {v}.token"
         " FOR SHARE)"
@@ -193,3 +200,14 @@ def write_group(writes: list[GroupWrite], claim: ClaimRequest | None = None) -> 
         elif w.kind in ("start", "complete"):
             w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")
     return claimed_from_rows(claimed_rows, claim.worker_id) if claim is not None else []
+
+
+def claim_after_group(claim: ClaimRequest) -> list[Claimed]:
+    """The guarded claim after a group: the group's writes are committed, so a database error
+    here must not be reported as theirs; the worker's loop claims again (and backs off)."""
+    from ..outages import DB_ERRORS
+
+    try:
+        return claim_guarded(claim)
+    except DB_ERRORS:
+        return []

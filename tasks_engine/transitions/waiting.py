@@ -8,8 +8,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
+from .. import clock
 from ..exceptions import LeaseLostError
 from ..models import Fact, WorkflowRun
 from ..states import FINISHED
@@ -118,3 +119,29 @@ def lock_for_child(lease: Lease) -> bool:
     if row is None:
         raise LeaseLostError(f"run {lease.run_id}: lease lost before starting a child")
     return row[0] is not None
+
+
+def store_fact(
+    run: WorkflowRun, name: str, payload: Any, idempotency_key: str | None, answered: str
+) -> bool:
+    """Add a fact (the caller holds the run's row lock). With a key already stored for this
+    run: False and nothing written. The row lock serializes signals on PostgreSQL and SQLite's
+    IMMEDIATE transactions do there; the savepoint makes a duplicate that still slips through
+    a refusal, not an IntegrityError in the caller's transaction."""
+    fact = Fact(
+        run=run,
+        name=name,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        answered_status=answered,
+        created_at=clock.now(),
+    )
+    if idempotency_key is None:
+        fact.save(force_insert=True)
+        return True
+    try:
+        with transaction.atomic():
+            fact.save(force_insert=True)
+    except IntegrityError:
+        return False
+    return True

@@ -25,15 +25,16 @@ from typing import Any
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from .. import clock, executor, transitions
+from .. import clock, executor, flow, metrics, transitions
 from ..conf import engine_settings
 from ..context import TaskContext
 from ..definitions import Workflow
 from ..exceptions import LeaseLostError, WorkerStopping
 from ..leader import Leader
 from ..logs import get_logger
-from ..notify import Listener
+from ..notify import Listener, listening_possible
 from ..outages import DB_ERRORS, Outage
+from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat
@@ -123,6 +124,7 @@ class Worker:
                 continue
             claimed: list[transitions.Claimed] = []
             try:
+                flow.refresh()
                 claimed = transitions.claim_runs(
                     self.id, self.pairs, self.queues, free, self.config.lease_seconds, self._ids()
                 )
@@ -195,6 +197,7 @@ class Worker:
 
     def take_claimed(self, claimed: list[transitions.Claimed], held: int) -> None:
         """Hand claimed runs to the slots and give back the `held` slots they did not take."""
+        metrics.record_claims([item.run for item in claimed])
         for item in claimed:
             self._jobs.put(item)
         with self._lock:
@@ -286,6 +289,10 @@ class Worker:
 
     # -- shared state for the heartbeat -------------------------------------------------------
 
+    def slots_busy(self) -> int:
+        """Slots executing, queued for or reserving a run (the tasks_worker_slots_busy gauge)."""
+        return self._busy
+
     def executing(self) -> int:
         """Runs in slots right now (each sends its writes to the group commit)."""
         return len(self._held)
@@ -348,14 +355,14 @@ class Worker:
             self._start_slot()
         self.heartbeat.start()
         self.leader.start()
-        if connection.vendor == "postgresql" and engine_settings().notify:
+        if engine_settings().notify and listening_possible():
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
 
     def _configure_connection(self, sender: Any, connection: Any, **kwargs: Any) -> None:
         """A frozen worker must not hold row locks for long: PostgreSQL ends a session that
         sits idle inside a transaction (only an atomic step keeps one open across user code)."""
-        if connection.vendor == "postgresql":
+        if connection.vendor == "postgresql" and not behind_transaction_pooler():
             ms = int(max(2 * self.config.lease_seconds, 10) * 1000)
             with connection.cursor() as cur:
                 cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")

@@ -40,6 +40,12 @@ def is_child() -> bool:
     return bool(os.environ.get(CHILD_ENV))
 
 
+def child_index() -> int:
+    """This supervised worker's 1-based index (0: not supervised), e.g. for its metrics port."""
+    value = os.environ.get(CHILD_ENV, "")
+    return int(value) if value.isdigit() else 0
+
+
 @dataclass
 class Child:
     index: int

@@ -1,17 +1,22 @@
 """Rows for the admin tests: runs in every status, with steps, progress, facts and ledger entries.
 
-Written straight with the ORM (the admin only reads them); `make_run` fills what the table's
-constraints need (timestamps, a lease token for running runs).
+Built with the factories of tests/factories.py (the admin only reads them), which fill what
+the table's constraints need (timestamps, a lease token for running runs).
 """
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from tasks_engine import clock
-from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
+from tasks_engine.models import StepAttempt, WorkflowRun
+from tests.factories import (
+    FactFactory,
+    OpLedgerFactory,
+    StepAttemptFactory,
+    WorkflowRunFactory,
+)
 
 TRACEBACK = """Traceback (most recent call last):
   File "umt/workflows/acquire.py", line 41, in copy_file
@@ -23,28 +28,8 @@ OSError: [Errno 28] No space left on device: '/library/Movies/Heat (1995).mkv'
 
 
 def make_run(status: str = "pending", task: str = "noop", **fields: Any) -> WorkflowRun:
-    now = fields.pop("now", None) or clock.now()
-    created = fields.pop("created_at", now - timedelta(minutes=5))
-    values: dict[str, Any] = {
-        "task_name": task,
-        "status": status,
-        "input": {"n": 1},
-        "trace_id": uuid.uuid4().hex,
-        "created_at": created,
-        "updated_at": now,
-        "available_at": now if status == "pending" else None,
-    }
-    if status != "pending":
-        values["started_at"] = created + timedelta(seconds=2)
-        values["attempts"] = 1
-    if status == "running":
-        values["lease_token"] = uuid.uuid4()
-        values["worker_id"] = "worker-a1b2@host"
-        values["available_at"] = now + timedelta(seconds=30)
-    if status in ("completed", "failed", "canceled"):
-        values["finished_at"] = created + timedelta(seconds=40)
-    values.update(fields)
-    return WorkflowRun.objects.create(**values)
+    run: WorkflowRun = WorkflowRunFactory.create(status=status, task_name=task, **fields)
+    return run
 
 
 def add_step(
@@ -56,15 +41,10 @@ def add_step(
     kind: str = "function",
     **fields: Any,
 ) -> StepAttempt:
-    return StepAttempt.objects.create(
-        run=run,
-        name=name,
-        kind=kind,
-        status=status,
-        started_at=start,
-        finished_at=None if seconds is None else start + timedelta(seconds=seconds),
-        **fields,
+    step: StepAttempt = StepAttemptFactory.create(
+        run=run, name=name, kind=kind, status=status, started_at=start, seconds=seconds, **fields
     )
+    return step
 
 
 def make_many(count: int, steps_per_run: int = 0, now: datetime | None = None) -> None:
@@ -85,18 +65,16 @@ def make_many(count: int, steps_per_run: int = 0, now: datetime | None = None) -
         status = statuses[i % len(statuses)]
         created = now - timedelta(seconds=30 * i + 10)
         runs.append(
-            WorkflowRun(
+            WorkflowRunFactory.build(
+                now=now,
                 task_name=("noop", "three_steps", "sleeper")[i % 3],
                 status=status,
                 input={"n": i},
-                trace_id=uuid.uuid4().hex,
                 created_at=created,
-                updated_at=now,
                 started_at=None if status == "pending" else created + timedelta(seconds=1),
                 finished_at=created + timedelta(seconds=9)
                 if status in ("completed", "failed", "canceled")
                 else None,
-                lease_token=uuid.uuid4() if status == "running" else None,
                 waiting_on="fact:download-done" if status == "waiting" else "",
                 available_at=now + timedelta(hours=1) if status in ("waiting", "pending") else None,
                 progress={"done": i % 10, "total": 10, "message": "copying"}
@@ -107,12 +85,8 @@ def make_many(count: int, steps_per_run: int = 0, now: datetime | None = None) -
         )
     WorkflowRun.objects.bulk_create(runs)
     steps = [
-        StepAttempt(
-            run=run,
-            name=f"step-{j}",
-            status="completed",
-            started_at=run.created_at + timedelta(seconds=j),
-            finished_at=run.created_at + timedelta(seconds=j + 1),
+        StepAttemptFactory.build(
+            run=run, name=f"step-{j}", started_at=run.created_at + timedelta(seconds=j), seconds=1
         )
         for run in runs
         for j in range(steps_per_run)
@@ -175,18 +149,17 @@ def make_showcase(now: datetime | None = None) -> dict[str, WorkflowRun]:
         },
     )
     add_step(acquire, "copy-file", t0 + timedelta(seconds=540), None, status="running", attempt=3)
-    Fact.objects.create(
+    FactFactory(
         run=acquire,
         name="download-done",
         payload={"bytes": 53_902_112_768},
         consumed_by="download-done",
         created_at=t0 + timedelta(seconds=404),
     )
-    OpLedger.objects.create(
+    OpLedgerFactory(
         op_key="qbt:add:plan-4711",
         run=acquire,
         step_name="submit-download",
-        attempt_token=uuid.uuid4(),
         status="done",
         result={"hash": "a94f3c"},
         created_at=t0 + timedelta(seconds=2),

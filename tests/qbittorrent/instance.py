@@ -21,6 +21,10 @@ import torf
 from tests.helpers import ROOT
 
 BINARY = shutil.which("qbittorrent-nox")
+# Skipped on a developer's machine without it; in CI (`CI` set) a missing client is a failure.
+IN_CI = bool(os.environ.get("CI"))
+if BINARY is None and IN_CI:
+    raise RuntimeError("CI: qbittorrent-nox is not installed (scripts/install-system-deps)")
 needs_qbittorrent = pytest.mark.skipif(BINARY is None, reason="qbittorrent-nox is not installed")
 CONF_TEMPLATE = ROOT / "fixtures" / "qbittorrent" / "qBittorrent.conf"
 

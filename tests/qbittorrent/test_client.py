@@ -26,11 +26,11 @@ def test_identify_reads_torrent_files_and_magnets(tmp_path: Path, leecher: Insta
     shared = make_torrent(tmp_path / "files", "identify.bin", 300_000)
     client = client_of(leecher)
     plan = AcquisitionPlan(pk=1, title="t", source=str(shared.torrent))
-    assert client.identify(plan) == shared.info_hash
+    assert client.identify(plan).ref == shared.info_hash
     magnet = AcquisitionPlan(
         pk=2, title="m", source=f"magnet:?xt=urn:btih:{shared.info_hash.upper()}"
     )
-    assert client.identify(magnet) == shared.info_hash
+    assert client.identify(magnet).ref == shared.info_hash
     with pytest.raises(DownloadError, match="cannot read"):
         client.identify(AcquisitionPlan(pk=3, title="x", source=str(tmp_path / "missing.torrent")))
     assert leecher.api().torrents_info() == []  # identify touched nothing
@@ -43,19 +43,21 @@ def test_add_poll_and_remove_a_real_download(
     seed(seeder, shared)
     client = client_of(leecher, peers=(seeder.peer,))
     plan = AcquisitionPlan(pk=41, title="Client test", source=str(shared.torrent))
-    ref = client.identify(plan)
-    client.add(plan, ref)
-    client.add(plan, ref)  # a step that runs again adds nothing twice
+    d = client.identify(plan)
+    ref = d.ref
+    assert client.submit(plan, d) is True
+    assert client.submit(plan, d) is True  # a step that runs again adds nothing twice
     [torrent] = leecher.api().torrents_info()
     assert set(torrent.tags.split(", ")) == {"umt", "umt-plan-41"}
     leecher.wait_complete(ref)
-    done = client.poll(ref)
+    done = client.poll(41, d)
     assert done is not None
     content = Path(done["content_path"])
     assert content == leecher.downloads / "client.bin"
     assert content.read_bytes() == shared.path.read_bytes()
-    assert client.remove(ref) is True
-    assert client.remove(ref) is False
+    assert client.remove(d, [7]) is False  # not added by plan 7: kept
+    assert client.remove(d, [41]) is True
+    assert client.remove(d, [41]) is False
     assert leecher.api().torrents_info() == []
     with pytest.raises(DownloadError, match="no longer has"):
-        client.poll(ref)
+        client.poll(41, d)

@@ -9,8 +9,11 @@ class TestAppConfig(AppConfig):
     def ready(self) -> None:
         from . import (  # noqa: F401 - workflows in more modules
             bench_workflows,
+            flow_workflows,
             leader_probe,
+            observe_workflows,
             promise_workflows,
+            retry_workflows,
             sqlite_workflows,
             timeout_workflows,
             wait_workflows,

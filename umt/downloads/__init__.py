@@ -1,45 +1,56 @@
 """Download clients: what the `acquire` workflow asks of one, and which one a plan uses.
 
 A client is idempotent in every call, because a step that was interrupted runs again:
-`identify` names the download without touching anything, `add` hands it over (again, harmlessly),
-`poll` tells whether it finished (or None when the client cannot tell), `remove` forgets it and
-deletes its files.
+`identify` names the download without touching anything; `submit` hands it over, or adopts it
+when the client already has it, and says which (True: UMT added it); `poll` tells whether it
+finished (None while it is not, or when only the completion hook can tell) and raises
+DownloadMissing when the client no longer has it; `remove` forgets the download and deletes its
+files, but only when one of the `owners` (plans that added it) put it there.
 """
 
 from __future__ import annotations
 
+import fnmatch
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tasks_engine import NonRetryableError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ..models import AcquisitionPlan
+
+VIDEO_SUFFIXES = frozenset(
+    {".mkv", ".mp4", ".m4v", ".avi", ".mov", ".wmv", ".webm", ".ts", ".m2ts", ".mpg", ".mpeg"}
+)
+
+
+@dataclass(frozen=True)
+class Download:
+    ref: str  # the client's id (qBittorrent's torrent id, or the folder client's path)
+    hashes: tuple[str, ...] = ()  # every form the client may list it under
 
 
 class DownloadClient(Protocol):
     kind: str
 
-    def identify(self, plan: AcquisitionPlan) -> str:
-        """The download's reference (an info hash, a path), computed without side effects."""
-        ...
+    def identify(self, plan: AcquisitionPlan) -> Download: ...
 
-    def add(self, plan: AcquisitionPlan, ref: str) -> None:
-        """Hand the download over; doing it twice is harmless."""
-        ...
+    def submit(self, plan: AcquisitionPlan, download: Download) -> bool: ...
 
-    def poll(self, ref: str) -> dict[str, Any] | None:
-        """`{"content_path": ...}` once the download is complete; None while it is not (or when
-        the client cannot tell, and only its completion hook knows)."""
-        ...
+    def poll(self, plan_id: int, download: Download) -> dict[str, Any] | None: ...
 
-    def remove(self, ref: str) -> bool:
-        """Forget the download and delete its files. False when there was nothing to remove."""
-        ...
+    def remove(self, download: Download, owners: Iterable[int]) -> bool: ...
 
 
 class DownloadError(Exception):
     """The client refused or lost a download (retried by the step's policy)."""
+
+
+class DownloadMissing(DownloadError):
+    """The client does not list the download (removed by someone, or lost in a crash)."""
 
 
 class BadSource(DownloadError, NonRetryableError):
@@ -61,13 +72,27 @@ def client_for(kind: str) -> DownloadClient:
     raise ValueError(f"unknown download client {kind!r}")
 
 
-def main_file(content_path: str | Path) -> Path:
-    """The file to copy: the path itself, or the largest file of a multi-file download."""
+def wanted_files(content_path: str | Path, patterns: str = "") -> list[tuple[Path, str]]:
+    """The files a plan takes from its download, as (path, path relative to the content),
+    sorted: the path itself when it is a file; in a folder (a season pack), every file matching
+    one of the comma-separated glob `patterns`, or every video file when there are none."""
     path = Path(content_path)
     if path.is_file():
-        return path
-    if path.is_dir():
-        files = [p for p in path.rglob("*") if p.is_file()]
-        if files:
-            return max(files, key=lambda p: p.stat().st_size)
-    raise DownloadError(f"the download's content {str(path)!r} holds no file")
+        return [(path, path.name)]
+    if not path.is_dir():
+        raise DownloadError(f"the download's content {str(path)!r} does not exist")
+    globs = [p.strip() for p in patterns.split(",") if p.strip()]
+    found = []
+    for p in sorted(path.rglob("*")):
+        rel = p.relative_to(path).as_posix()
+        if not p.is_file():
+            continue
+        if globs:
+            if any(fnmatch.fnmatch(rel, g) or fnmatch.fnmatch(p.name, g) for g in globs):
+                found.append((p, rel))
+        elif p.suffix.lower() in VIDEO_SUFFIXES:
+            found.append((p, rel))
+    if not found:
+        what = f"files matching {patterns!r}" if globs else "video files"
+        raise BadSource(f"the download's content {str(path)!r} holds no {what}")
+    return found

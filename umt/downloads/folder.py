@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import BadSource, DownloadError
+from . import BadSource, Download, DownloadError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ..models import AcquisitionPlan
 
 
@@ -18,22 +20,23 @@ class FolderClient:
     def __init__(self, downloads_dir: Path) -> None:
         self.root = Path(downloads_dir)
 
-    def identify(self, plan: AcquisitionPlan) -> str:
+    def identify(self, plan: AcquisitionPlan) -> Download:
         name = Path(plan.source).name
         if not name or name in {".", ".."}:
             raise BadSource(f"plan #{plan.pk}: {plan.source!r} is not a file name")
-        return str(self.root / name)
+        return Download(str(self.root / name), ())
 
-    def add(self, plan: AcquisitionPlan, ref: str) -> None:
+    def submit(self, plan: AcquisitionPlan, download: Download) -> bool:
         self.root.mkdir(parents=True, exist_ok=True)
+        return True  # the downloads folder is UMT's own drop box
 
-    def poll(self, ref: str) -> dict[str, Any] | None:
+    def poll(self, plan_id: int, download: Download) -> dict[str, Any] | None:
         return None  # a file that exists may still be being written: only its writer knows
 
-    def remove(self, ref: str) -> bool:
-        path = Path(ref)
+    def remove(self, download: Download, owners: Iterable[int]) -> bool:
+        path = Path(download.ref)
         if path.resolve().parent != self.root.resolve():
-            raise DownloadError(f"refusing to delete {ref!r}: not in {self.root}")
+            raise DownloadError(f"refusing to delete {download.ref!r}: not in {self.root}")
         try:
             path.unlink()
         except FileNotFoundError:

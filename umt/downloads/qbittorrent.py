@@ -1,9 +1,10 @@
 """The qBittorrent client, through its Web API (`qbittorrent-api`).
 
-The download's reference is the torrent's v1 info hash, computed from the .torrent file or the
-magnet link before anything is added, so the plan records it before qBittorrent can finish (and
-run its completion hook, which looks the plan up by `%I`). Torrents are tagged `umt` and
-`umt-plan-<id>` so that they are easy to find in qBittorrent's own UI.
+A torrent is found by every hash form qBittorrent may list it under (`hashes.py`) or by the
+plan's tag. UMT tags what it adds `umt` and `umt-plan-<id>`, and never tags, removes or deletes
+a torrent it found already there (the user's own, or another plan's): `submit` says which it
+was, the workflow records that in the op ledger, and `remove` deletes only a torrent carrying
+the tag of a plan that added it.
 """
 
 from __future__ import annotations
@@ -13,16 +14,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import qbittorrentapi
-import torf
 
-from . import BadSource, DownloadError
+from . import BadSource, Download, DownloadMissing
+from .hashes import NotATorrent, TorrentId, from_magnet, from_torrent_file
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from ..conf import QBittorrentSettings
     from ..models import AcquisitionPlan
 
-APPEAR_SECONDS = 15.0  # how long `add` waits for qBittorrent to list a torrent it accepted
+APPEAR_SECONDS = 15.0  # how long `submit` waits for qBittorrent to list a torrent it accepted
 TIMEOUT = (5.0, 30.0)  # connect, read
+INCOMPLETE_SUFFIX = ".!qB"  # qBittorrent's "append .!qB to incomplete files"
+# States in which progress may read 1 while the files are not (yet) where content_path says.
+UNSETTLED = frozenset(
+    {"moving", "checkingUP", "checkingDL", "checkingResumeData", "allocating", "metaDL"}
+)
+
+
+def plan_tag(plan_id: int) -> str:
+    return f"umt-plan-{plan_id}"
 
 
 class QBittorrentClient:
@@ -38,55 +50,83 @@ class QBittorrentClient:
             DISABLE_LOGGING_DEBUG_OUTPUT=True,
         )
 
-    def identify(self, plan: AcquisitionPlan) -> str:
+    def identify(self, plan: AcquisitionPlan) -> Download:
         source = plan.source.strip()
         try:
-            if source.startswith("magnet:"):
-                return str(torf.Magnet.from_string(source).infohash).lower()
-            return str(torf.Torrent.read(source).infohash).lower()
-        except (torf.TorfError, OSError) as exc:
+            tid = from_magnet(source) if source.startswith("magnet:") else from_torrent_file(source)
+        except NotATorrent as exc:
             raise BadSource(f"plan #{plan.pk}: cannot read {source!r}: {exc}") from exc
+        return Download(tid.ref, tid.forms)
 
-    def add(self, plan: AcquisitionPlan, ref: str) -> None:
-        if not self._info(ref):
-            source = plan.source.strip()
-            what: dict[str, Any] = (
-                {"urls": source}
-                if source.startswith("magnet:")
-                else {"torrent_files": Path(source).read_bytes()}
-            )
-            self.api.torrents_add(
-                **what,
-                save_path=self.config.save_path or None,
-                tags=["umt", f"umt-plan-{plan.pk}"],
-            )
-            end = time.monotonic() + APPEAR_SECONDS
-            while not self._info(ref):  # add returns before the torrent is listed
-                if time.monotonic() > end:
-                    raise DownloadError(f"qBittorrent did not list torrent {ref} after adding it")
-                time.sleep(0.1)
-        self.add_peers(ref)
-
-    def add_peers(self, ref: str) -> None:
-        """Point the torrent at the configured peers (trackerless LANs; harmless to repeat)."""
-        if self.config.peers:
-            self.api.torrents_add_peers(peers=list(self.config.peers), torrent_hashes=ref)
-
-    def poll(self, ref: str) -> dict[str, Any] | None:
-        info = self._info(ref)
-        if info is None:
-            raise DownloadError(f"qBittorrent no longer has torrent {ref}")
-        if float(info.progress) < 1:
-            self.add_peers(ref)  # a restarted qBittorrent does not reconnect on its own
-            return None
-        return {"content_path": str(info.content_path), "ref": ref, "via": "poll"}
-
-    def remove(self, ref: str) -> bool:
-        if self._info(ref) is None:
-            return False
-        self.api.torrents_delete(delete_files=True, torrent_hashes=ref)
+    def submit(self, plan: AcquisitionPlan, download: Download) -> bool:
+        found = self.find(download, plan.pk)
+        if found is not None:
+            self.add_peers(found.hash)
+            return plan_tag(plan.pk) in _tags(found)  # an earlier attempt of this plan added it
+        source = plan.source.strip()
+        what: dict[str, Any] = (
+            {"urls": source}
+            if source.startswith("magnet:")
+            else {"torrent_files": Path(source).read_bytes()}
+        )
+        self.api.torrents_add(
+            **what, save_path=self.config.save_path or None, tags=["umt", plan_tag(plan.pk)]
+        )
+        end = time.monotonic() + APPEAR_SECONDS
+        while (found := self.find(download, plan.pk)) is None:  # add returns before it is listed
+            if time.monotonic() > end:
+                raise DownloadMissing(f"qBittorrent did not list torrent {download.ref} in time")
+            time.sleep(0.1)
+        self.add_peers(found.hash)
         return True
 
-    def _info(self, ref: str) -> Any:
-        found = self.api.torrents_info(torrent_hashes=ref)
-        return found[0] if found else None
+    def add_peers(self, torrent_id: str) -> None:
+        """Point the torrent at the configured peers (trackerless LANs; harmless to repeat)."""
+        if self.config.peers:
+            self.api.torrents_add_peers(peers=list(self.config.peers), torrent_hashes=torrent_id)
+
+    def poll(self, plan_id: int, download: Download) -> dict[str, Any] | None:
+        info = self.find(download, plan_id)
+        if info is None:
+            raise DownloadMissing(f"qBittorrent no longer has torrent {download.ref}")
+        if not self._settled(info):
+            self.add_peers(info.hash)  # a restarted qBittorrent does not reconnect on its own
+            return None
+        return {"content_path": str(info.content_path), "ref": download.ref, "via": "poll"}
+
+    def _settled(self, info: Any) -> bool:
+        """Complete, and its files where content_path says, under their final names."""
+        if float(info.progress) < 1 or info.state in UNSETTLED:
+            return False
+        content = Path(str(info.content_path))
+        if str(content).endswith(INCOMPLETE_SUFFIX) or not content.exists():
+            return False
+        names = [str(f.name) for f in self.api.torrents_files(torrent_hash=info.hash)]
+        return not any(n.endswith(INCOMPLETE_SUFFIX) for n in names)
+
+    def remove(self, download: Download, owners: Iterable[int]) -> bool:
+        info = self.find(download, None)
+        if info is None:
+            return False
+        if not _tags(info) & {plan_tag(pk) for pk in owners}:
+            return False  # not added by UMT: the user's own torrent stays
+        self.api.torrents_delete(delete_files=True, torrent_hashes=info.hash)
+        return True
+
+    def find(self, download: Download, plan_id: int | None) -> Any:
+        """The torrent, by any of its hash forms or (when given) the plan's tag."""
+        forms = set(download.hashes)
+        tag = plan_tag(plan_id) if plan_id is not None else None
+        for info in self.api.torrents_info():
+            listed = {str(info.get(k) or "") for k in ("hash", "infohash_v1", "infohash_v2")}
+            listed |= {h[:40] for h in listed}
+            if listed & forms or (tag is not None and tag in _tags(info)):
+                return info
+        return None
+
+
+def _tags(info: Any) -> set[str]:
+    return {t.strip() for t in str(info.get("tags") or "").split(",") if t.strip()}
+
+
+__all__ = ["QBittorrentClient", "TorrentId", "plan_tag"]

@@ -6,6 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tasks_engine import metrics
+from tasks_engine.checks import worker_checks
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
 from tasks_engine.worker import Worker, WorkerConfig, supervisor
@@ -14,6 +16,7 @@ from ...cli import (
     OneLineErrors,
     non_negative_float,
     non_negative_int,
+    port_number,
     positive_float,
     positive_int,
     task_ref,
@@ -83,8 +86,26 @@ class Command(OneLineErrors, BaseCommand):
             help="run N worker processes under a supervisor that restarts a crashed one and "
             "forwards SIGTERM/SIGINT to all (default: %(default)r, one worker, no supervisor)",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            default=None,
+            metavar="PORT",
+            help="serve Prometheus metrics at http://ADDR:PORT/metrics; with --processes N, "
+            "worker k of N serves on PORT+k-1 (default: off)",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            metavar="ADDR",
+            help="address the metrics server listens on (default: %(default)r)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        for found in worker_checks(opts["queue"], opts.get("processes") or 1):
+            if found.is_serious():
+                raise CommandError(found.msg)
+            self.stderr.write(f"warning: {found.msg} ({found.id})")
         workflows = []
         if opts["task"]:
             for name, version in opts["task"]:
@@ -114,6 +135,19 @@ class Command(OneLineErrors, BaseCommand):
         if opts["processes"] > 1 and not supervisor.is_child():
             code = supervisor.Supervisor(opts["processes"], burst=opts["burst"]).run()
         else:
-            code = Worker(config).run()
+            worker = Worker(config)
+            if opts["metrics_port"] is not None:
+                serve_metrics(worker, opts["metrics_addr"], opts["metrics_port"])
+            code = worker.run()
         if code:
             raise SystemExit(code)
+
+
+def serve_metrics(worker: Worker, addr: str, port: int) -> None:
+    """Serve this worker's metrics; a supervised worker k (1-based) serves on port + k - 1."""
+    port += max(0, supervisor.child_index() - 1)
+    try:
+        metrics.serve(port, addr)
+    except (OSError, OverflowError) as exc:
+        raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
+    metrics.enable(slots_busy=worker.slots_busy)

@@ -1,4 +1,5 @@
-"""manage.py tasks enqueue | signal | cancel | inspect | list | prune | workers | replay-check."""
+"""manage.py tasks enqueue | signal | cancel | retry | inspect | list | prune | workers |
+replay-check | schedules | schedule."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from pydantic import ValidationError
 
 from tasks_engine import engine
-from tasks_engine.exceptions import IdempotencyConflict, UnknownRunError, UnknownTaskError
+from tasks_engine.exceptions import (
+    IdempotencyConflict,
+    UnknownRunError,
+    UnknownScheduleError,
+    UnknownStepError,
+    UnknownTaskError,
+)
 from tasks_engine.models import WorkflowRun
 from tasks_engine.states import RunStatus
 
@@ -20,7 +27,7 @@ from ...cli import OneLineErrors, _one_line, json_value, non_negative_float, pos
 
 
 class Command(OneLineErrors, BaseCommand):
-    help = "Enqueue, signal, cancel, inspect, list and prune durable runs."
+    help = "Enqueue, signal, cancel, retry, inspect, list and prune durable runs."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -42,10 +49,19 @@ class Command(OneLineErrors, BaseCommand):
         p.add_argument("run_id", help="run id (UUID)")
         p.add_argument("name", help="fact name")
         p.add_argument("--payload", type=json_value, default=None, help="payload as JSON")
+        p.add_argument(
+            "--idempotency-key", help="the same key for the same run stores one fact, once"
+        )
         p.add_argument("--json", action="store_true", help="print JSON")
 
         p = add("cancel", "cancel a run and its children")
         p.add_argument("run_id", help="run id (UUID)")
+        p.add_argument("--reason", default="", help="why (stored and shown)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("retry", "send a failed or canceled run back for a fresh pass")
+        p.add_argument("run_id", help="run id (UUID)")
+        p.add_argument("--from-step", help="run this step and every later one again")
         p.add_argument("--reason", default="", help="why (stored and shown)")
         p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -56,6 +72,7 @@ class Command(OneLineErrors, BaseCommand):
         p = add("list", "list recent runs")
         p.add_argument("--status", choices=RunStatus.values, help="only runs in this status")
         p.add_argument("--task", help="only runs of this workflow")
+        p.add_argument("--version", type=positive_int, help="only runs of this version")
         p.add_argument("--limit", type=positive_int, default=50, help="(default: %(default)r)")
         p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -74,6 +91,14 @@ class Command(OneLineErrors, BaseCommand):
         )
         p.add_argument("--json", action="store_true", help="print JSON")
 
+        p = add("schedules", "list schedules: next fire, last fired run, paused")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("schedule", "pause or resume a schedule")
+        p.add_argument("op", choices=["pause", "resume"], help="pause or resume")
+        p.add_argument("schedule", metavar="NAME", help="schedule name")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
         p = add("workers", "list worker processes, the runs they hold, and the leader")
         p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -89,7 +114,13 @@ class Command(OneLineErrors, BaseCommand):
         action = opts["action"]
         try:
             result = getattr(self, f"do_{action.replace('-', '_')}")(opts)
-        except (UnknownRunError, UnknownTaskError, IdempotencyConflict) as exc:
+        except (
+            UnknownRunError,
+            UnknownTaskError,
+            UnknownScheduleError,
+            UnknownStepError,
+            IdempotencyConflict,
+        ) as exc:
             raise CommandError(str(exc.args[0] if exc.args else exc)) from exc
         except ValidationError as exc:
             first = exc.errors()[0]
@@ -119,7 +150,9 @@ class Command(OneLineErrors, BaseCommand):
         return {"json": {"run_id": str(res.run_id), "deduplicated": res.deduplicated}, "text": text}
 
     def do_signal(self, o: dict[str, Any]) -> dict[str, Any]:
-        res = engine.signal(o["run_id"], o["name"], o["payload"])
+        res = engine.signal(
+            o["run_id"], o["name"], o["payload"], idempotency_key=o["idempotency_key"]
+        )
         text = ("delivered" if res.delivered else "not delivered") + f" (run is {res.status})"
         return {"json": {"delivered": res.delivered, "status": res.status}, "text": text}
 
@@ -127,6 +160,13 @@ class Command(OneLineErrors, BaseCommand):
         ok = engine.cancel(o["run_id"], o["reason"] or None)
         text = "canceled" if ok else "not canceled: the run has already finished"
         return {"json": {"canceled": ok}, "text": text}
+
+    def do_retry(self, o: dict[str, Any]) -> dict[str, Any]:
+        ok = engine.retry_run(
+            o["run_id"], from_step=o["from_step"], reason=o["reason"] or None, by=_operator()
+        )
+        text = "retried" if ok else "not retried: only a failed or canceled run can be"
+        return {"json": {"retried": ok}, "text": text}
 
     def do_inspect(self, o: dict[str, Any]) -> dict[str, Any]:
         engine._run_id(o["run_id"])
@@ -145,13 +185,22 @@ class Command(OneLineErrors, BaseCommand):
             lines.append(f"  error: {view.error.get('type')}: {view.error.get('message')}")
         for s in data["steps"]:
             err = f"  {s['error']['message']}" if s["error"] else ""
-            lines.append(f"  - {s['name']:<30} {s['kind']:<10} #{s['attempt']} {s['status']}{err}")
+            old = " (superseded)" if s["superseded"] else ""
+            lines.append(
+                f"  - {s['name']:<30} {s['kind']:<10} #{s['attempt']} {s['status']}{old}{err}"
+            )
+        for r in view.retries:
+            why = f": {r['reason']}" if r.get("reason") else ""
+            since = f" from step {r['from_step']}" if r.get("from_step") else ""
+            lines.append(f"  retried {r['at']} by {r.get('by') or '?'}{since}{why}")
         if view.output is not None:
             lines.append(f"  output: {json.dumps(view.output)}")
         return {"json": data, "text": "\n".join(lines)}
 
     def do_list(self, o: dict[str, Any]) -> dict[str, Any]:
-        views = engine.list_runs(task=o["task"], status=o["status"], limit=o["limit"])
+        views = engine.list_runs(
+            task=o["task"], status=o["status"], version=o["version"], limit=o["limit"]
+        )
         lines = [
             f"{v.run_id}  {v.task_name}@{v.version:<3} {v.status:<10}"
             f" {v.created_at:%Y-%m-%d %H:%M:%S}"
@@ -168,6 +217,30 @@ class Command(OneLineErrors, BaseCommand):
             counts = maintenance.prune(timedelta(days=o["older_than"]))
         text = ", ".join(f"{k}: {v}" for k, v in counts.items())
         return {"json": counts, "text": f"pruned {text}"}
+
+    def do_schedules(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine.schedules import list_schedules
+
+        views = list_schedules()
+        lines = [
+            f"{v.name:<24} {v.task:<24} {v.cron:<16} {v.timezone:<16}"
+            f" {'paused' if v.paused else 'active':<7}"
+            f" next={v.next_fire_at.isoformat() if v.next_fire_at else '-'}"
+            f" last_run={v.last_run_id or '-'}"
+            for v in views
+        ]
+        return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or "(no schedules)"}
+
+    def do_schedule(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine import schedules
+
+        name, pause = o["schedule"], o["op"] == "pause"
+        changed = schedules.pause(name) if pause else schedules.resume(name)
+        state = "paused" if pause else "resumed"
+        text = (
+            f"{state} {name}" if changed else f"{name} was {'already' if pause else 'not'} paused"
+        )
+        return {"json": {"name": name, "paused": pause, "changed": changed}, "text": text}
 
     def do_workers(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine.workers import list_workers
@@ -201,3 +274,13 @@ class Command(OneLineErrors, BaseCommand):
             "text": "\n".join(lines),
             "exit": 1 if found else 0,
         }
+
+
+def _operator() -> str:
+    """Who retried from the command line, for the run's retry history."""
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli"

@@ -112,7 +112,7 @@ class Command(BaseCommand):
             for _ in range(size // MIB):
                 f.write(block)
         timeline.note(f"downloader wrote {size // MIB} MiB to downloads/{path.name}")
-        res = report_download_done(f"plan:{plan_id}", str(path)).signaled
+        res = report_download_done(f"plan:{plan_id}", str(path))[0].signaled
         said = "delivered" if res.delivered else f"not delivered ({res.status})"
         timeline.note(f"downloader ran the hook: umt_download_done plan:{plan_id} -> {said}")
 

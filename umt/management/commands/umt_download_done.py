@@ -2,7 +2,7 @@
 
 qBittorrent (Options > Downloads > "Run external program on torrent finished"):
 
-    /srv/umt/.venv/bin/python /srv/umt/manage.py umt_download_done "%I" "%F" --name "%N"
+    /srv/umt/.venv/bin/python /srv/umt/manage.py umt_download_done "%K" "%F" --name "%N"
 
 (see docs/QBITTORRENT-HOOK.md for the environment it needs).
 
@@ -48,20 +48,27 @@ class Command(OneLineErrors, BaseCommand):
         except UnknownDownload as exc:
             self._log(opts["log"], f"{opts['ref']}: refused: {exc}")
             raise CommandError(str(exc)) from exc
-        plan, res = reported.plan, reported.signaled
-        what = "delivered" if res.delivered else "not delivered"
-        text = f"plan #{plan.pk}: download-done {what} (run {plan.run_id} is {res.status})"
-        self._log(opts["log"], f"{opts['ref']}: {text}")
+        lines, data = [], []
+        for r in reported:
+            what = "delivered" if r.signaled.delivered else "not delivered"
+            lines.append(
+                f"plan #{r.plan.pk}: download-done {what} "
+                f"(run {r.plan.run_id} is {r.signaled.status})"
+            )
+            data.append(
+                {
+                    "plan_id": r.plan.pk,
+                    "run_id": str(r.plan.run_id),
+                    "delivered": r.signaled.delivered,
+                    "status": r.signaled.status,
+                }
+            )
+        for line in lines:
+            self._log(opts["log"], f"{opts['ref']}: {line}")
         if opts["json"]:
-            data = {
-                "plan_id": plan.pk,
-                "run_id": str(plan.run_id),
-                "delivered": res.delivered,
-                "status": res.status,
-            }
-            self.stdout.write(json.dumps(data))
+            self.stdout.write(json.dumps(data[0] if len(data) == 1 else data))
         else:
-            self.stdout.write(text)
+            self.stdout.write("\n".join(lines))
 
     @staticmethod
     def _log(path: Path | None, line: str) -> None:

@@ -1,0 +1,160 @@
+"""Prometheus metrics: what the engine counts, and the two ways they are served.
+
+Recording is in-process and costs no statement and no database lock: the executor, the step API
+and the worker loop call the `record_*` functions below, each of which returns at once unless
+`enable()` was called (by `runworker --metrics-port`). A worker serves its registry over HTTP
+(`serve`); the database gauge `tasks_runs{queue,status}` is refreshed in the worker that is the
+maintenance leader (the `metrics-run-counts` service), and computed on demand by the Django view
+`tasks_engine.views.metrics` for a web process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily
+
+from . import clock
+from .states import RunStatus
+
+LIVE_STATUSES = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING)
+FINISHED_OUTCOMES = frozenset({"completed", "failed", "canceled"})
+
+_enabled = False
+
+RUNS_FINISHED = Counter(
+    "tasks_runs_finished", "Runs that finished, by outcome.", ["task", "status"], registry=None
+)
+STEPS = Counter(
+    "tasks_steps",
+    "Executed step attempts by outcome (failed includes attempts that will be retried).",
+    ["task", "kind", "status"],
+    registry=None,
+)
+STEP_DURATION = Histogram(
+    "tasks_step_duration_seconds",
+    "Wall time of executed step attempts.",
+    ["task"],
+    registry=None,
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800, float("inf")),
+)
+CLAIM_DELAY = Histogram(
+    "tasks_claim_delay_seconds",
+    "Time from a run being due (enqueued, woken, backoff over, lease expired) to its claim.",
+    ["queue"],
+    registry=None,
+    buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, float("inf")),
+)
+SLOTS_BUSY = Gauge(
+    "tasks_worker_slots_busy", "Worker slots executing (or reserved for) a run.", registry=None
+)
+RUNS = Gauge(
+    "tasks_runs", "Unfinished runs by queue and status.", ["queue", "status"], registry=None
+)
+
+WORKER_METRICS = (RUNS_FINISHED, STEPS, STEP_DURATION, CLAIM_DELAY, SLOTS_BUSY, RUNS)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def enable(slots_busy: Callable[[], float] | None = None) -> None:
+    """Start recording into the process's default registry (idempotent)."""
+    global _enabled
+    if not _enabled:
+        for metric in WORKER_METRICS:
+            REGISTRY.register(metric)
+        _enabled = True
+    if slots_busy is not None:
+        SLOTS_BUSY.set_function(slots_busy)
+
+
+def serve(port: int, addr: str = "127.0.0.1") -> Any:
+    """Serve the default registry as Prometheus text (at /metrics) from a daemon thread."""
+    server, _thread = start_http_server(port, addr=addr)
+    return server
+
+
+# -- recording (no-ops unless enabled) ---------------------------------------------------------
+
+
+def record_run_outcome(task: str, outcome: str) -> None:
+    if _enabled and outcome in FINISHED_OUTCOMES:
+        RUNS_FINISHED.labels(task, outcome).inc()
+
+
+def record_step(task: str, kind: str, status: str, seconds: float) -> None:
+    if _enabled:
+        STEPS.labels(task, kind, status).inc()
+        STEP_DURATION.labels(task).observe(seconds)
+
+
+def record_claims(runs: list[Any]) -> None:
+    """Claimed runs carry `due_at`, the time they were due when the claim took them."""
+    if not _enabled or not runs:
+        return
+    now = clock.now()
+    for run in runs:
+        due: datetime | None = getattr(run, "due_at", None)
+        if due is not None:
+            CLAIM_DELAY.labels(run.queue).observe(max(0.0, (now - due).total_seconds()))
+
+
+# -- the database gauge ------------------------------------------------------------------------
+
+
+def run_counts() -> dict[tuple[str, str], int]:
+    """Unfinished runs per (queue, status), one grouped count over the live-status index
+    (finished runs are counted by tasks_runs_finished_total instead: counting a table of
+    millions of completed rows every few seconds is not free)."""
+    from django.db.models import Count
+
+    from .models import WorkflowRun
+
+    rows = (
+        WorkflowRun.objects.filter(status__in=LIVE_STATUSES)
+        .values_list("queue", "status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    return {(queue, status): n for queue, status, n in rows}
+
+
+def refresh_run_counts() -> int:
+    """The leader's service: set `tasks_runs` from the database. Returns the series set."""
+    if not _enabled:
+        return 0
+    counts = run_counts()
+    RUNS.clear()
+    for (queue, status), n in counts.items():
+        RUNS.labels(queue, status).set(n)
+    return len(counts)
+
+
+class RunCountsCollector:
+    """`tasks_runs` computed at scrape time (for the Django view)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "tasks_runs", "Unfinished runs by queue and status.", labels=["queue", "status"]
+        )
+        for (queue, status), n in sorted(run_counts().items()):
+            family.add_metric([queue, status], n)
+        yield family
+
+
+def database_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCountsCollector())  # type: ignore[arg-type]
+    return registry

@@ -1,0 +1,117 @@
+"""Operating schedules: list them with their state, pause and resume them (CLI and admin)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+
+from .. import clock
+from ..exceptions import UnknownScheduleError
+from ..models import Schedule
+from .firing import in_step, new_row, state_row
+from .specs import ScheduleSpec, defined
+
+
+@dataclass(frozen=True)
+class ScheduleView:
+    name: str
+    task: str
+    cron: str
+    timezone: str
+    paused: bool
+    next_fire_at: datetime | None
+    last_slot_at: datetime | None
+    last_fired_at: datetime | None
+    last_run_id: uuid.UUID | None
+    last_error: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: UUIDs and times as strings."""
+        return {
+            k: (
+                str(v)
+                if isinstance(v, uuid.UUID)
+                else v.isoformat()
+                if isinstance(v, datetime)
+                else v
+            )
+            for k, v in asdict(self).items()
+        }
+
+
+def list_schedules() -> list[ScheduleView]:
+    """Every defined schedule, by name. A schedule no round has seen yet shows the next fire
+    it will get."""
+    now = clock.now()
+    rows = {row.name: row for row in Schedule.objects.all()}
+    views = []
+    for name, spec in sorted(defined().items()):
+        row = rows.get(name)
+        if row is None or not in_step(row, spec):
+            next_fire = None if row is not None and row.paused else spec.cron.next_after(now)
+        else:
+            next_fire = row.next_fire_at
+        views.append(
+            ScheduleView(
+                name=name,
+                task=spec.task,
+                cron=spec.cron.expr,
+                timezone=spec.cron.timezone,
+                paused=bool(row and row.paused),
+                next_fire_at=next_fire,
+                last_slot_at=row.last_slot_at if row else None,
+                last_fired_at=row.last_fired_at if row else None,
+                last_run_id=row.last_run_id if row else None,
+                last_error=row.last_error if row else "",
+            )
+        )
+    return views
+
+
+def spec_of(name: str) -> ScheduleSpec:
+    spec = defined().get(name)
+    if spec is None:
+        raise UnknownScheduleError(f"unknown schedule {name!r}")
+    return spec
+
+
+def pause(name: str) -> bool:
+    """Stop firing `name` until resumed (slots in between are not fired later). False when it
+    was already paused. Raises UnknownScheduleError for a name no schedule has."""
+    spec = spec_of(name)
+    now = clock.now()
+    with transaction.atomic():
+        row = state_row(spec, now)
+        if row.paused:
+            return False
+        row.paused, row.paused_at, row.next_fire_at, row.updated_at = True, now, None, now
+        row.save(update_fields=["paused", "paused_at", "next_fire_at", "updated_at"])
+    return True
+
+
+def resume(name: str) -> bool:
+    """Fire `name` again from its first slot after now. False when it was not paused."""
+    spec = spec_of(name)
+    now = clock.now()
+    with transaction.atomic():
+        row = state_row(spec, now)
+        if not row.paused:
+            return False
+        row.paused, row.paused_at, row.updated_at = False, None, now
+        row.cron, row.timezone = spec.cron.expr, spec.cron.timezone
+        row.next_fire_at = spec.cron.next_after(now)
+        row.save()
+    return True
+
+
+def ensure_rows() -> None:
+    """Give every defined schedule its state row (the admin lists rows)."""
+    now = clock.now()
+    specs = defined()
+    have = set(Schedule.objects.filter(name__in=list(specs)).values_list("name", flat=True))
+    missing = [new_row(spec, now) for name, spec in specs.items() if name not in have]
+    Schedule.objects.bulk_create(missing, ignore_conflicts=True)

@@ -1,0 +1,195 @@
+"""Testing workflows: run them to completion in the test's own process, on the test database.
+
+    from tasks_engine import testing
+
+    def test_acquire(db):
+        with testing.WorkflowTester() as t:
+            run = t.start(acquire, {"plan_id": 1})
+            t.run_until_idle()                      # runs until it waits on the fact
+            t.signal(run, "download-done", {"path": "/tmp/x"})
+            view = t.run_to_completion(run)         # the 7-day retention sleep is jumped
+            assert view.status == "completed"
+            assert [s.name for s in t.steps(run)] == [...]
+
+The tester is the real engine: runs are claimed, replayed and written by the same executor
+and transitions a worker uses (one run at a time, in this thread). Only time is fake: the
+engine's clock (`tasks_engine.clock.now`) is replaced while the tester is open, and whenever
+nothing is due the clock jumps to the next timer (a sleep, a fact wait's timeout, a step's or
+the workflow's retry backoff, a deferred start). A run that waits on a fact without a timeout
+stays waiting until the test signals it; `run_until_idle` does not jump over fact timeouts
+either (the test may mean to signal first), `run_to_completion` does.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from . import clock, engine, executor, transitions
+from .definitions import Workflow, registry
+from .engine import RunView, Signaled, StepView
+from .models import WorkflowRun
+from .states import RunStatus
+
+FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
+
+
+class FakeClock:
+    """The engine's time while a tester is open: moves only when told (or jumped)."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.current = start or datetime.now(UTC)
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float | timedelta) -> None:
+        delta = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
+        if delta < timedelta(0):
+            raise ValueError("the clock does not go back")
+        self.current += delta
+
+    def jump_to(self, when: datetime) -> None:
+        self.current = max(self.current, when)
+
+
+def next_timer(*, fact_timeouts: bool = True) -> datetime | None:
+    """The earliest time a pending or waiting run becomes due (None: no run has a timer).
+    Without `fact_timeouts`, runs waiting for a fact are left out: their timer is the timeout
+    the test may mean to beat by signalling."""
+    runs = WorkflowRun.objects.filter(
+        status__in=[RunStatus.PENDING, RunStatus.WAITING], available_at__isnull=False
+    )
+    if not fact_timeouts:
+        runs = runs.exclude(status=RunStatus.WAITING, waiting_on__startswith="fact:")
+    return runs.order_by("available_at").values_list("available_at", flat=True).first()
+
+
+def drain(
+    fake: FakeClock | None = None,
+    *,
+    pairs: list[tuple[str, int]] | None = None,
+    horizon: float | None = None,
+    limit: int = 500,
+    worker_id: str = "test-worker",
+    fact_timeouts: bool = True,
+) -> list[str]:
+    """Execute due runs in this thread, one claim at a time, until none is due; returns each
+    execution's outcome ("completed", "suspended", "retrying", "failed", ...). With a fake
+    clock, jump to the next timer instead of waiting for it (only to timers due within
+    `horizon` seconds, when given; over fact timeouts only with `fact_timeouts`). `limit`
+    bounds the executions (a run that never settles)."""
+    pairs = pairs or registry.pairs()
+    outcomes: list[str] = []
+    for _ in range(limit):
+        claimed = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
+        if not claimed:
+            wake = next_timer(fact_timeouts=fact_timeouts) if fake is not None else None
+            if wake is None:
+                break
+            if horizon is not None and wake > clock.now() + timedelta(seconds=horizon):
+                break
+            assert fake is not None
+            if wake <= fake.current:
+                break  # due but not claimable by these pairs: nothing this drain can do
+            fake.jump_to(wake)
+            continue
+        run, lease = claimed[0].run, claimed[0].lease
+        wf, ctx = executor.build_context(run, lease, threading.Event())
+        outcomes.append(executor.execute(run, wf, ctx))
+    return outcomes
+
+
+class WorkflowTester:
+    """Start runs, drive them with a fake clock, deliver facts, inspect the results.
+
+    Use it as a context manager (the fake clock is installed on entry and removed on exit) in
+    a test that has database access (pytest-django's `db` fixture, or a Django `TestCase`).
+    """
+
+    def __init__(
+        self,
+        *,
+        start: datetime | None = None,
+        worker_id: str = "workflow-tester",
+        limit: int = 1000,
+    ) -> None:
+        self.clock = FakeClock(start)
+        self.worker_id = worker_id
+        self.limit = limit
+        self._saved: Any = None
+
+    def __enter__(self) -> WorkflowTester:
+        self._saved = clock.now
+        clock.now = self.clock.now  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        clock.now = self._saved  # type: ignore[method-assign]
+
+    @property
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    def advance(self, seconds: float | timedelta) -> None:
+        """Move the fake clock forward (runs due by then run at the next `run_until_idle`)."""
+        self.clock.advance(seconds)
+
+    # -- driving ------------------------------------------------------------------------------
+
+    def start(self, task: str | Workflow, input: Any = None, **options: Any) -> uuid.UUID:
+        """Enqueue a run (the options are `enqueue`'s) and return its id; nothing runs yet."""
+        return engine.enqueue(task, input, **options).run_id
+
+    def run_until_idle(self, *, jump: bool = True) -> list[str]:
+        """Execute runs until nothing is due, jumping the clock over sleeps, retry backoffs and
+        deferred starts when `jump`, but not over fact timeouts: a run waiting for a fact stays
+        waiting for the test to signal it. Returns each execution's outcome, in order."""
+        return self._drive(jump=jump, fact_timeouts=False)
+
+    def run_to_completion(self, run_id: uuid.UUID | str, *, jump: bool = True) -> RunView:
+        """Run until `run_id` has finished (completed, failed or canceled) and return its view,
+        jumping over every timer when `jump`, fact timeouts included. AssertionError when it
+        cannot finish without outside help (it waits on a fact that has no timeout)."""
+        self._drive(jump=jump, fact_timeouts=True)
+        view = self.get_run(run_id)
+        if view.status not in FINISHED:
+            waiting = WorkflowRun.objects.filter(pk=view.run_id).values_list(
+                "waiting_on", flat=True
+            )
+            raise AssertionError(
+                f"run {view.run_id} is {view.status} (waiting on {waiting.first() or 'nothing'!r})"
+                " and nothing more is due: signal it, or advance the clock"
+            )
+        return view
+
+    def _drive(self, *, jump: bool, fact_timeouts: bool) -> list[str]:
+        return drain(
+            self.clock if jump else None,
+            limit=self.limit,
+            worker_id=self.worker_id,
+            fact_timeouts=fact_timeouts,
+        )
+
+    def signal(
+        self, run_id: uuid.UUID | str, name: str, payload: Any = None, **kw: Any
+    ) -> Signaled:
+        """Deliver a fact, as `tasks_engine.signal` does (the run runs at the next drive)."""
+        return engine.signal(run_id, name, payload, **kw)
+
+    def cancel(self, run_id: uuid.UUID | str, reason: str | None = None) -> bool:
+        return engine.cancel(run_id, reason)
+
+    # -- inspecting ---------------------------------------------------------------------------
+
+    def get_run(self, run_id: uuid.UUID | str) -> RunView:
+        view = engine.get_run(run_id)
+        if view is None:
+            raise AssertionError(f"no run {run_id}")
+        return view
+
+    def steps(self, run_id: uuid.UUID | str) -> list[StepView]:
+        """Every step attempt of the run, oldest first."""
+        return list(self.get_run(run_id).steps)

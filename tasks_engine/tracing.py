@@ -1,0 +1,158 @@
+"""OpenTelemetry spans, when `opentelemetry-api` is installed and a tracer provider is set.
+
+- `workflow <task>`: one span per claim (one execution of the handler), parented on a remote
+  span context made from the run's `trace_id`, so every claim of a run, on any worker, joins
+  the same trace. `enqueue` stores the caller's trace id as the run's `trace_id` when a span
+  is current (else a random one), so a run joins the trace of whoever started it.
+- `step <name>`: one span per executed step attempt, a child of its claim's span.
+- The outbox stores the publisher's trace context (W3C `traceparent`) on the event, and the
+  relay makes it current around the route, so the runs a route enqueues join that trace.
+
+Without the package every function here is a constant-time no-op; with it but without a
+provider, only the trace id propagation works (no span is made).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # the optional extra is not installed
+    trace = None  # type: ignore[assignment]
+
+INSTRUMENTATION = "tasks_engine"
+
+
+def _tracer() -> Any:
+    """The tracer, or None when no real provider is set (the API's default does nothing)."""
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None
+    return provider.get_tracer(INSTRUMENTATION)
+
+
+def new_trace_id() -> str:
+    """A run's trace id: the current span's (32 hex digits, W3C) if there is one, else new."""
+    if trace is not None:
+        span_context = trace.get_current_span().get_span_context()
+        if span_context.is_valid:
+            return trace.format_trace_id(span_context.trace_id)
+    return uuid.uuid4().hex
+
+
+def otel_trace_id(trace_id: str) -> int:
+    """The OpenTelemetry trace id of a run: its trace_id when that is 32 hex digits (what
+    enqueue stores), else derived from it (a caller's own string) by hashing."""
+    try:
+        value = int(trace_id, 16) if len(trace_id) == 32 else 0
+    except ValueError:
+        value = 0
+    if value == 0:
+        value = int(hashlib.sha256(trace_id.encode()).hexdigest()[:32], 16) or 1
+    return value
+
+
+def _run_parent(trace_id: str) -> Any:
+    """A remote parent for a run's claim spans: same trace id for every claim; the span id is
+    derived from it (a stand-in for the enqueue, which made no span of its own)."""
+    tid = otel_trace_id(trace_id)
+    span_id = (tid & 0xFFFFFFFFFFFFFFFF) or 1
+    parent = trace.SpanContext(
+        trace_id=tid,
+        span_id=span_id,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+    )
+    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+
+
+@contextlib.contextmanager
+def claim_span(ctx: Any) -> Iterator[Any]:
+    """The span of one claim of a run, current while the handler runs (None: no tracing)."""
+    tracer = _tracer()
+    if tracer is None:
+        yield None
+        return
+    attributes = {
+        "tasks.run_id": str(ctx.run_id),
+        "tasks.task": ctx.task_name,
+        "tasks.version": ctx.version,
+        "tasks.queue": ctx.queue,
+        "tasks.attempt": ctx.attempt,
+    }
+    with tracer.start_as_current_span(
+        f"workflow {ctx.task_name}",
+        context=_run_parent(ctx.trace_id or ""),
+        kind=trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield span
+
+
+def start_step_span(ctx: Any, key: str, kind: str) -> Any:
+    """Start the span of an executed step under the claim's span (None: no tracing)."""
+    if ctx._state.span is None:
+        return None
+    tracer = _tracer()
+    if tracer is None:
+        return None
+    return tracer.start_span(
+        f"step {key}",
+        attributes={
+            "tasks.run_id": str(ctx.run_id),
+            "tasks.attempt": ctx.attempt,
+            "tasks.step.name": key,
+            "tasks.step.kind": kind,
+        },
+    )
+
+
+def end_step_span(span: Any, status: str, exc: BaseException | None) -> None:
+    span.set_attribute("tasks.step.status", status)
+    if status == "failed" and exc is not None:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
+    span.end()
+
+
+def outcome_of_claim(span: Any, outcome: str) -> None:
+    if span is not None:
+        span.set_attribute("tasks.outcome", outcome)
+        if outcome == "failed":
+            span.set_status(trace.Status(trace.StatusCode.ERROR))
+
+
+# -- carrying a trace through the outbox -------------------------------------------------------
+
+
+def current_trace_context() -> str:
+    """The caller's span as a W3C traceparent ("" when no span is current)."""
+    if trace is None or not trace.get_current_span().get_span_context().is_valid:
+        return ""
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier.get("traceparent", "")
+
+
+@contextlib.contextmanager
+def trace_context_activated(traceparent: str) -> Iterator[None]:
+    """Make a stored traceparent current (runs enqueued inside join that trace)."""
+    if trace is None or not traceparent:
+        yield
+        return
+    extracted = TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    token = otel_context.attach(extracted)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)

@@ -1,0 +1,82 @@
+"""An operator's retry: a failed or canceled run goes back to `pending` for a fresh pass.
+
+Completed steps stay completed (replay returns them); steps that failed for good run again
+because their failure belongs to an earlier pass. With `from_step`, that step and every
+attempt recorded after it are marked superseded: kept as history, ignored by replay, so they
+run again; the facts their waits took are released for the reruns to take again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Max
+
+from .. import clock, notify
+from ..exceptions import UnknownRunError, UnknownStepError
+from ..models import Fact, StepAttempt, WorkflowRun
+from ..states import RunStatus
+from .outcomes import lock_parent
+
+RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELED)
+
+
+def retry_run(
+    run_id: uuid.UUID, *, from_step: str | None = None, reason: str = "", by: str = ""
+) -> bool:
+    """Failed or canceled -> pending, due now. False (nothing changed) for any other status."""
+    with transaction.atomic():
+        lock_parent(run_id)  # the order every run end takes: parent row, then the child's
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+        if run is None:
+            raise UnknownRunError(f"no run with id {run_id}")
+        steps = StepAttempt.objects.filter(run_id=run_id, superseded=False)
+        first: int | None = None
+        if from_step is not None:
+            first = steps.filter(name=from_step).order_by("id").values_list("id", flat=True).first()
+            if first is None:
+                names = sorted(set(steps.values_list("name", flat=True)))
+                raise UnknownStepError(
+                    f"run {run_id} recorded no step {from_step!r}"
+                    + (f"; its steps: {', '.join(names)}" if names else "; it recorded none")
+                )
+        if run.status not in RETRYABLE:
+            return False
+        now = clock.now()
+        if first is not None:
+            later = steps.filter(id__gte=first)
+            Fact.objects.filter(
+                run_id=run_id, consumed_by__in=later.values_list("name", flat=True)
+            ).update(consumed_by="")
+            later.update(superseded=True)
+        WorkflowRun.objects.filter(pk=run_id).update(
+            status=RunStatus.PENDING,
+            available_at=now,
+            updated_at=now,
+            pass_offset=_passes_so_far(run),
+            failures=0,  # a fresh workflow retry budget
+            error=None,
+            output=None,
+            finished_at=None,
+            cancel_requested_at=None,
+            cancel_reason="",
+            waiting_on="",
+            unreached_steps=[],
+            awaited=False,
+            retries=[
+                *(run.retries or []),
+                {"at": now.isoformat(), "by": by, "reason": reason, "from_step": from_step},
+            ],
+        )
+        notify.wake_workers(run.queue)
+    return True
+
+
+def _passes_so_far(run: WorkflowRun) -> int:
+    """The number of the last pass that began (a failed run's `failures` counted it already;
+    a canceled one's did not), or of the latest pass any attempt recorded if that is higher."""
+    began = run.failures + run.pass_offset + (0 if run.status == RunStatus.FAILED else 1)
+    recorded: Any = StepAttempt.objects.filter(run_id=run.pk).aggregate(p=Max("run_pass"))["p"]
+    return max(began, recorded or 0)

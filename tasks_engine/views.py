@@ -1,0 +1,31 @@
+"""Web views of the engine: Prometheus metrics for a web process (no worker registry here)."""
+
+from __future__ import annotations
+
+import hmac
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from . import metrics as engine_metrics
+from .conf import engine_settings
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The database gauges (`tasks_runs{queue,status}`), computed now, as Prometheus text.
+
+    Open, as scrape targets usually are (a scraper has no session), unless
+    `TASKS_ENGINE["METRICS_TOKEN"]` is set: then only `Authorization: Bearer <token>` gets them
+    (Prometheus: `authorization: {credentials: ...}` in the scrape config). It shows counts per
+    queue and status, nothing about a run's content."""
+    token = engine_settings().metrics_token
+    if token:
+        sent = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+            return HttpResponse(
+                "metrics need a bearer token\n", status=401, content_type="text/plain"
+            )
+    body = generate_latest(engine_metrics.database_registry())
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,174 @@
+"""A Django team adopts the engine from outside this repository: build the wheel from
+pyproject.toml, install it into a new virtualenv, `django-admin startproject`, add the two
+apps, migrate, define a workflow in the new project's own app, enqueue it, run
+`runworker --burst` and see the run complete. On the database of the pass (a new SQLite file,
+or a new database on the same PostgreSQL server). Nothing of UMT is imported.
+
+Slow-ish (a wheel build and a pip install, cached after the first time: about half a minute)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from django.conf import settings
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow
+
+SOURCE_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "site", "build", "dist", "*.egg-info", "__pycache__", "*.sqlite3*", "media"
+)
+
+WORKFLOW = """
+from datetime import timedelta
+
+from pydantic import BaseModel
+
+from tasks_engine import TaskContext, workflow
+
+
+class GreetInput(BaseModel):
+    name: str
+
+
+@workflow(name="greet", input=GreetInput)
+def greet(ctx: TaskContext) -> dict:
+    hello = ctx.step.run("hello", lambda: f"hello {ctx.input.name}")
+    ctx.step.sleep("pause", timedelta(seconds=0.2))
+    shout = ctx.step.run("shout", lambda: hello.upper())
+    return {"greeting": shout}
+"""
+
+SETTINGS_TAIL = """
+import os
+import environ
+
+INSTALLED_APPS += ["tasks_engine", "outbox", "shop"]
+DATABASES = {"default": environ.Env.db_url_config(os.environ["DATABASE_URL"])}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30,
+                                       "init_command": "PRAGMA journal_mode=WAL;"}
+"""
+
+
+# The environment of a shell outside this repository: not this test run's settings module.
+OUTSIDE_ENV = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE",)}
+
+
+def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env={**OUTSIDE_ENV, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"{cmd} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A new virtualenv holding the wheel built from this repository's pyproject.toml."""
+    base = tmp_path_factory.mktemp("fresh")
+    source = base / "source"
+    shutil.copytree(ROOT, source, ignore=SOURCE_IGNORE)  # the build writes into its tree
+    run(sys.executable, "-m", "build", "--wheel", "--outdir", base / "dist", source, cwd=base)
+    (wheel,) = (base / "dist").glob("django_tasks_engine-*.whl")
+    run(sys.executable, "-m", "venv", base / "venv", cwd=base)
+    pip = base / "venv" / "bin" / "pip"
+    run(pip, "install", "--quiet", "--disable-pip-version-check", wheel, cwd=base)
+    return base / "venv"
+
+
+@pytest.fixture
+def database_url(tmp_path: Path) -> Iterator[str]:
+    """A new, empty database of the pass's kind."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] == "django.db.backends.sqlite3":
+        yield f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
+        return
+    name = f"fresh_{uuid.uuid4().hex[:12]}"
+    server = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    yield f"{server}/{name}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_a_fresh_project_runs_a_workflow_from_the_installed_wheel(
+    venv: Path, database_url: str, tmp_path: Path
+) -> None:
+    bin_ = venv / "bin"
+    metadata = run(bin_ / "pip", "show", "django-tasks-engine", cwd=tmp_path)
+    assert "Name: django-tasks-engine" in metadata and "Summary: Durable workflows" in metadata
+    site = Path(
+        run(
+            bin_ / "python", "-c", "import tasks_engine; print(tasks_engine.__file__)", cwd=tmp_path
+        ).strip()
+    ).parent
+    assert (site / "py.typed").exists() and (site.parent / "outbox" / "py.typed").exists()
+    assert str(ROOT) not in str(site)  # the installed copy, not this repository
+
+    run(bin_ / "django-admin", "startproject", "mysite", tmp_path / "proj", cwd=tmp_path)
+    proj = tmp_path / "proj"
+    run(bin_ / "python", "manage.py", "startapp", "shop", cwd=proj)
+    (proj / "shop" / "workflows.py").write_text(WORKFLOW)
+    with open(proj / "mysite" / "settings.py", "a") as f:
+        f.write(SETTINGS_TAIL)
+    env = {"DATABASE_URL": database_url, "PYTHONPATH": ""}
+    manage = (bin_ / "python", "manage.py")
+
+    assert "no issues" in run(*manage, "check", cwd=proj, env=env)
+    run(*manage, "migrate", "--noinput", cwd=proj, env=env)
+    enqueued = json.loads(
+        run(
+            *manage,
+            "tasks",
+            "enqueue",
+            "greet",
+            "--input",
+            '{"name": "ada"}',
+            "--json",
+            cwd=proj,
+            env=env,
+        )
+    )
+    run(*manage, "runworker", "--burst", "--poll-interval", "0.1", cwd=proj, env=env)
+    view = json.loads(
+        run(*manage, "tasks", "inspect", enqueued["run_id"], "--json", cwd=proj, env=env)
+    )
+    assert view["status"] == "completed", view
+    assert view["output"] == {"greeting": "HELLO ADA"}
+    assert [(s["name"], s["kind"], s["status"]) for s in view["steps"]] == [
+        ("hello", "function", "completed"),
+        ("pause", "sleep", "completed"),
+        ("shout", "function", "completed"),
+    ]
+    imported = run(
+        bin_ / "python",
+        "-c",
+        textwrap.dedent("""
+            import sys, django
+            django.setup()
+            from django.core.management import call_command
+            print(sorted(m for m in sys.modules if m.split('.')[0] == 'umt'))
+        """),
+        cwd=proj,
+        env={**env, "DJANGO_SETTINGS_MODULE": "mysite.settings"},
+    )
+    assert imported.strip() == "[]"

@@ -1,0 +1,181 @@
+"""Retry from the admin: the run page's button (reason, step picker) and retry_selected, both
+guarded by tasks_engine.retry_workflowrun and the view permission (403, nothing changes);
+every cancel and retry from the admin is in the run's history with the user and the reason."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
+
+import tasks_engine
+from tasks_engine.models import StepAttempt, WorkflowRun
+from tests.helpers import FakeClock, drain
+from tests.test_admin import MODELS, VIEW_ALL, staff_client
+from tests.testapp.models import Marker, SideEffect
+
+pytestmark = pytest.mark.django_db
+
+
+def url(view: str, *args: Any) -> str:
+    return reverse(f"admin:tasks_engine_workflowrun_{view}", args=args)
+
+
+def failed_run(fake: FakeClock, key: str, **extra: Any) -> uuid.UUID:
+    run_id = tasks_engine.enqueue("gated", {"key": key, **extra}).run_id
+    drain(fake)
+    assert WorkflowRun.objects.get(pk=run_id).status == "failed"
+    return run_id
+
+
+def state() -> list[tuple]:
+    return [
+        tuple(
+            WorkflowRun.objects.order_by("pk").values_list(
+                "pk", "status", "updated_at", "retries", "error"
+            )
+        ),
+        tuple(StepAttempt.objects.order_by("pk").values_list("pk", "status", "superseded")),
+        tuple(LogEntry.objects.values_list("pk")),
+    ]
+
+
+def action(client: Client, ids: list, name: str = "retry_selected", **extra: str):
+    data = {"action": name, "_selected_action": [str(i) for i in ids], **extra}
+    return client.post(url("changelist"), data)
+
+
+def history(run_id: uuid.UUID) -> list[tuple[str, str]]:
+    entries = LogEntry.objects.filter(object_id=str(run_id)).order_by("pk")
+    return [(e.user.get_username(), e.change_message) for e in entries]
+
+
+def test_run_page_retry_with_reason_and_step(fake_clock: FakeClock, admin_client: Client) -> None:
+    run_id = failed_run(fake_clock, "ad", gate_step="c")
+    page = admin_client.get(url("change", run_id))
+    assert b'id="retry-form"' in page.content
+    assert url("retry", run_id).encode() in page.content
+    assert b'<option value="b">b</option>' in page.content  # the step picker
+    confirm = admin_client.get(url("retry", run_id))
+    assert confirm.status_code == 200
+    assert b'name="reason"' in confirm.content and b'name="from_step"' in confirm.content
+    assert WorkflowRun.objects.get(pk=run_id).status == "failed"  # GET changes nothing
+    Marker.objects.create(key="ad:open")
+    response = admin_client.post(url("retry", run_id), {"reason": "fixed", "from_step": "b"})
+    assert (response.status_code, response["Location"]) == (302, url("change", run_id))
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == "pending"
+    assert [(r["by"], r["reason"], r["from_step"]) for r in run.retries or []] == [
+        ("admin", "fixed", "b")
+    ]
+    assert history(run_id) == [("admin", "Retried from step b: fixed")]
+    drain(fake_clock)
+    assert WorkflowRun.objects.get(pk=run_id).status == "completed"
+    assert SideEffect.objects.filter(key="ad:a").count() == 1
+    page = admin_client.get(url("change", run_id))
+    assert page.content.count(b"te-superseded-note") == 2  # b and c of the first pass
+    assert b'id="retries"' in page.content and b"fixed" in page.content
+    assert b'id="retry-form"' not in page.content  # completed: nothing to retry
+    hist = admin_client.get(url("history", run_id))
+    assert b"Retried from step b: fixed" in hist.content
+
+
+def test_retry_of_an_unknown_step_from_the_admin_changes_nothing(
+    fake_clock: FakeClock, admin_client: Client
+) -> None:
+    run_id = failed_run(fake_clock, "us")
+    before = state()
+    response = admin_client.post(url("retry", run_id), {"reason": "x", "from_step": "nope"})
+    assert response.status_code == 302
+    assert state() == before
+
+
+def test_retry_of_a_completed_run_from_the_admin_changes_nothing(
+    fake_clock: FakeClock, admin_client: Client
+) -> None:
+    Marker.objects.create(key="cp:open")
+    run_id = tasks_engine.enqueue("gated", {"key": "cp"}).run_id
+    drain(fake_clock)
+    before = state()
+    response = admin_client.post(url("retry", run_id), {"reason": "again"}, follow=True)
+    assert b"nothing changed" in response.content
+    assert state() == before
+
+
+def test_staff_without_the_retry_permission_get_403_and_nothing_changes(
+    fake_clock: FakeClock,
+) -> None:
+    run_id = failed_run(fake_clock, "np")
+    staff = staff_client(*VIEW_ALL, "cancel_workflowrun")
+    before = state()
+    page = staff.get(url("change", run_id))
+    assert page.status_code == 200 and b'id="retry-form"' not in page.content
+    assert staff.get(url("retry", run_id)).status_code == 403
+    assert staff.post(url("retry", run_id), {"reason": "x"}).status_code == 403
+    assert b"retry_selected" not in staff.get(url("changelist")).content
+    assert action(staff, [run_id]).status_code == 403
+    assert action(staff, [run_id], confirm="yes", reason="x").status_code == 403
+    assert state() == before
+
+
+def test_the_retry_permission_without_the_view_permission_gets_403(fake_clock: FakeClock) -> None:
+    run_id = failed_run(fake_clock, "nv")
+    blind = staff_client(*(f"view_{m}" for m in MODELS if m != "workflowrun"), "retry_workflowrun")
+    before = state()
+    assert blind.get(url("retry", run_id)).status_code == 403
+    assert blind.post(url("retry", run_id), {"reason": "x"}).status_code == 403
+    assert action(blind, [run_id], confirm="yes").status_code == 403
+    assert state() == before
+
+
+def test_staff_with_the_permission_retry(fake_clock: FakeClock) -> None:
+    run_id = failed_run(fake_clock, "sp")
+    retrier = staff_client(*VIEW_ALL, "retry_workflowrun")
+    assert b'id="retry-form"' in retrier.get(url("change", run_id)).content
+    assert retrier.post(url("retry", run_id), {"reason": "ok"}).status_code == 302
+    assert WorkflowRun.objects.get(pk=run_id).status == "pending"
+
+
+def test_retry_selected_confirms_then_retries_failed_and_canceled_runs(
+    fake_clock: FakeClock, admin_client: Client
+) -> None:
+    failed = failed_run(fake_clock, "b1")
+    canceled = tasks_engine.enqueue("gated", {"key": "b2"}).run_id
+    tasks_engine.cancel(canceled, "first")
+    pending = tasks_engine.enqueue("gated", {"key": "b3"}).run_id
+    before = state()
+    confirm = action(admin_client, [failed, canceled, pending])
+    assert confirm.status_code == 200
+    assert b'name="reason"' in confirm.content and b'value="retry_selected"' in confirm.content
+    assert str(failed).encode() in confirm.content and str(pending).encode() not in confirm.content
+    assert state() == before
+    response = action(admin_client, [failed, canceled, pending], confirm="yes", reason="bulk")
+    assert response.status_code == 302
+    statuses = dict(WorkflowRun.objects.values_list("pk", "status"))
+    assert statuses == {failed: "pending", canceled: "pending", pending: "pending"}
+    assert WorkflowRun.objects.get(pk=pending).retries is None
+    assert history(failed) == history(canceled) == [("admin", "Retried: bulk")]
+    assert history(pending) == []
+
+
+def test_every_cancel_from_the_admin_is_in_the_run_history(admin_client: Client) -> None:
+    one = tasks_engine.enqueue("gated", {"key": "c1"}).run_id
+    two = tasks_engine.enqueue("gated", {"key": "c2"}).run_id
+    admin_client.post(url("cancel", one), {"reason": "duplicate"})
+    action(admin_client, [two], name="cancel_selected", confirm="yes", reason="cleanup")
+    assert history(one) == [("admin", "Canceled: duplicate")]
+    assert history(two) == [("admin", "Canceled: cleanup")]
+    assert b"Canceled: duplicate" in admin_client.get(url("history", one)).content
+    # A cancel that changes nothing (finished already) writes no entry.
+    admin_client.post(url("cancel", one), {"reason": "again"})
+    assert len(history(one)) == 1
+
+
+def test_superusers_have_the_retry_permission() -> None:
+    root = User.objects.create_superuser("root2", "r@example.com", "pw")
+    assert root.has_perm("tasks_engine.retry_workflowrun")

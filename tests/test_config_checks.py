@@ -1,0 +1,160 @@
+"""manage.py check reports misconfiguration before it shows at run time (tasks_engine/checks.py):
+settings the database in use ignores or cannot honour, a lease too short for its heartbeats,
+queues nobody declared; runworker checks its own arguments the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.core.management import call_command
+from django.core.management.base import CommandError, SystemCheckError
+
+from tasks_engine import TaskContext, workflow
+from tasks_engine.checks import check_misconfiguration, worker_checks
+from tasks_engine.definitions import registry
+from tasks_engine.models import WorkflowRun
+
+SQLITE = "django.db.backends.sqlite3"
+POSTGRES = "django.db.backends.postgresql"
+
+
+def ids(found: list[Any]) -> list[str]:
+    return sorted(m.id for m in found)
+
+
+@pytest.fixture
+def engine(settings: Any) -> Iterator[Any]:
+    """Set TASKS_ENGINE for one test (a copy of the project's)."""
+
+    def configure(**values: Any) -> None:
+        settings.TASKS_ENGINE = {**django_settings.TASKS_ENGINE, **values}
+
+    yield configure
+
+
+@pytest.fixture
+def database(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """What the default database's settings say (the checks read settings, not the
+    connection, so the other database's case is checked on either)."""
+
+    def configure(engine: str, **options: Any) -> None:
+        monkeypatch.setitem(django_settings.DATABASES["default"], "ENGINE", engine)
+        for key, value in options.items():
+            monkeypatch.setitem(django_settings.DATABASES["default"], key, value)
+
+    return configure
+
+
+@pytest.fixture
+def odd_queue() -> Iterator[str]:
+    @workflow(name="checks_odd_queue", queue="reports")
+    def odd(ctx: TaskContext) -> None:
+        return None
+
+    yield "checks_odd_queue"
+    registry.unregister("checks_odd_queue", 1)
+
+
+def test_the_project_settings_pass_clean_on_either_database() -> None:
+    assert check_misconfiguration() == []
+
+
+def test_a_lease_shorter_than_three_heartbeats_is_a_warning(engine: Any) -> None:
+    engine(LEASE_SECONDS=20, HEARTBEAT_SECONDS=8)
+    (found,) = check_misconfiguration()
+    assert found.id == "tasks_engine.W020" and "three heartbeats" in found.msg
+    assert "24s" in found.hint
+    engine(LEASE_SECONDS=24, HEARTBEAT_SECONDS=8)
+    assert check_misconfiguration() == []
+    engine(LEASE_SECONDS=20, HEARTBEAT_SECONDS=None)  # a third of the lease, by default
+    assert check_misconfiguration() == []
+
+
+def test_postgres_only_settings_on_sqlite_are_warned_as_ignored(engine: Any, database: Any) -> None:
+    database(SQLITE)
+    engine(NOTIFY=True, PREPARED_STATEMENTS=True, GROUP_COMMIT=False)
+    found = check_misconfiguration()
+    assert ids(found) == ["tasks_engine.W021", "tasks_engine.W021"]
+    notify = next(m for m in found if "NOTIFY" in m.msg)
+    assert "ignored on SQLite" in notify.msg and "poll" in notify.msg
+    engine(NOTIFY=False, PREPARED_STATEMENTS=False)  # said off: nothing to warn about
+    assert check_misconfiguration() == []
+    database(POSTGRES)
+    engine(NOTIFY=True, PREPARED_STATEMENTS=True)
+    assert check_misconfiguration() == []
+
+
+def test_prepared_statements_behind_a_transaction_pooler_is_an_error(
+    engine: Any, database: Any
+) -> None:
+    database(POSTGRES, DISABLE_SERVER_SIDE_CURSORS=True)
+    engine(PREPARED_STATEMENTS=True, NOTIFY=False)
+    (found,) = check_misconfiguration()
+    assert found.id == "tasks_engine.E020" and found.is_serious()
+    assert "PREPARED_STATEMENTS" in found.hint
+    engine(PREPARED_STATEMENTS=False, NOTIFY=False)
+    assert check_misconfiguration() == []
+
+
+def test_notify_behind_a_pooler_without_listen_url_warns_of_polling(
+    engine: Any, database: Any
+) -> None:
+    database(POSTGRES, DISABLE_SERVER_SIDE_CURSORS=True)
+    engine(PREPARED_STATEMENTS=False, NOTIFY=True)
+    (found,) = check_misconfiguration()
+    assert found.id == "tasks_engine.W022" and "polling" in found.msg
+    engine(PREPARED_STATEMENTS=False, NOTIFY=True, LISTEN_URL="postgres://db:5432/app")
+    assert check_misconfiguration() == []
+
+
+def test_a_workflow_queue_that_queues_does_not_declare_is_warned(
+    engine: Any, odd_queue: str
+) -> None:
+    def about_odd(found: list[Any]) -> list[Any]:
+        return [m for m in found if m.id == "tasks_engine.W023" and f" {odd_queue}@1 " in m.msg]
+
+    engine(QUEUES={"default": {}, "io": {"concurrency": 2}})
+    (found,) = about_odd(check_misconfiguration())
+    assert "'reports'" in found.msg and "default, io" in found.msg
+    engine(QUEUES={"default": {}, "io": {}, "reports": {}})
+    assert about_odd(check_misconfiguration()) == []
+    engine(QUEUES=None)
+    assert check_misconfiguration() == []
+
+
+@pytest.mark.django_db
+def test_manage_py_check_fails_on_the_pooler_error(engine: Any, database: Any) -> None:
+    database(POSTGRES, DISABLE_SERVER_SIDE_CURSORS=True)
+    engine(PREPARED_STATEMENTS=True)
+    with pytest.raises(SystemCheckError, match=r"tasks_engine\.E020"):
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+def test_worker_queue_checks(engine: Any, odd_queue: str) -> None:
+    assert worker_checks(["anything"]) == []  # no QUEUES declared: any queue may be served
+    engine(QUEUES={"default": {}})
+    assert worker_checks(["default", "reports"]) == []  # declared, or a workflow's own queue
+    (found,) = worker_checks(["default", "repots"])
+    assert found.id == "tasks_engine.E021" and "'repots'" in found.msg
+
+
+def test_several_processes_on_sqlite_warn(database: Any) -> None:
+    database(SQLITE)
+    (found,) = worker_checks([], processes=3)
+    assert found.id == "tasks_engine.W024" and "one writer" in found.msg
+    assert worker_checks([], processes=1) == []
+    database(POSTGRES)
+    assert worker_checks([], processes=3) == []
+
+
+@pytest.mark.django_db
+def test_runworker_refuses_an_unknown_queue_and_writes_nothing(engine: Any) -> None:
+    engine(QUEUES={"default": {}, "io": {}})
+    lookalike = "i\u043e"  # a Cyrillic o
+    with pytest.raises(CommandError, match=f"unknown queue '{lookalike}'"):
+        call_command("runworker", "--queue", lookalike, "--burst")
+    assert not WorkflowRun.objects.exists()

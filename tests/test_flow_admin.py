@@ -1,0 +1,42 @@
+"""The admin's queues page: limits and active runs per queue and per busiest key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+import tasks_engine
+from tests.test_flow_control import _plain_claims_after, claim, limit_queues
+
+pytestmark = pytest.mark.django_db
+_ = _plain_claims_after
+URL = "/admin/tasks_engine/workflowrun/queues/"
+
+
+def test_queues_page_shows_limits_counts_and_keys(admin_client: Client, settings: Any) -> None:
+    limit_queues(settings, {"flow-io": {"concurrency": 4, "rate_limit": "30/m"}})
+    for _ in range(3):
+        tasks_engine.enqueue("flow-plain", {})
+    for _ in range(4):
+        tasks_engine.enqueue("flow-disk", {"disk": "busy"})
+    claim(2, ["flow-io"])
+    claim(5, ["default"])
+    page = admin_client.get(URL).content.decode()
+    assert "4 at once, 30 per minute" in page
+    io = page.split('data-queue="flow-io"')[1].split("</tr>")[0]
+    assert [c.split(">")[-1] for c in io.split("</td>")[2:5]] == ["2", "1", "0"]
+    busy = page.split('data-key="disk:busy"')[1].split("</tr>")[0]
+    assert [c.split(">")[-1] for c in busy.split("</td>")[1:5]] == ["1", "1", "3", "0"]
+
+
+def test_runs_list_links_to_the_queues_page(admin_client: Client) -> None:
+    page = admin_client.get("/admin/tasks_engine/workflowrun/").content.decode()
+    assert URL in page
+
+
+def test_queues_page_needs_view_permission(client: Client, django_user_model: Any) -> None:
+    user = django_user_model.objects.create_user("s", password="p", is_staff=True)
+    client.force_login(user)
+    assert client.get(URL).status_code == 403

@@ -1,0 +1,190 @@
+"""Prometheus metrics: a real worker's /metrics over HTTP, the Django view, the leader's gauge."""
+
+from __future__ import annotations
+
+import functools
+import re
+import socket
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import Client, override_settings
+
+import tasks_engine
+from tasks_engine import metrics, testing
+from tasks_engine.models import WorkflowRun
+from tests.helpers import wait_for
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _value(text: str, series: str) -> float | None:
+    """The value of one exposition line, `name{labels}` written as Prometheus sorts labels."""
+    m = re.search(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)
+    return float(m.group(1)) if m else None
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        assert resp.status == 200
+        return resp.read().decode()
+
+
+@pytest.mark.process
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_serves_its_counters_over_http(workers) -> None:
+    for n in range(3):
+        tasks_engine.enqueue("three_steps", {"n": n})
+    tasks_engine.enqueue("fatal")
+    tasks_engine.enqueue("observe_fact_timeout")  # stays waiting: the leader's gauge counts it
+    port = _free_port()
+    w = workers("--metrics-port", str(port), "--concurrency", "2", "--poll-interval", "0.1")
+    wait_for(
+        lambda: (
+            WorkflowRun.objects.filter(status__in=["completed", "failed", "waiting"]).count() == 5
+        ),
+        what="runs finished",
+    )
+
+    def finished() -> str | None:
+        text = _scrape(port)
+        done = _value(text, 'tasks_runs_finished_total{status="completed",task="three_steps"}')
+        return text if done == 3 else None
+
+    text = wait_for(finished, what="counters scraped")
+    assert _value(text, 'tasks_runs_finished_total{status="failed",task="fatal"}') == 1
+    steps = 'tasks_steps_total{kind="function",status="completed",task="three_steps"}'
+    assert _value(text, steps) == 9
+    assert _value(text, 'tasks_steps_total{kind="function",status="failed",task="fatal"}') == 1
+    assert _value(text, 'tasks_step_duration_seconds_count{task="three_steps"}') == 9
+    assert _value(text, 'tasks_step_duration_seconds_bucket{le="+Inf",task="three_steps"}') == 9
+    assert _value(text, 'tasks_claim_delay_seconds_count{queue="default"}') == 5
+    assert _value(text, "tasks_worker_slots_busy") == 0
+    # the only worker is the maintenance leader: its metrics-run-counts service sets the gauge
+    wait_for(
+        lambda: _value(_scrape(port), 'tasks_runs{queue="default",status="waiting"}') == 1,
+        what="the leader's tasks_runs gauge",
+    )
+    w.send(15)
+    assert w.wait(30) == 0
+
+
+@pytest.mark.process
+@pytest.mark.django_db(transaction=True)
+def test_supervised_workers_serve_on_consecutive_ports(workers) -> None:
+    port = _free_port()
+    w = workers("--processes", "2", "--metrics-port", str(port), "--poll-interval", "0.2")
+    for p in (port, port + 1):
+        text = wait_for(functools.partial(_try_scrape, p), what=f"metrics on port {p}")
+        assert "# TYPE tasks_runs_finished_total counter" in text
+    w.send(15)
+    assert w.wait(60) == 0
+
+
+def _try_scrape(port: int) -> str | None:
+    try:
+        return _scrape(port)
+    except OSError:
+        return None
+
+
+@pytest.mark.django_db
+def test_a_bad_or_taken_metrics_port_is_a_one_line_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit) as bad:
+        call_command("runworker", "--metrics-port", "70000")
+    assert bad.value.code != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "must be a TCP port (1-65535), got '70000'" in err
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot serve metrics on 127.0.0.1:{port}"):
+            call_command("runworker", "--metrics-port", str(port))
+    assert not metrics.enabled()  # nothing started
+
+
+@pytest.fixture
+def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Metrics on in this process, without registering them globally (other tests stay off)."""
+    monkeypatch.setattr(metrics, "_enabled", True)
+    yield
+    metrics.RUNS.clear()
+
+
+def _samples(metric: object, name: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(s.labels.values()): s.value
+        for family in metric.collect()  # type: ignore[attr-defined]
+        for s in family.samples
+        if s.name == name
+    }
+
+
+@pytest.mark.django_db
+def test_the_leader_service_sets_the_runs_gauge(recording: None) -> None:
+    from tasks_engine import services
+
+    assert "metrics-run-counts" in {s.name for s in services.registered()}
+    with testing.WorkflowTester() as t:
+        waiting = t.start("observe_fact_timeout")
+        t.run_until_idle()
+        t.start("noop", {"n": 1})
+        t.start("noop", {"n": 2}, queue="io")
+        assert t.get_run(waiting).status == "waiting"
+    assert metrics.refresh_run_counts() == 3
+    assert _samples(metrics.RUNS, "tasks_runs") == {
+        ("default", "waiting"): 1,
+        ("default", "pending"): 1,
+        ("io", "pending"): 1,
+    }
+
+
+@pytest.mark.django_db
+def test_claim_delay_is_measured_from_when_the_run_was_due(recording: None) -> None:
+    before = _samples(metrics.CLAIM_DELAY, "tasks_claim_delay_seconds_sum").get(("default",), 0)
+    with testing.WorkflowTester() as t:
+        t.start("noop", {"n": 1})
+        t.advance(90)  # due for 90 s before anything claims it
+        runs = [c.run for c in tasks_engine.transitions.claim_runs("w", [("noop", 1)], None, 1, 30)]
+        metrics.record_claims(runs)
+    after = _samples(metrics.CLAIM_DELAY, "tasks_claim_delay_seconds_sum")[("default",)]
+    assert after - before == 90
+
+
+@pytest.mark.django_db
+def test_the_view_counts_runs_now() -> None:
+    with testing.WorkflowTester() as t:
+        t.start("noop", {"n": 1})
+        t.start("noop", {"n": 2})
+        done = t.start("noop", {"n": 3}, queue="io")
+        t.run_to_completion(done)
+        t.start("noop", {"n": 4}, queue="io")
+    resp = Client().get("/metrics/")
+    assert resp.status_code == 200
+    assert resp["Content-Type"].startswith("text/plain")
+    text = resp.content.decode()
+    # t.run_to_completion ran every due run: one more enqueue per queue left them pending
+    assert _value(text, 'tasks_runs{queue="io",status="pending"}') == 1
+    assert _value(text, 'tasks_runs{queue="default",status="pending"}') is None
+    assert "tasks_runs_finished_total" not in text  # worker counters live in the workers
+    assert Client().post("/metrics/").status_code == 405
+
+
+@pytest.mark.django_db
+def test_the_view_can_require_a_bearer_token() -> None:
+    with override_settings(TASKS_ENGINE={"METRICS_TOKEN": "s3cret"}):
+        assert Client().get("/metrics/").status_code == 401
+        wrong = Client().get("/metrics/", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        ok = Client().get("/metrics/", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+        assert b"# TYPE tasks_runs gauge" in ok.content

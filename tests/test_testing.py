@@ -1,0 +1,104 @@
+"""tasks_engine.testing: runs driven in-process, on the real engine, with a fake clock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from tasks_engine import clock, testing
+from tasks_engine.models import WorkflowRun
+from tests.testapp import observe_workflows
+from tests.testapp.observe_workflows import observe_acquire
+
+pytestmark = pytest.mark.django_db
+
+
+def test_acquire_jumps_the_week_long_sleep_and_takes_the_fact() -> None:
+    with testing.WorkflowTester() as t:
+        started = t.now
+        run = t.start(observe_acquire, {"plan_id": 7})
+        t.run_until_idle()
+        assert t.get_run(run).status == "waiting"  # on the fact: nothing to jump to but 7 days
+        assert t.now == started  # idle does not jump over the fact's timeout
+        assert t.signal(run, "download-done", {"size": 42}).delivered
+        view = t.run_to_completion(run)
+        assert view.status == "completed"
+        assert view.output == {"ok": True, "size": 42}
+        assert t.now - started >= timedelta(days=7)
+        steps = [(s.name, s.kind, s.status) for s in t.steps(run)]
+        assert steps == [
+            ("submit", "function", "completed"),
+            ("download-done", "fact_wait", "completed"),
+            ("copy", "function", "completed"),
+            ("retention", "sleep", "completed"),
+            ("cleanup", "function", "completed"),
+        ]
+
+
+def test_run_until_idle_without_jump_leaves_timers_alone() -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("observe_nap")
+        assert t.run_until_idle(jump=False) == ["suspended"]
+        assert t.get_run(run).status == "waiting"
+        t.advance(29)
+        assert t.run_until_idle(jump=False) == []
+        t.advance(1)
+        assert t.run_until_idle(jump=False) == ["completed"]
+        assert t.get_run(run).output == "rested"
+
+
+def test_fact_timeout_is_jumped_by_run_to_completion() -> None:
+    with testing.WorkflowTester() as t:
+        started = t.now
+        run = t.start("observe_fact_timeout")
+        assert t.run_to_completion(run).output == "timed out"
+        assert timedelta(hours=12) <= t.now - started < timedelta(hours=13)
+
+
+def test_fact_before_the_timeout_wins() -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("observe_fact_timeout")
+        t.run_until_idle(jump=False)
+        t.signal(run, "approval", {"by": "ops"})
+        assert t.run_to_completion(run).output == "approved"
+
+
+def test_retry_backoffs_are_jumped() -> None:
+    observe_workflows.ATTEMPTS.pop("jumped", None)
+    with testing.WorkflowTester() as t:
+        started = t.now
+        run = t.start("observe_backoff", {"key": "jumped", "failures": 3})
+        view = t.run_to_completion(run)
+        assert view.status == "completed"
+        assert view.output == 4
+        assert [s.status for s in t.steps(run)] == ["failed", "failed", "failed", "completed"]
+        assert t.now - started >= timedelta(minutes=30)  # three backoffs of 10 min or more
+
+
+def test_run_to_completion_refuses_a_run_waiting_for_a_fact() -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start(observe_acquire, {"plan_id": 1})
+        t.run_until_idle(jump=False)
+        with pytest.raises(AssertionError, match="waiting on 'fact:download-done'"):
+            t.run_to_completion(run, jump=False)
+
+
+def test_the_clock_is_restored_and_never_goes_back() -> None:
+    real = clock.now
+    with testing.WorkflowTester() as t:
+        assert clock.now is not real
+        with pytest.raises(ValueError, match="does not go back"):
+            t.advance(-1)
+    assert clock.now is real
+
+
+def test_unknown_run_and_cancel() -> None:
+    with testing.WorkflowTester() as t:
+        with pytest.raises(AssertionError, match="no run"):
+            t.get_run("00000000-0000-0000-0000-000000000000")
+        run = t.start(observe_acquire, {"plan_id": 2})
+        t.run_until_idle(jump=False)
+        assert t.cancel(run, "test")
+        assert t.run_to_completion(run).status == "canceled"
+        assert WorkflowRun.objects.filter(pk=run, status="canceled").exists()

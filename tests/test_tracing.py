@@ -1,0 +1,140 @@
+"""OpenTelemetry spans, captured with the SDK's in-memory exporter, runs driven in-process."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from django.db import transaction
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import tasks_engine
+from outbox import publish
+from outbox.models import OutboxEvent
+from outbox.relay import relay_once
+from tasks_engine import testing, tracing
+
+pytestmark = pytest.mark.django_db
+
+
+class _Gate(SimpleSpanProcessor):
+    """Exports only while a test of this module runs (the provider is process-wide)."""
+
+    open = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.open:
+            super().on_end(span)
+
+
+_EXPORTER = InMemorySpanExporter()
+_GATE = _Gate(_EXPORTER)
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(_GATE)
+        trace.set_tracer_provider(provider)
+    _EXPORTER.clear()
+    _GATE.open = True
+    yield _EXPORTER
+    _GATE.open = False
+    _EXPORTER.clear()
+
+
+def _named(exporter: InMemorySpanExporter, prefix: str) -> list[ReadableSpan]:
+    return [s for s in exporter.get_finished_spans() if s.name.startswith(prefix)]
+
+
+def test_every_claim_of_a_run_shares_its_trace(spans: InMemorySpanExporter) -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("observe_nap")
+        view = t.run_to_completion(run)
+    assert view.status == "completed"
+    claims = _named(spans, "workflow ")
+    assert [c.name for c in claims] == ["workflow observe_nap", "workflow observe_nap"]
+    assert {c.context.trace_id for c in claims} == {int(view.trace_id, 16)}
+    assert [c.attributes["tasks.attempt"] for c in claims] == [1, 2]
+    assert {c.attributes["tasks.run_id"] for c in claims} == {str(run)}
+    assert [c.attributes["tasks.outcome"] for c in claims] == ["suspended", "completed"]
+    assert all(c.parent is not None and c.parent.is_remote for c in claims)
+
+    steps = _named(spans, "step ")
+    assert [s.name for s in steps] == ["step before", "step after"]
+    for step, claim in zip(steps, claims, strict=True):
+        assert step.context.trace_id == claim.context.trace_id
+        assert step.parent is not None and step.parent.span_id == claim.context.span_id
+        assert step.attributes["tasks.run_id"] == str(run)
+        assert step.attributes["tasks.attempt"] == claim.attributes["tasks.attempt"]
+        assert step.attributes["tasks.step.kind"] == "function"
+        assert step.attributes["tasks.step.status"] == "completed"
+
+
+def test_a_failed_step_attempt_is_an_error_span(spans: InMemorySpanExporter) -> None:
+    from tests.testapp import observe_workflows
+
+    observe_workflows.ATTEMPTS.pop("traced", None)
+    with testing.WorkflowTester() as t:
+        run = t.start("observe_backoff", {"key": "traced", "failures": 1})
+        t.run_to_completion(run)
+    steps = _named(spans, "step call")
+    assert [s.attributes["tasks.step.status"] for s in steps] == ["failed", "completed"]
+    assert steps[0].status.status_code == trace.StatusCode.ERROR
+    assert "attempt 1 failed" in (steps[0].status.description or "")
+    assert len({s.context.trace_id for s in steps}) == 1
+
+
+def test_a_run_enqueued_under_a_span_joins_its_trace(spans: InMemorySpanExporter) -> None:
+    tracer = trace.get_tracer("test")
+    with testing.WorkflowTester() as t:
+        with tracer.start_as_current_span("request") as request:
+            run = t.start("noop", {"n": 1})
+        t.run_to_completion(run)
+    expected = request.get_span_context().trace_id
+    assert t.get_run(run).trace_id == trace.format_trace_id(expected)
+    (claim,) = _named(spans, "workflow noop")
+    assert claim.context.trace_id == expected
+
+
+def test_outbox_carries_the_publishers_trace_into_the_route_s_runs(
+    spans: InMemorySpanExporter,
+) -> None:
+    tracer = trace.get_tracer("test")
+    with tracer.start_as_current_span("checkout") as caller, transaction.atomic():
+        event = publish("test.enqueue_noop", {"n": 5})
+    caller_trace = trace.format_trace_id(caller.get_span_context().trace_id)
+    stored = OutboxEvent.objects.get(pk=event.pk).trace_context
+    assert re.fullmatch(rf"00-{caller_trace}-[0-9a-f]{{16}}-[0-9a-f]{{2}}", stored)
+
+    assert trace.get_current_span().get_span_context().is_valid is False  # relay: no span
+    assert relay_once().dispatched == 1
+    (run,) = tasks_engine.list_runs(task="noop")
+    assert run.trace_id == caller_trace
+    with testing.WorkflowTester() as t:
+        t.run_to_completion(run.run_id)
+    (claim,) = _named(spans, "workflow noop")
+    assert trace.format_trace_id(claim.context.trace_id) == caller_trace
+
+
+def test_without_a_current_span_runs_get_their_own_trace_ids() -> None:
+    a = tasks_engine.enqueue("noop", {"n": 1}).run_id
+    b = tasks_engine.enqueue("noop", {"n": 2}).run_id
+    ids = {tasks_engine.get_run(a).trace_id, tasks_engine.get_run(b).trace_id}
+    assert len(ids) == 2
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    with transaction.atomic():
+        event = publish("test.record", {"key": "untraced"})
+    assert OutboxEvent.objects.get(pk=event.pk).trace_context == ""
+
+
+def test_a_caller_s_own_trace_id_still_maps_to_one_trace() -> None:
+    assert tracing.otel_trace_id("deploy-42") == tracing.otel_trace_id("deploy-42")
+    assert tracing.otel_trace_id("deploy-42") != tracing.otel_trace_id("deploy-43")
+    assert tracing.otel_trace_id("0" * 32) != 0
+    assert tracing.otel_trace_id("ab" * 16) == int("ab" * 16, 16)
