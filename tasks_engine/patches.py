@@ -27,11 +27,12 @@ PATCH_PREFIX = "patch:"
 
 
 def passed_steps(state: RunState) -> list[str]:
-    """Recorded steps (not markers) this pass has not reached yet, in recorded order."""
+    """Recorded steps (not markers) this pass has not reached yet, in recorded order. A record
+    without replayable attempts (all set aside by an operator's retry) does not count."""
     return [
         key
         for key, rec in state.history.items()
-        if key not in state.seen and rec.kind != StepKind.PATCH
+        if key not in state.seen and rec.kind != StepKind.PATCH and rec.attempts
     ]
 
 

@@ -93,7 +93,7 @@ def _batches(
         ids = [r["id"] for r in runs]
         histories: dict[Any, dict[str, StepRecord]] = {}
         steps = (
-            StepAttempt.objects.filter(run_id__in=ids)
+            _replayable(StepAttempt.objects.filter(run_id__in=ids))
             .order_by("run_id", "id")
             .values_list(
                 "run_id", "id", "name", "kind", "status", "run_pass", "counted", "output", "error"
@@ -109,6 +109,13 @@ def _batches(
         yield runs, histories, ops
         if len(runs) < size:
             return
+
+
+def _replayable(steps: Any) -> Any:
+    """The attempts a replay reads: not those an operator's retry set aside (`superseded`,
+    where the model has that column), as the executor's history leaves them out."""
+    fields = {f.name for f in StepAttempt._meta.get_fields()}
+    return steps.exclude(superseded=True) if "superseded" in fields else steps
 
 
 def _replay(row: dict[str, Any], history: dict[str, StepRecord], ops: dict[str, Any]) -> str | None:
