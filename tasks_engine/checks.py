@@ -227,7 +227,32 @@ def worker_checks(queues: list[str], processes: int = 1) -> list[checks.CheckMes
                 id="tasks_engine.W024",
             )
         )
+    others = _live_workers_on_sqlite()
+    if others:
+        found.append(
+            checks.Warning(
+                f"{others} other worker process(es) already serve this SQLite database: SQLite "
+                "has one writer, so the processes take turns for its write lock (one worker "
+                "with more --concurrency does the same with less contention)",
+                id="tasks_engine.W025",
+            )
+        )
     return found
+
+
+def _live_workers_on_sqlite() -> int:
+    """Live worker rows, on SQLite only (0 elsewhere, or before the table exists)."""
+    if settings.DATABASES.get("default", {}).get("ENGINE") != SQLITE:
+        return 0
+    from django.db import DatabaseError
+
+    from .models import Worker
+    from .workers import alive
+
+    try:
+        return Worker.objects.filter(alive()).count()
+    except DatabaseError:
+        return 0
 
 
 @checks.register()

@@ -134,6 +134,7 @@ def test_manage_py_check_fails_on_the_pooler_error(engine: Any, database: Any) -
         call_command("check", stdout=StringIO(), stderr=StringIO())
 
 
+@pytest.mark.django_db
 def test_worker_queue_checks(engine: Any, odd_queue: str) -> None:
     assert worker_checks(["anything"]) == []  # no QUEUES declared: any queue may be served
     engine(QUEUES={"default": {}})
@@ -142,6 +143,7 @@ def test_worker_queue_checks(engine: Any, odd_queue: str) -> None:
     assert found.id == "tasks_engine.E021" and "'repots'" in found.msg
 
 
+@pytest.mark.django_db
 def test_several_processes_on_sqlite_warn(database: Any) -> None:
     database(SQLITE)
     (found,) = worker_checks([], processes=3)
@@ -158,3 +160,20 @@ def test_runworker_refuses_an_unknown_queue_and_writes_nothing(engine: Any) -> N
     with pytest.raises(CommandError, match=f"unknown queue '{lookalike}'"):
         call_command("runworker", "--queue", lookalike, "--burst")
     assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_second_worker_process_on_sqlite_warns(is_postgres: bool) -> None:
+    from django.utils import timezone
+
+    from tasks_engine.models import Worker
+
+    assert worker_checks([]) == []  # no other worker yet
+    now = timezone.now()
+    Worker.objects.create(
+        id="other:1:abc", host="other", pid=1, concurrency=4, started_at=now, last_heartbeat=now
+    )
+    found = [c.id for c in worker_checks([])]
+    assert found == ([] if is_postgres else ["tasks_engine.W025"])
+    Worker.objects.update(last_heartbeat=now - timezone.timedelta(hours=1))  # dead: no warning
+    assert worker_checks([]) == []

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
+from tasks_engine import testing
 from tasks_engine.models import WorkflowRun
 from tests.browser.rundata import make_showcase
+from tests.testapp.models import Marker
 
 CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists():
@@ -155,3 +157,31 @@ def test_cancel_selected_from_the_list(page: Any) -> None:
     sync_api.expect(page.locator(".messagelist")).to_contain_text("Cancel requested for 1 run")
     assert WorkflowRun.objects.get(pk=pending.pk).cancel_reason == "queue flush"
     assert WorkflowRun.objects.get(pk=pending.pk).status == "canceled"
+
+
+def test_retry_a_failed_run_from_a_step(page: Any) -> None:
+    """The operator's recovery: a failed run retried from its first step with a reason; the
+    page then shows the retry (who, why, from where) and the superseded attempts."""
+    with testing.WorkflowTester() as t:
+        run_id = t.start("gated", {"key": "shot"})
+        assert t.run_to_completion(run_id).status == "failed"
+    log_in(page)
+    expect = sync_api.expect
+    page.goto(f"/admin/tasks_engine/workflowrun/{run_id}/change/")
+    expect(page.locator("#run-status")).to_have_text("failed")
+    Marker.objects.create(key="shot:open")  # the operator fixed what made step b fail
+    page.click("#retry-open")
+    page.select_option("#retry-from-step", "a")
+    page.fill("#retry-reason", "NAS replaced; copy again from the start")
+    page.click("#retry-submit")
+    page.wait_for_url(f"**/{run_id}/change/**")
+    expect(page.locator("#run-status")).to_have_text("pending")
+    with testing.WorkflowTester() as t:
+        assert t.run_to_completion(run_id).status == "completed"
+    page.reload()
+    expect(page.locator("#run-status")).to_have_text("completed")
+    expect(page.locator("#retries")).to_contain_text("NAS replaced; copy again from the start")
+    expect(page.locator("#retries")).to_contain_text("ops")
+    expect(page.locator("#timeline .te-superseded-note")).to_have_count(2)  # a and b, pass 1
+    page.evaluate("window.teStopRefresh && window.teStopRefresh()")
+    shoot(page, "admin-run-retried.png", full_page=True)
