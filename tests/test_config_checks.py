@@ -164,6 +164,8 @@ def test_runworker_refuses_an_unknown_queue_and_writes_nothing(engine: Any) -> N
 
 @pytest.mark.django_db
 def test_a_second_worker_process_on_sqlite_warns(is_postgres: bool) -> None:
+    from datetime import timedelta
+
     from django.utils import timezone
 
     from tasks_engine.models import Worker
@@ -175,5 +177,5 @@ def test_a_second_worker_process_on_sqlite_warns(is_postgres: bool) -> None:
     )
     found = [c.id for c in worker_checks([])]
     assert found == ([] if is_postgres else ["tasks_engine.W025"])
-    Worker.objects.update(last_heartbeat=now - timezone.timedelta(hours=1))  # dead: no warning
+    Worker.objects.update(last_heartbeat=now - timedelta(hours=1))  # dead: no warning
     assert worker_checks([]) == []

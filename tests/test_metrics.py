@@ -18,10 +18,24 @@ from tasks_engine.models import WorkflowRun
 from tests.helpers import wait_for
 
 
-def _free_port() -> int:
+def _free_port(count: int = 1) -> int:
+    """A port free now, with the `count - 1` ports after it free too (supervised workers serve
+    on consecutive ports)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if all(_is_free(port + i) for i in range(1, count)):
+            return port
+
+
+def _is_free(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _value(text: str, series: str) -> float | None:
@@ -78,10 +92,13 @@ def test_a_worker_serves_its_counters_over_http(workers) -> None:
 @pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 def test_supervised_workers_serve_on_consecutive_ports(workers) -> None:
-    port = _free_port()
+    port = _free_port(2)
     w = workers("--processes", "2", "--metrics-port", str(port), "--poll-interval", "0.2")
     for p in (port, port + 1):
-        text = wait_for(functools.partial(_try_scrape, p), what=f"metrics on port {p}")
+        try:
+            text = wait_for(functools.partial(_try_scrape, p), 60, f"metrics on port {p}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{w.log()}") from None
         assert "# TYPE tasks_runs_finished_total counter" in text
     w.send(15)
     assert w.wait(60) == 0
