@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -313,11 +314,15 @@ def settle() -> None:
     os.sync()
 
 
-def claim_rate(n: int) -> float:
-    """Claims per second, in-process: claim one run, complete it, repeat."""
+def claim_rate(n: int, enqueue: Callable[[int], None] | None = None) -> float:
+    """Claims per second, in-process: claim one run, complete it, repeat. `enqueue(n)` makes
+    the runs (default: n runs of bench_noop; bench/flow.py gives keyed ones)."""
     from tasks_engine import transitions
 
-    enqueue_many("bench_noop", n)
+    if enqueue is None:
+        enqueue_many("bench_noop", n)
+    else:
+        enqueue(n)
     with Timer() as t:
         done = 0
         while done < n:

@@ -14,6 +14,7 @@ from . import clock, notify, tracing, transitions
 from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import Fact, StepAttempt, WorkflowRun
+from .run_waiter import wait_finished
 from .serialization import input_hash, to_jsonable
 from .states import FINISHED, RunStatus
 
@@ -327,8 +328,6 @@ def _first_answer(run_id: uuid.UUID, key: str | None) -> Signaled | None:
 def wait(run_id: uuid.UUID | str, timeout: float | None = None) -> RunView:
     """Block until the run has finished (completed, failed or canceled) and return its view.
     Raises `TimeoutError` after `timeout` seconds, `UnknownRunError` for an unknown id."""
-    from .run_waiter import wait_finished
-
     rid = _run_id(run_id)
     wait_finished(rid, timeout)
     view = get_run(rid)
