@@ -29,12 +29,12 @@ def claim(n: int) -> list[transitions.Claimed]:
     return transitions.claim_runs("w", PAIRS, None, n, 30)
 
 
-def start(c: transitions.Claimed, name: str = "noop") -> transitions.GroupWrite:
-    return transitions.GroupWrite("start", c.lease, None, clock.now(), name, 1, 1)
+def start(c: transitions.Claimed, name: str = "noop") -> transitions.HotWrite:
+    return transitions.HotWrite("start", c.lease, (), clock.now(), name, attempt=1, run_pass=1)
 
 
-def complete(c: transitions.Claimed, deferred=None) -> transitions.GroupWrite:
-    write = transitions.GroupWrite("complete", c.lease, deferred, clock.now())
+def complete(c: transitions.Claimed, deferred=()) -> transitions.HotWrite:
+    write = transitions.HotWrite("complete", c.lease, deferred, clock.now())
     write.output = {"done": str(c.lease.run_id)}
     return write
 
@@ -47,7 +47,8 @@ def test_starts_completions_and_the_next_claim_share_one_statement() -> None:
     transitions.write_group(starts)
     assert all(isinstance(w.result, int) for w in starts)
     completes = [
-        complete(c, (w.result, {"n": 1}, clock.now())) for c, w in zip(first, starts, strict=True)
+        complete(c, (transitions.Completion(w.result, {"n": 1}, clock.now()),))
+        for c, w in zip(first, starts, strict=True)
     ]
     request = transitions.ClaimRequest("w2", PAIRS, None, 2, 30)
     with CaptureQueriesContext(connection) as queries:

@@ -4,6 +4,7 @@ group-writer thread. In-process, on the real database."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 
@@ -34,15 +35,15 @@ def worker() -> Worker:
     return Worker(WorkerConfig(workflows=(registry.get("bench_noop"),), concurrency=2))
 
 
-def start(c: transitions.Claimed) -> transitions.GroupWrite:
-    return transitions.GroupWrite("start", c.lease, None, clock.now(), "noop", 1, 1)
+def start(c: transitions.Claimed) -> transitions.HotWrite:
+    return transitions.HotWrite("start", c.lease, (), clock.now(), "noop", attempt=1, run_pass=1)
 
 
 def test_a_row_the_database_refuses_fails_alone(postgres_only: None) -> None:
     for _ in range(3):
         tasks_engine.enqueue("bench_noop")
     poisoned, healthy, other = transitions.claim_runs("w", PAIRS, None, 3, 30)
-    bad = transitions.GroupWrite("complete", poisoned.lease, None, clock.now())
+    bad = transitions.HotWrite("complete", poisoned.lease, (), clock.now())
     bad.output = math.nan  # got past every check somehow: jsonb refuses it
     good = [start(healthy), start(other)]
     w = worker()
@@ -82,22 +83,46 @@ def test_a_worker_never_reclaims_a_run_its_slot_still_executes(fake_clock: FakeC
     assert other.lease.run_id == mine.lease.run_id
 
 
-def test_a_failing_deferred_flush_keeps_the_completion_for_the_next_write(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+class RefusingWriter:
+    """A writer whose database is unreachable (what the group writer reports then)."""
+
+    def send(self, write: transitions.HotWrite) -> None:
+        write.error = OperationalError("connection reset")
+
+    def hand_off(self, write: transitions.HotWrite) -> None:
+        self.send(write)
+        write.outcome()
+
+
+def test_a_failing_deferred_flush_keeps_the_completion_for_the_next_write() -> None:
     tasks_engine.enqueue("bench_noop")
     [c] = transitions.claim_runs("w", PAIRS, None, 1, 30)
     step = transitions.start_step(c.lease, "s", "function", 1, 1)
     transitions.defer_step_completion(c.lease, step, {"out": 1})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(
-            transitions.steps,
-            "_close_attempt",
-            lambda *a, **k: (_ for _ in ()).throw(OperationalError("connection reset")),
-        )
-        with pytest.raises(EngineUnavailable):
-            transitions.flush_deferred(c.lease)  # what the heartbeat does
+    offline = dataclasses.replace(c.lease, writer=RefusingWriter())  # same deferred queue
+    with pytest.raises(EngineUnavailable):
+        transitions.flush_deferred(offline)  # what the heartbeat does
+    assert [d.step_id for d in c.lease.deferred.pending()] == [step]
     transitions.complete_run(c.lease, "done", [])
+    attempt = StepAttempt.objects.get(pk=step)
+    assert (attempt.status, attempt.output) == ("completed", {"out": 1})
+    assert c.lease.deferred.pending() == ()  # settled once the completion committed
+
+
+def test_a_completion_sent_twice_is_harmless() -> None:
+    tasks_engine.enqueue("bench_noop")
+    [c] = transitions.claim_runs("w", PAIRS, None, 1, 30)
+    step = transitions.start_step(c.lease, "s", "function", 1, 1)
+    transitions.defer_step_completion(c.lease, step, {"out": 1})
+    taken = c.lease.deferred.pending()  # the heartbeat read it; the slot's write carries it too
+    transitions.complete_run(c.lease, "done", [])
+    late = transitions.HotWrite("deferred", c.lease, taken, clock.now())
+    transitions.write_alone(late)  # the heartbeat's send, after the run completed
+    assert (late.result, late.error) == (True, None)
+    other = transitions.HotWrite("deferred", c.lease, taken, clock.now())
+    other.deferred = (transitions.Completion(step + 1000, {}, clock.now()),)
+    transitions.write_alone(other)  # a completion nobody wrote, of a lease that is gone
+    assert isinstance(other.error, LeaseLostError)
     attempt = StepAttempt.objects.get(pk=step)
     assert (attempt.status, attempt.output) == ("completed", {"out": 1})
 
@@ -109,14 +134,16 @@ def test_a_dead_group_writer_stops_the_worker_and_frees_its_slots(postgres_only:
     group = GroupCommit(w)
     entered = threading.Event()
 
-    def broken_gather() -> list[transitions.GroupWrite]:
+    def broken_gather() -> list[tuple[transitions.HotWrite, threading.Event | None]]:
         entered.set()
         raise RuntimeError("bug in the writer")
 
     group._gather = broken_gather  # type: ignore[method-assign]
     group.start()
     assert entered.wait(5)
-    with pytest.raises(EngineUnavailable, match="group commit thread died"):
-        group.submit(start(c))
+    write = start(c)
+    group.send(write)
+    assert isinstance(write.error, EngineUnavailable)
+    assert "group commit thread died" in str(write.error)
     assert w.stopping.is_set()
     assert not StepAttempt.objects.filter(run_id=c.lease.run_id).exists()

@@ -274,7 +274,7 @@ class Worker:
     def _execute(self, item: transitions.Claimed) -> None:
         run, lease = item.run, item.lease
         if self.group is not None:
-            lease = dataclasses.replace(lease, group=self.group)
+            lease = dataclasses.replace(lease, writer=self.group)
         wf, ctx = executor.build_context(run, lease, self.draining)
         ctx._state.timer_armed = self.heartbeat.wake.set  # it sleeps until the earliest timer
         with self._lock:
