@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from common import Timer, database, median, percentile, setup_django, wait_ready, worker
@@ -236,11 +237,15 @@ def settle() -> None:
     os.sync()
 
 
-def claim_rate(n: int) -> float:
-    """Claims per second, in-process: claim one run, complete it, repeat."""
+def claim_rate(n: int, enqueue: Callable[[int], None] | None = None) -> float:
+    """Claims per second, in-process: claim one run, complete it, repeat. `enqueue(n)` makes
+    the runs (default: n runs of bench_noop; bench/flow.py gives keyed ones)."""
     from tasks_engine import transitions
 
-    enqueue_many("bench_noop", n)
+    if enqueue is None:
+        enqueue_many("bench_noop", n)
+    else:
+        enqueue(n)
     with Timer() as t:
         done = 0
         while done < n:

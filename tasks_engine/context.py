@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from . import clock, sqlite_bounds, transitions
+from .attempt_handle import AttemptHandle
 from .exceptions import (
     LeaseLostError,
     MaxStepAttemptsExceeded,
@@ -37,6 +38,7 @@ class AbortSignal:
 
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._lock = threading.Lock()  # the run's thread and the heartbeat both set it
         self.reason: BaseException | None = None
 
     @property
@@ -48,17 +50,19 @@ class AbortSignal:
 
     def abort(self, reason: BaseException) -> bool:
         """Set the signal (the first reason wins); whether this call set it."""
-        if self._event.is_set():
-            return False
-        self.reason = reason
-        self._event.set()
-        return True
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self.reason = reason
+            self._event.set()
+            return True
 
     def reset(self, reason: BaseException) -> None:
         """Clear the signal if `reason` set it: a step timeout ends with its step."""
-        if self.reason is reason:
-            self._event.clear()
-            self.reason = None
+        with self._lock:
+            if self.reason is reason:
+                self._event.clear()
+                self.reason = None
 
 
 @dataclass
@@ -112,6 +116,7 @@ class RunState:
     """Mutable state of one execution pass, shared by the context and the executor."""
 
     lease: transitions.Lease
+    handle: AttemptHandle  # what the worker's threads share with this one
     workflow: Workflow
     run_pass: int
     deadline_at: datetime | None
@@ -122,13 +127,7 @@ class RunState:
     seen: set[str] = field(default_factory=set)
     name_counts: dict[str, int] = field(default_factory=dict)
     fatal: BaseException | None = None
-    cancel_requested: bool = False
-    has_parent: bool = False
-    progress: dict[str, Any] | None = None
-    progress_dirty: bool = False
     current_step: str = ""  # the step whose function runs now (the op ledger's step column)
-    timer: StepTimer | None = None  # the running step's timeout, fired by the heartbeat
-    timer_armed: Callable[[], None] | None = None  # tells the heartbeat a timer was armed
     patches: dict[str, bool] = field(default_factory=dict)  # ctx.patched() answers this pass
     span: Any = None  # this claim's OpenTelemetry span (tracing.py), None when not tracing
 
@@ -175,13 +174,12 @@ class TaskContext:
         reason = self.abort_signal.reason
         if reason is not None:
             raise reason
-        if self._state.cancel_requested:
+        if self._state.handle.cancel_requested:
             raise TaskCanceledError(f"run {self.run_id} was canceled")
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
         """Record progress; the worker persists it at most about once a second, off this thread."""
-        self._state.progress = {"done": done, "total": total, "message": message}
-        self._state.progress_dirty = True
+        self._state.handle.report_progress({"done": done, "total": total, "message": message})
 
     def patched(self, change_id: str) -> bool:
         """Whether this run takes the code path of change `change_id` (see
@@ -328,9 +326,7 @@ class StepAPI(PatchSteps, WaitSteps):
     def _call_timed(self, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
         if timer is None:
             return to_jsonable(fn())
-        self._s.timer = timer
-        if self._s.timer_armed is not None:
-            self._s.timer_armed()
+        self._s.handle.arm_timer(timer)
         try:
             value = fn()
         except BaseException:
@@ -340,7 +336,7 @@ class StepAPI(PatchSteps, WaitSteps):
         return to_jsonable(value)
 
     def _stop_timer(self, timer: StepTimer) -> None:
-        self._s.timer = None
+        self._s.handle.disarm_timer()
         fired = timer.stop()  # LeaseLostError if the heartbeat wrote the attempt off
         signal = self._ctx.abort_signal
         if fired is not None and signal.reason is fired:

@@ -23,6 +23,7 @@ from django.db import connection
 from pydantic import ValidationError
 
 from . import transitions
+from .attempt_handle import AttemptHandle
 from .context import Attempt, RunState, StepAPI, StepRecord, TaskContext
 from .definitions import Workflow, registry
 from .exceptions import NonDeterminismError
@@ -153,6 +154,7 @@ def _replay_context(
     lease = transitions.Lease(row["id"], uuid.UUID(int=0), "replay-check")
     state = RunState(
         lease=lease,
+        handle=AttemptHandle(lease, has_parent=False, cancel_requested=False),
         workflow=wf,
         run_pass=row["failures"] + 1,
         deadline_at=None,

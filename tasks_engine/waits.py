@@ -238,7 +238,7 @@ class WaitSteps:
         """Cancel was requested (found under the run's row lock): nothing new starts, and the
         run ends canceled even if user code catches the error."""
         exc = TaskCanceledError(f"run {self._ctx.run_id} was canceled")
-        self._s.cancel_requested = True
+        self._s.handle.request_cancel()
         self._ctx.abort_signal.abort(exc)
         raise exc
 

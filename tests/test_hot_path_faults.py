@@ -13,12 +13,12 @@ from django.db import OperationalError, connection
 
 import tasks_engine
 from tasks_engine import LeaseLostError, clock, transitions
-from tasks_engine.definitions import registry
 from tasks_engine.exceptions import EngineUnavailable
+from tasks_engine.logs import get_logger
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tasks_engine.outages import Outage
 from tasks_engine.worker.group_commit import GroupCommit
-from tasks_engine.worker.loop import Worker, WorkerConfig
+from tasks_engine.worker.slots import SlotPool
 from tests.helpers import FakeClock
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,8 +31,10 @@ def postgres_only() -> None:
         pytest.skip("group commit needs data-modifying CTEs (PostgreSQL)")
 
 
-def worker() -> Worker:
-    return Worker(WorkerConfig(workflows=(registry.get("bench_noop"),), concurrency=2))
+def writer() -> GroupCommit:
+    """A group writer of its own, for a worker of two slots claiming bench_noop."""
+    claims = transitions.ClaimRequest("w", PAIRS, None, 0, 30)
+    return GroupCommit(SlotPool(2, 1), claims, get_logger())
 
 
 def start(c: transitions.Claimed) -> transitions.HotWrite:
@@ -46,8 +48,8 @@ def test_a_row_the_database_refuses_fails_alone(postgres_only: None) -> None:
     bad = transitions.HotWrite("complete", poisoned.lease, (), clock.now())
     bad.output = math.nan  # got past every check somehow: jsonb refuses it
     good = [start(healthy), start(other)]
-    w = worker()
-    GroupCommit(w).commit([bad, *good], Outage(w.log, "test"))
+    group = writer()
+    group.commit([bad, *good], Outage(group.log, "test"))
     assert bad.error is not None and bad.result is None
     assert all(isinstance(g.result, int) and g.error is None for g in good)
     assert (
@@ -127,23 +129,30 @@ def test_a_completion_sent_twice_is_harmless() -> None:
     assert (attempt.status, attempt.output) == ("completed", {"out": 1})
 
 
-def test_a_dead_group_writer_stops_the_worker_and_frees_its_slots(postgres_only: None) -> None:
-    tasks_engine.enqueue("bench_noop")
-    [c] = transitions.claim_runs("w", PAIRS, None, 1, 30)
-    w = worker()
-    group = GroupCommit(w)
-    entered = threading.Event()
+def test_a_dead_group_writer_fails_what_it_held_and_writes_nothing_more_itself(
+    postgres_only: None,
+) -> None:
+    for _ in range(2):
+        tasks_engine.enqueue("bench_noop")
+    lost, later = transitions.claim_runs("w", PAIRS, None, 2, 30)
+    group = writer()
+    real_gather = group._gather
 
     def broken_gather() -> list[tuple[transitions.HotWrite, threading.Event | None]]:
-        entered.set()
-        raise RuntimeError("bug in the writer")
+        real_gather()  # takes the write off the queue...
+        raise RuntimeError("bug in the writer")  # ...and dies with it
 
     group._gather = broken_gather  # type: ignore[method-assign]
     group.start()
-    assert entered.wait(5)
-    write = start(c)
-    group.send(write)
-    assert isinstance(write.error, EngineUnavailable)
+    write = start(lost)
+    group.send(write)  # returns once the slot's watch sees the writer dead
+    assert isinstance(write.error, EngineUnavailable) and write.result is None
     assert "group commit thread died" in str(write.error)
-    assert w.stopping.is_set()
-    assert not StepAttempt.objects.filter(run_id=c.lease.run_id).exists()
+    group.join(5)
+    assert group.dead and not group.is_alive()  # what the worker's watch sees (test_side_loops)
+    assert not StepAttempt.objects.filter(run_id=lost.lease.run_id).exists()
+    # The worker is stopping: its slots' writes go alone, on their own connections, so that
+    # they end their runs cleanly (a step starts, a run is handed back).
+    after = start(later)
+    group.send(after)
+    assert isinstance(after.result, int) and after.error is None

@@ -46,7 +46,7 @@ class GroupCommit(threading.Thread):
         # One committer: two (each with its own connection) measured no faster, with half-size
         # groups and twice the commits.
         super().__init__(name="tasks-group-commit", daemon=True)
-        self._queue: queue.Queue[Queued] = queue.Queue()
+        self._queue: queue.Queue[Queued | None] = queue.Queue()  # None: stop
         self.slots = slots
         self.claims = claims
         self.log = log
@@ -84,11 +84,17 @@ class GroupCommit(threading.Thread):
 
     # -- the writer thread -----------------------------------------------------------------------
 
+    def stop(self) -> None:
+        """End the thread once the writes queued before are committed."""
+        self._queue.put(None)
+
     def run(self) -> None:
         outage = Outage(self.log, "group commit")
         try:
             while True:
                 group = self._gather()
+                if not group:
+                    return
                 self.commit([write for write, _ in group], outage)
                 for _, done in group:
                     if done is not None:
@@ -98,38 +104,56 @@ class GroupCommit(threading.Thread):
             self.dead = True
             self._fail_queued()
         finally:
+            self.dead = True  # from now on each write goes alone (see `send`)
             connection.close()
 
     def _fail_queued(self) -> None:
         """Whatever was queued when this thread died: its slots drop their runs."""
         while True:
             try:
-                write, done = self._queue.get_nowait()
+                queued = self._queue.get_nowait()
             except queue.Empty:
                 return
+            if queued is None:
+                continue
+            write, done = queued
             write.error = EngineUnavailable("group commit thread died")
             if done is not None:
                 done.set()
+            if write.detached:
+                self.slots.after_group([], 0, 1)  # the slot it took along is free again
 
     def _gather(self) -> list[Queued]:
         """The next group: every write queued now, and those that slots still running user code
         send within GATHER_SECONDS (a run whose slot waits in this group sends nothing more)."""
-        group = [self._queue.get()]
+        first = self._queue.get()
+        if first is None:
+            return []
+        group = [first]
         deadline = time.monotonic() + GATHER_SECONDS
         while len(group) < MAX_GROUP:
             try:
-                group.append(self._queue.get_nowait())
-                continue
+                queued = self._queue.get_nowait()
             except queue.Empty:
                 pass
+            else:
+                if queued is None:
+                    self._queue.put(None)  # after this group
+                    break
+                group.append(queued)
+                continue
             waiting = sum(1 for _, done in group if done is not None)
             remaining = deadline - time.monotonic()
             if waiting >= self.slots.executing() or remaining <= 0:
                 break
             try:
-                group.append(self._queue.get(timeout=remaining))
+                queued = self._queue.get(timeout=remaining)
             except queue.Empty:
                 break
+            if queued is None:
+                self._queue.put(None)
+                break
+            group.append(queued)
         return group
 
     def commit(self, group: list[transitions.HotWrite], outage: Outage) -> None:
@@ -158,7 +182,8 @@ class GroupCommit(threading.Thread):
             connection.close()
             for write in group:
                 write.error = exc
-        self.slots.after_group(claimed, limit, handed_over)
+        finally:
+            self.slots.after_group(claimed, limit, handed_over)
         for write in group:
             if write.detached and write.error is not None:  # nobody waits: the run is dropped
                 self.log.warning(

@@ -23,7 +23,8 @@ from ..outages import DB_ERRORS, Outage
 from ..serialization import encode_error
 
 if TYPE_CHECKING:
-    from .loop import Held, Worker
+    from .loop import Worker
+    from .slots import Held
 
 PROGRESS_FLUSH_SECONDS = 1.0
 DEFERRED_MAX_AGE = 0.5  # seconds a finished step may wait to ride on its run's next write
@@ -77,9 +78,8 @@ class Heartbeat(threading.Thread):
                 except DB_ERRORS as exc:
                     # Back off, but not past a heartbeat: leases must be renewed or given up.
                     self.stop.wait(min(outage.failed(exc), w.config.heartbeat_seconds))
-        except BaseException as exc:  # a dead heartbeat must stop the worker, not leave it blind
-            w.log.exception("heartbeat crashed; stopping the worker", error=str(exc))
-            w.request_stop()
+        except BaseException as exc:  # the worker's watch (loop.py) stops the worker
+            w.log.exception("heartbeat crashed", error=str(exc))
         finally:
             connection.close()
 
@@ -88,7 +88,7 @@ class Heartbeat(threading.Thread):
         unreachable) may be another worker's by now: stop the step instead of running on."""
         w = self.worker
         now = time.monotonic()
-        for h in w.held():
+        for h in w.slots.held():
             if now - h.renewed_at > w.config.lease_seconds:
                 w.lose(
                     h,
@@ -100,20 +100,20 @@ class Heartbeat(threading.Thread):
 
     def next_timer(self) -> float:
         """Seconds until the earliest step timeout of the runs held (the loop's wait)."""
-        deadlines = [t.deadline for h in self.worker.held() if (t := h.ctx._state.timer)]
+        deadlines = [t.deadline for h in self.worker.slots.held() if (t := h.handle.timer)]
         return max(0.01, min(deadlines) - time.monotonic()) if deadlines else PROGRESS_FLUSH_SECONDS
 
     def fire_step_timeouts(self, now: float) -> None:
         """Abort every step that ran past its timeout (in memory: works during an outage)."""
         w = self.worker
-        for h in w.held():
-            timer = h.ctx._state.timer
+        for h in w.slots.held():
+            timer = h.handle.timer
             if timer is not None:
                 timer.fire(now, functools.partial(w.abort, h))
 
     def renew_once(self) -> dict:
         w = self.worker
-        held = w.held()
+        held = w.slots.held()
         if not held:
             return {}
         sent = time.monotonic()
@@ -132,7 +132,7 @@ class Heartbeat(threading.Thread):
                     .values_list("cancel_reason", flat=True)
                     .first()
                 )
-                h.ctx._state.cancel_requested = True
+                h.handle.request_cancel()
                 w.abort(h, TaskCanceledError(reason or "canceled"))
             elif r.deadline_passed:
                 w.abort(h, DeadlineExceededError("deadline passed"))
@@ -142,14 +142,14 @@ class Heartbeat(threading.Thread):
         """End runs whose step ignored its abort past the grace, so the run does not stay
         `running` forever and the worker keeps its capacity."""
         now = time.monotonic()
-        for h in self.worker.stuck(now):
+        for h in self.worker.slots.stuck(now):
             reason = h.ctx.abort_signal.reason
-            state = h.ctx._state
+            has_parent = h.handle.has_parent
             try:
                 if isinstance(reason, TaskCanceledError):
-                    transitions.cancel_running_run(h.lease, has_parent=state.has_parent)
+                    transitions.cancel_running_run(h.lease, has_parent=has_parent)
                 elif isinstance(reason, DeadlineExceededError):
-                    transitions.fail_run(h.lease, encode_error(reason), has_parent=state.has_parent)
+                    transitions.fail_run(h.lease, encode_error(reason), has_parent=has_parent)
                 elif isinstance(reason, StepTimeoutError):
                     self.write_off_timed_out(h, reason)
             except LeaseLostError:
@@ -160,7 +160,7 @@ class Heartbeat(threading.Thread):
         """The step ignored its timeout: record its attempt failed and requeue the run, which
         fences the stuck thread (the lease token changes). The next pass retries the step, or
         raises the StepTimeoutError into the workflow when the step's retries are spent."""
-        timer = h.ctx._state.timer
+        timer = h.handle.timer
         if timer is None or timer.fired is not reason or not timer.take_write_off():
             return  # the step ended meanwhile and recorded its own outcome
         off = timer.write_off
@@ -169,11 +169,10 @@ class Heartbeat(threading.Thread):
         h.ctx.logger.warning("step ignored its timeout; attempt written off", step=timer.key)
 
     def flush_progress(self) -> None:
-        for h in self.worker.held():
+        for h in self.worker.slots.held():
             # A refusal means the lease is gone: the renewal below finds that and aborts the run.
             with contextlib.suppress(LeaseLostError):
                 transitions.flush_deferred(h.lease, older_than=DEFERRED_MAX_AGE)
-            state = h.ctx._state
-            if state.progress_dirty:
-                state.progress_dirty = False
-                transitions.set_progress(h.lease, dict(state.progress or {}))
+            progress = h.handle.take_dirty_progress()
+            if progress is not None:
+                transitions.set_progress(h.lease, progress)

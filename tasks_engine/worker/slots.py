@@ -18,7 +18,8 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 
-from .. import transitions
+from .. import metrics, transitions
+from ..attempt_handle import AttemptHandle
 from ..context import TaskContext
 
 Key = tuple[uuid.UUID, uuid.UUID]  # (run id, lease token)
@@ -28,6 +29,7 @@ Key = tuple[uuid.UUID, uuid.UUID]  # (run id, lease token)
 class Held:
     lease: transitions.Lease
     ctx: TaskContext
+    handle: AttemptHandle  # the attempt's state shared with the heartbeat (timer, cancel, ...)
     renewed_at: float  # monotonic time the lease was last known to be granted (claim, renewal)
     lost: bool = False
     abort_deadline: float | None = None  # monotonic time after which the run is written off
@@ -75,19 +77,21 @@ class SlotPool:
     def fill(self, claimed: list[transitions.Claimed], reserved: int) -> None:
         """Queue the claimed runs for the `reserved` slots and free the slots they did not
         take."""
+        metrics.record_claims([item.run for item in claimed])
         with self._lock:
             self._queued.extend(claimed)
             self._busy -= reserved - len(claimed)
             self._ready.notify(len(claimed))
-        if reserved > len(claimed):
-            self.freed.set()
 
     def after_group(self, claimed: list[transitions.Claimed], reserved: int, handed: int) -> None:
         """A group's slots (handed over by the runs it completed, and those it reserved) go to
-        the runs it claimed; the rest are freed."""
-        self.fill(claimed, max(reserved, handed))
+        the runs it claimed; the rest are freed (and the claim loop woken for them)."""
+        held = max(reserved, handed)
+        self.fill(claimed, held)
         if reserved:
             self.backlog = len(claimed) == reserved
+        if held > len(claimed):
+            self.freed.set()
 
     def take_stale(self, now: float, max_age: float) -> list[transitions.Claimed]:
         """Queued runs that waited `max_age` for a slot, taken off the queue and their slots
