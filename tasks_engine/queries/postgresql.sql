@@ -87,3 +87,13 @@ AND task_name || '@' || version = ANY(%(task_keys)s::text[])
 -- claim_filter_queues --
 -- Only the worker's queues, as one text[] parameter.
 AND queue = ANY(%(queues)s::text[])
+
+-- renew_leases --
+-- Extend every lease a worker holds (one JSON row per run and lease token); runs missing from the result are lost. A stale lease of a run whose fresh lease the same worker holds does not match.
+WITH l AS (
+    SELECT * FROM json_to_recordset(%(leases)s::json) AS t (run_id uuid, token uuid)
+)
+UPDATE tasks_engine_workflowrun r SET available_at = %(until)s
+FROM l
+WHERE r.id = ANY(ARRAY(SELECT run_id FROM l)) AND r.id = l.run_id AND r.lease_token = l.token
+RETURNING r.id, r.lease_token, r.cancel_requested_at, r.deadline_at

@@ -65,3 +65,12 @@ AND task_name || '@' || version IN (SELECT value FROM json_each(%(task_keys)s))
 -- claim_filter_queues --
 -- Only the worker's queues, as one JSON array parameter.
 AND queue IN (SELECT value FROM json_each(%(queues)s))
+
+-- renew_leases --
+-- Extend every lease a worker holds (a JSON array of [run, lease token]); runs missing from the result are lost. Plain columns come back, never `col IS [NOT] NULL` (SQLite 3.35 to 3.40 folds such a test in RETURNING as if the column were NOT NULL).
+UPDATE tasks_engine_workflowrun SET available_at = %(until)s
+WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(%(leases)s))
+  AND id || ':' || lease_token IN (
+      SELECT json_extract(value, '$[0]') || ':' || json_extract(value, '$[1]')
+      FROM json_each(%(leases)s))
+RETURNING id, lease_token, cancel_requested_at, deadline_at

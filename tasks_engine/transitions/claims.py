@@ -19,6 +19,7 @@ from ..sql import (
     Params,
     fetchall,
     is_postgres,
+    json_rows,
     new_token_sql,
     p_dt,
     p_json,
@@ -299,27 +300,18 @@ def anything_due_before(
 
 
 def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, Renewal]:
-    """One statement renews every lease a worker holds. Runs missing from the result are lost.
-
-    Plain columns come back, never `col IS [NOT] NULL`: SQLite (3.35 to at least 3.40) folds
-    such a test in a RETURNING clause as if the column were NOT NULL whenever the table's first
-    column is, and answered "cancel requested" for every renewed run."""
+    """One statement renews every lease a worker holds (`renew_leases`). Runs missing from
+    the result are lost."""
     if not leases:
         return {}
-    # (id, token) pairs: with `id IN (...) AND lease_token IN (...)`, a stale lease of a run
-    # whose fresh lease the same worker holds would look renewed too.
-    pairs = ", ".join(["(%s, %s)"] * len(leases))
-    sql = f"""
-        UPDATE {RUN} SET available_at = %s
-        WHERE (id, lease_token) IN ({pairs})
-        RETURNING id, lease_token, cancel_requested_at, deadline_at
-    """
+    if is_postgres():
+        rows_json = json_rows([{"run_id": x.run_id, "token": x.token} for x in leases])
+    else:
+        rows_json = json.dumps([[p_uuid(x.run_id), p_uuid(x.token)] for x in leases])
     with _write_lock():
         now = clock.now()  # after the lock: a renewal that waited for it still grants a full lease
-        params = [p_dt(now + timedelta(seconds=lease_seconds))]
-        for x in leases:
-            params += [p_uuid(x.run_id), p_uuid(x.token)]
-        rows = fetchall(sql, params)
+        until = p_dt(now + timedelta(seconds=lease_seconds))
+        rows = fetchall(query("renew_leases"), {"leases": rows_json, "until": until})
     return {
         r_uuid(rid): Renewal(
             cancel is not None, deadline is not None and r_dt(deadline) <= now, r_uuid(token)
