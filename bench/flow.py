@@ -1,11 +1,11 @@
 """Flow control's cost: the claim rate with a queue limit and concurrency keys on against off,
 side by side in one run, and with 100,000 runs held back by one key.
 
-    python bench/flow.py [--runs 1000] [--held 100000]
+    python bench/flow.py [--runs 1000] [--held 100000] [--rounds 3]
 
-In-process claims (claim one run, complete it, repeat) on a fresh database, rounds alternating
-between the settings so that the machine's noise falls on both alike (medians of 3). Prints
-one JSON line per row.
+In-process claims (bench/engine.py's loop: claim one run, complete it, repeat) on a fresh
+database, rounds alternating between the settings so that the machine's noise falls on both
+alike (medians). Prints one JSON line; `measure()` returns the same row to bench/run_all.py.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ import argparse
 import json
 from typing import Any
 
-from common import Timer, database, median, setup_django
+from common import database, median, setup_django
+from engine import claim_rate
 
 KEYS = 50
+QUEUE_LIMITS = {"default": {"concurrency": 64, "rate_limit": "1000000/s"}}
 
 
 def configure(limits: bool) -> None:
@@ -24,40 +26,24 @@ def configure(limits: bool) -> None:
 
     from tasks_engine import flow
 
-    queues = {"default": {"concurrency": 64, "rate_limit": "1000000/s"}} if limits else {}
-    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "QUEUES": queues}
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "QUEUES": QUEUE_LIMITS if limits else {}}
     if not limits:
         flow.forget_keyed()
 
 
-def enqueue_runs(n: int, keyed: bool) -> None:
+def enqueue_keyed(n: int) -> None:
     from django.db import transaction
 
     from tasks_engine import enqueue
 
     with transaction.atomic():
         for i in range(n):
-            enqueue("bench_noop", concurrency_key=f"k{i % KEYS}" if keyed else None)
-
-
-def claim_rate(n: int, keyed: bool) -> float:
-    from tasks_engine import transitions
-
-    enqueue_runs(n, keyed)
-    with Timer() as t:
-        done = 0
-        while done < n:
-            got = transitions.claim_runs("bench", [("bench_noop", 1)], None, 1, 30)
-            if not got:
-                break
-            transitions.complete_run(got[0].lease, None, [])
-            done += 1
-    assert done == n, f"claimed {done} of {n}"
-    return done / t.seconds
+            enqueue("bench_noop", concurrency_key=f"k{i % KEYS}")
 
 
 def hold_back(held: int) -> None:
-    """One run of key "hot" running, and `held` more pending behind it."""
+    """One run of key "hot" running, and `held` more pending behind it (ahead of every other
+    key's runs in priority then FIFO order)."""
     from django.db import connection
 
     from tasks_engine import enqueue, transitions
@@ -78,41 +64,51 @@ def hold_back(held: int) -> None:
         cur.execute("VACUUM ANALYZE tasks_engine_workflowrun")
 
 
+def measure(
+    database_url: str | None = None, *, runs: int = 1000, held: int = 100_000, rounds: int = 3
+) -> dict[str, Any]:
+    """The flow row: plain and guarded claim rates side by side (`rounds` alternating rounds
+    of `runs` claims each, medians), then the guarded rate of other keys' runs without and
+    with `held` runs held back by one full key. On `database_url` (a fresh PostgreSQL
+    database; migrated here), else on a database of its own (bench/common.py)."""
+    if database_url is None:
+        with database("bench_flow") as url:
+            return measure(url, runs=runs, held=held, rounds=rounds)
+    setup_django(database_url)
+    plain: list[float] = []
+    guarded: list[float] = []
+    for _ in range(rounds):
+        configure(False)
+        plain.append(claim_rate(runs))
+        configure(True)
+        guarded.append(claim_rate(runs, enqueue_keyed))
+    free = [claim_rate(runs, enqueue_keyed) for _ in range(2)]
+    hold_back(held)
+    loaded = [claim_rate(runs, enqueue_keyed) for _ in range(2)]
+    return {
+        "bench": "flow",
+        "claim_rate_plain": round(median(plain), 1),
+        "claim_rate_guarded": round(median(guarded), 1),
+        "ratio": round(median(guarded) / median(plain), 3),
+        "keys": KEYS,
+        "queue_limits": "concurrency 64, rate 1000000/s",
+        "runs": runs,
+        "rounds": rounds,
+        "held_back": held,
+        "claim_rate_guarded_without_held_back": round(median(free), 1),
+        "scale_held_back_100k": round(median(loaded), 1),
+        "held_back_ratio": round(median(loaded) / median(free), 3),
+    }
+
+
 def main() -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--runs", type=int, default=1000)
     p.add_argument("--held", type=int, default=100_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--database-url", help="a fresh PostgreSQL database (default: one of its own)")
     a = p.parse_args()
-    with database("bench_flow") as url:
-        setup_django(url)
-        off: list[float] = []
-        on: list[float] = []
-        for _ in range(3):
-            configure(False)
-            off.append(claim_rate(a.runs, keyed=False))
-            configure(True)
-            on.append(claim_rate(a.runs, keyed=True))
-        row: dict[str, Any] = {
-            "bench": "flow_claims",
-            "claims_per_s_off": round(median(off), 1),
-            "claims_per_s_on": round(median(on), 1),
-            "ratio": round(median(on) / median(off), 3),
-            "keys": KEYS,
-            "queue_limits": "concurrency 64, rate 1000000/s",
-        }
-        print(json.dumps(row), flush=True)
-        # Other keys' runs, with and without `held` runs of a full key in the same queue.
-        free = [claim_rate(a.runs, keyed=True) for _ in range(2)]
-        hold_back(a.held)
-        loaded = [claim_rate(a.runs, keyed=True) for _ in range(2)]
-        row = {
-            "bench": "flow_held_back",
-            "held_back_by_one_key": a.held,
-            "claims_per_s_without": round(median(free), 1),
-            "claims_per_s_with": round(median(loaded), 1),
-            "ratio": round(median(loaded) / median(free), 3),
-        }
-        print(json.dumps(row), flush=True)
+    print(json.dumps(measure(a.database_url, runs=a.runs, held=a.held, rounds=a.rounds)))
 
 
 if __name__ == "__main__":

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from . import clock, metrics, tracing, transitions
+from .attempt_handle import AttemptHandle
 from .conf import engine_settings
-from .context import Attempt, RunState, StepRecord, TaskContext
+from .context import TaskContext
 from .definitions import Workflow, registry
 from .exceptions import (
     DeadlineExceededError,
@@ -19,44 +21,32 @@ from .exceptions import (
     UnknownTaskError,
     WorkerStopping,
 )
+from .history import ReplayHistory, load_history
 from .logs import run_logger
-from .models import StepAttempt, WorkflowRun
+from .models import WorkflowRun
 from .serialization import encode_error, to_jsonable
-from .states import StepKind
+from .step_base import RunState
 
 
-def load_history(run_id: Any) -> tuple[dict[str, StepRecord], int]:
-    history: dict[str, StepRecord] = {}
-    count = 0
-    rows = (
-        StepAttempt.objects.filter(run_id=run_id)
-        .order_by("id")
-        .values_list(
-            "id",
-            "name",
-            "kind",
-            "status",
-            "run_pass",
-            "counted",
-            "output",
-            "error",
-            "wake_at",
-            "superseded",
-        )
-    )
-    for sid, name, kind, status, run_pass, counted, output, error, wake_at, superseded in rows:
-        count += 1
-        rec = history.setdefault(name, StepRecord(name, kind))
-        if superseded:  # retried from an earlier step: history only, but it keeps its number
-            rec.superseded += 1
-            continue
-        if not rec.attempts:
-            rec.kind = kind
-        rec.attempts.append(Attempt(sid, status, run_pass, counted, output, error, wake_at))
-    return history, count
+@dataclass(frozen=True)
+class Prepared:
+    """A claimed run ready to execute: its workflow, the context its handler gets, and the
+    handle the worker holds to renew, cancel, time out and flush it from other threads."""
+
+    workflow: Workflow
+    ctx: TaskContext
+    handle: AttemptHandle
 
 
-def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threading.Event):
+def build_context(
+    run: WorkflowRun, lease: transitions.Lease, draining: threading.Event
+) -> tuple[Workflow, TaskContext]:
+    """`prepare` for callers that drive a run on their own thread (tests, `testing`)."""
+    prepared = prepare(run, lease, draining)
+    return prepared.workflow, prepared.ctx
+
+
+def prepare(run: WorkflowRun, lease: transitions.Lease, draining: threading.Event) -> Prepared:
     wf = registry.find(run.task_name, run.version)
     if wf is None:
         raise UnknownTaskError(f"unknown task {run.task_name}@{run.version}")
@@ -65,17 +55,18 @@ def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threadin
         history, count = load_history(run.pk)
     else:
         history, count = {}, 0
+    handle = AttemptHandle(
+        lease,
+        has_parent=run.parent_run_id is not None,
+        cancel_requested=run.cancel_requested_at is not None,
+    )
     state = RunState(
-        lease=lease,
-        workflow=wf,
-        run_pass=run.failures + run.pass_offset + 1,
+        handle=handle,
+        history=ReplayHistory(history, run.failures + run.pass_offset + 1, count),
+        step_retry=wf.step_retry,
         deadline_at=run.deadline_at,
-        history=history,
-        attempts_made=count,
         max_attempts_per_run=engine_settings().max_step_attempts_per_run,
         draining=draining,
-        cancel_requested=run.cancel_requested_at is not None,
-        has_parent=run.parent_run_id is not None,
     )
     ctx = TaskContext(
         input=None,
@@ -89,7 +80,7 @@ def build_context(run: WorkflowRun, lease: transitions.Lease, draining: threadin
         state=state,
         logger=lambda: run_logger(run),
     )
-    return wf, ctx
+    return Prepared(wf, ctx, handle)
 
 
 def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
@@ -105,15 +96,15 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
 
 def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     state = ctx._state
-    lease = state.lease
-    if state.cancel_requested:
-        transitions.cancel_running_run(lease, has_parent=state.has_parent)
+    lease, handle = state.lease, state.handle
+    if handle.cancel_requested:
+        transitions.cancel_running_run(lease, has_parent=handle.has_parent)
         return "canceled"
     if run.deadline_at is not None and clock.now() >= run.deadline_at:
         transitions.fail_run(
             lease,
             encode_error(DeadlineExceededError("deadline passed")),
-            has_parent=state.has_parent,
+            has_parent=handle.has_parent,
         )
         return "failed"
     try:
@@ -127,14 +118,10 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         return _after_exception(run, wf, ctx, exc)
     if ctx.abort_signal.aborted or state.fatal is not None:
         return _after_exception(run, wf, ctx, state.fatal or ctx.abort_signal.reason)
-    unreached = sorted(
-        key
-        for key, rec in state.history.items()
-        if key not in state.seen and rec.completed is not None and rec.kind != StepKind.PATCH
-    )
-    progress = state.progress if state.progress_dirty else None
+    unreached = state.history.unreached()
+    progress = handle.take_dirty_progress()
     transitions.complete_run(
-        lease, output, unreached, has_parent=state.has_parent, progress=progress
+        lease, output, unreached, has_parent=handle.has_parent, progress=progress
     )
     if unreached:
         ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
@@ -143,7 +130,7 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
 
 def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any) -> str:
     state = ctx._state
-    lease = state.lease
+    lease, handle = state.lease, state.handle
     reason = ctx.abort_signal.reason
     if isinstance(reason, WorkerStopping):
         # A graceful stop aborted the step: give the run back now rather than let it wait for
@@ -155,9 +142,9 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
         ctx.logger.warning("lease lost; dropping the run", error=str(reason or exc))
         return "lease-lost"
     if isinstance(reason, TaskCanceledError) or (
-        state.cancel_requested and isinstance(exc, TaskCanceledError)
+        handle.cancel_requested and isinstance(exc, TaskCanceledError)
     ):
-        transitions.cancel_running_run(lease, has_parent=state.has_parent)
+        transitions.cancel_running_run(lease, has_parent=handle.has_parent)
         ctx.logger.info("run canceled")
         return "canceled"
     if isinstance(reason, DeadlineExceededError):
@@ -180,6 +167,6 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
         )
         ctx.logger.warning("workflow failed, retrying", failures=failures, error=str(exc))
         return "retrying"
-    transitions.fail_run(lease, error, has_parent=state.has_parent)
+    transitions.fail_run(lease, error, has_parent=handle.has_parent)
     ctx.logger.error("run failed", error=error["type"], message=error["message"])
     return "failed"

@@ -100,14 +100,14 @@ class Heartbeat(threading.Thread):
 
     def next_timer(self) -> float:
         """Seconds until the earliest step timeout of the runs held (the loop's wait)."""
-        deadlines = [t.deadline for h in self.worker.held() if (t := h.ctx._state.timer)]
+        deadlines = [t.deadline for h in self.worker.held() if (t := h.handle.timer)]
         return max(0.01, min(deadlines) - time.monotonic()) if deadlines else PROGRESS_FLUSH_SECONDS
 
     def fire_step_timeouts(self, now: float) -> None:
         """Abort every step that ran past its timeout (in memory: works during an outage)."""
         w = self.worker
         for h in w.held():
-            timer = h.ctx._state.timer
+            timer = h.handle.timer
             if timer is not None:
                 timer.fire(now, functools.partial(w.abort, h))
 
@@ -132,7 +132,7 @@ class Heartbeat(threading.Thread):
                     .values_list("cancel_reason", flat=True)
                     .first()
                 )
-                h.ctx._state.cancel_requested = True
+                h.handle.request_cancel()
                 w.abort(h, TaskCanceledError(reason or "canceled"))
             elif r.deadline_passed:
                 w.abort(h, DeadlineExceededError("deadline passed"))
@@ -144,12 +144,12 @@ class Heartbeat(threading.Thread):
         now = time.monotonic()
         for h in self.worker.stuck(now):
             reason = h.ctx.abort_signal.reason
-            state = h.ctx._state
+            has_parent = h.handle.has_parent
             try:
                 if isinstance(reason, TaskCanceledError):
-                    transitions.cancel_running_run(h.lease, has_parent=state.has_parent)
+                    transitions.cancel_running_run(h.lease, has_parent=has_parent)
                 elif isinstance(reason, DeadlineExceededError):
-                    transitions.fail_run(h.lease, encode_error(reason), has_parent=state.has_parent)
+                    transitions.fail_run(h.lease, encode_error(reason), has_parent=has_parent)
                 elif isinstance(reason, StepTimeoutError):
                     self.write_off_timed_out(h, reason)
             except LeaseLostError:
@@ -160,7 +160,7 @@ class Heartbeat(threading.Thread):
         """The step ignored its timeout: record its attempt failed and requeue the run, which
         fences the stuck thread (the lease token changes). The next pass retries the step, or
         raises the StepTimeoutError into the workflow when the step's retries are spent."""
-        timer = h.ctx._state.timer
+        timer = h.handle.timer
         if timer is None or timer.fired is not reason or not timer.take_write_off():
             return  # the step ended meanwhile and recorded its own outcome
         off = timer.write_off
@@ -173,7 +173,6 @@ class Heartbeat(threading.Thread):
             # A refusal means the lease is gone: the renewal below finds that and aborts the run.
             with contextlib.suppress(LeaseLostError):
                 transitions.flush_deferred(h.lease, older_than=DEFERRED_MAX_AGE)
-            state = h.ctx._state
-            if state.progress_dirty:
-                state.progress_dirty = False
-                transitions.set_progress(h.lease, dict(state.progress or {}))
+            progress = h.handle.take_dirty_progress()
+            if progress is not None:
+                transitions.set_progress(h.lease, progress)

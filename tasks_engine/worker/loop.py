@@ -26,6 +26,7 @@ from django.db import connection
 from django.db.backends.signals import connection_created
 
 from .. import clock, executor, flow, metrics, transitions
+from ..attempt_handle import AttemptHandle
 from ..conf import engine_settings
 from ..context import TaskContext
 from ..definitions import Workflow
@@ -61,6 +62,7 @@ class WorkerConfig:
 class Held:
     lease: transitions.Lease
     ctx: TaskContext
+    handle: AttemptHandle  # the attempt's state shared with the heartbeat (timer, cancel, ...)
     renewed_at: float  # monotonic time the lease was last known to be granted (claim, renewal)
     lost: bool = False
     abort_deadline: float | None = None  # monotonic time after which the run is written off
@@ -275,10 +277,11 @@ class Worker:
         run, lease = item.run, item.lease
         if self.group is not None:
             lease = dataclasses.replace(lease, group=self.group)
-        wf, ctx = executor.build_context(run, lease, self.draining)
-        ctx._state.timer_armed = self.heartbeat.wake.set  # it sleeps until the earliest timer
+        prepared = executor.prepare(run, lease, self.draining)
+        wf, ctx, handle = prepared.workflow, prepared.ctx, prepared.handle
+        handle.on_timer_armed(self.heartbeat.wake.set)  # it sleeps until the earliest timer
         with self._lock:
-            self._held[lease.run_id] = Held(lease, ctx, renewed_at=item.at)
+            self._held[lease.run_id] = Held(lease, ctx, handle, renewed_at=item.at)
         if self.draining.is_set():
             transitions.requeue_run(lease, clock.now())
             return

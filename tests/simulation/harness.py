@@ -28,6 +28,7 @@ from django.db import Error as DatabaseError
 from django.db import OperationalError, connection
 
 from tasks_engine import executor, sql, transitions
+from tasks_engine.attempt_handle import AttemptHandle
 from tasks_engine.context import TaskContext
 from tasks_engine.exceptions import EngineUnavailable, LeaseLostError
 
@@ -149,6 +150,7 @@ class Attempt:
         self.token: uuid.UUID = claimed.lease.token
         self.draining = draining
         self.ctx: TaskContext | None = None
+        self.handle: AttemptHandle | None = None  # what the worker's heartbeat holds
         self.where = "claimed"
         self.done = False
         self.killed = False
@@ -194,9 +196,9 @@ class Attempt:
 
     def _execute(self) -> str:
         run = self.claimed.run
-        wf, ctx = executor.build_context(run, self.lease, self.draining)
-        self.ctx = ctx
-        return executor.execute(run, wf, ctx)
+        prepared = executor.prepare(run, self.lease, self.draining)
+        self.ctx, self.handle = prepared.ctx, prepared.handle
+        return executor.execute(run, prepared.workflow, prepared.ctx)
 
     def pause(self, where: str) -> None:
         """Stop here until the machine releases this attempt (never inside a transaction)."""

@@ -299,7 +299,8 @@ class EngineSimulation(RuleBasedStateMachine):
                 attempt.lost = True
                 attempt.ctx.abort_signal.abort(LeaseLostError(f"run {attempt.run_id}: lost"))
             elif renewal.cancel_requested:
-                attempt.ctx._state.cancel_requested = True
+                assert attempt.handle is not None
+                attempt.handle.request_cancel()
                 attempt.ctx.abort_signal.abort(TaskCanceledError("canceled"))
         for attempt in held:
             if not attempt.lost:

@@ -46,7 +46,7 @@ def timed_step(ctx: TaskContext) -> dict:
         if n >= inp.hangs:
             return {"attempt": n + 1}
         if inp.fire_in_process:
-            timer = ctx._state.timer
+            timer = ctx._state.handle.timer
             assert timer is not None
             timer.fire(math.inf, ctx.abort_signal.abort)
         if inp.watch:
