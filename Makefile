@@ -62,10 +62,13 @@ lint: $(STAMP)
 	$(BIN)/mypy tasks_engine outbox umt tests
 
 # Ours vs PgQueuer, Procrastinate, DBOS and django-tasks-db on a throwaway cluster (peers in
-# bench/.venv-peers): about 12 min on the shared 2-core machine, peers install included; writes
-# bench/results.md and bench/results.png.
+# bench/.venv-peers): about 20 min on the shared 2-core machine, peers install included; writes
+# bench/results.md, results.png and results.json and README.md's benchmark sentence.
+# BASELINE=<git ref>: also ours at that commit, alternating, with an "ours ÷ baseline" table
+# (about 25 min: our rows twice, the drains outside the headline once).
+# QUICK=1: 2,000 jobs, one repetition, into bench/out/quick (checks the harness, not a result).
 bench: $(STAMP)
-	$(BIN)/python bench/run_all.py
+	$(BIN)/python bench/run_all.py $(if $(BASELINE),--baseline $(BASELINE)) $(if $(QUICK),--quick)
 
 # The documentation site (MkDocs, Material theme); --strict: a broken link or a page missing
 # from the nav fails the build (not --quiet: it hides the warnings strict mode counts). Output

@@ -1,4 +1,10 @@
-"""Shared by the benchmarks: a throwaway PostgreSQL cluster (fsync on) and Django set-up."""
+"""Shared by the benchmarks: a throwaway PostgreSQL cluster (fsync on) and Django set-up.
+
+$BENCH_CODE_ROOT (default: this checkout) is the tree whose engine is measured: bench/run_all.py
+--baseline points it at a `git worktree` of another commit. That tree comes first on sys.path
+and on the workers' PYTHONPATH, ahead of the editable install (whose finder is consulted after
+sys.path), and its manage.py starts the workers; bench/ours (the benchmark's own settings and
+jobs) is on the path for both trees."""
 
 from __future__ import annotations
 
@@ -12,8 +18,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+CODE_ROOT = Path(os.environ.get("BENCH_CODE_ROOT") or ROOT).resolve()
+OURS_APP = ROOT / "bench" / "ours"
+sys.path[:0] = [str(CODE_ROOT), str(OURS_APP)]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(CODE_ROOT), str(OURS_APP), *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+
+
+def engine_code() -> str:
+    """The directory of the tasks_engine package this process imported."""
+    import tasks_engine
+
+    return str(Path(tasks_engine.__file__).resolve().parent)
 
 
 @contextmanager
@@ -58,14 +76,30 @@ def worker(url: str, *args: str, env: dict[str, str] | None = None) -> subproces
     path = LOG_DIR / f"worker-{time.time_ns()}.log"
     with open(path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworker", *args],
-            env={**os.environ, "DATABASE_URL": url, "PYTHONUNBUFFERED": "1", **(env or {})},
+            [sys.executable, str(CODE_ROOT / "manage.py"), "runworker", *args],
+            env={
+                **os.environ,
+                "DATABASE_URL": url,
+                "PYTHONUNBUFFERED": "1",
+                "BENCH_WORKER": "1",
+                **(env or {}),
+            },
+            cwd=CODE_ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
         )
     proc.log_path = path  # type: ignore[attr-defined]
     return proc
+
+
+def worker_code(proc: subprocess.Popen[bytes]) -> str | None:
+    """The tasks_engine directory a worker started by worker() logged (bench_jobs does)."""
+    path: Path = proc.log_path  # type: ignore[attr-defined]
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith("bench: tasks_engine from "):
+            return str(Path(line.split(" from ", 1)[1]).resolve().parent)
+    return None
 
 
 def wait_ready(proc: subprocess.Popen[bytes], *, listening: bool, timeout: float = 60.0) -> None:

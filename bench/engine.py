@@ -1,25 +1,58 @@
 """Our engine on its own: drain, enqueue rate, pickup latency, claim rate at scale.
 
-    python bench/engine.py drain --runs 2000 --concurrency 8 [--processes 1] [--max-seconds 10]
+    python bench/engine.py drain --runs 20000 [--concurrency 32] [--processes 2] [--max-seconds 10]
     python bench/engine.py enqueue --runs 2000
-    python bench/engine.py latency --runs 200 [--no-notify]
+    python bench/engine.py latency --runs 200 [--concurrency 8] [--no-notify]
     python bench/engine.py scale --waiting 100000 [--finished 0] --runs 2000
     python bench/engine.py steps --runs 200   # 10-step workflows: steps/s and one run's latency
     python bench/engine.py metrics --runs 3000 --rounds 3   # drain with metrics off vs on
+    python bench/engine.py flow --runs 1000 --held 100000   # bench/flow.py's rows
 
 Each command uses a fresh database on a throwaway cluster (or on $BENCH_SERVER_URL) and prints
-one JSON line.
+one JSON line, with `code`: the tasks_engine directory the driver imported, and `worker_code`:
+the one its workers logged (see bench/common.py for $BENCH_CODE_ROOT). Without --concurrency a
+worker runs on runworker's default; --processes N is `runworker --processes N` (one
+supervisor, N worker processes), as a user would run it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from common import Timer, database, median, percentile, setup_django, wait_ready, worker
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench_settings"  # bench/ours: the bench_pickup job
+
+from common import (
+    CODE_ROOT,
+    Timer,
+    database,
+    engine_code,
+    median,
+    percentile,
+    setup_django,
+    wait_ready,
+    worker,
+    worker_code,
+)
+
+
+def concurrency_args(concurrency: int | None) -> list[str]:
+    """runworker's flag, or nothing: its own default."""
+    return [] if concurrency is None else ["--concurrency", str(concurrency)]
+
+
+def worker_concurrency(concurrency: int | None) -> int:
+    """What a worker started with concurrency_args(concurrency) runs at."""
+    if concurrency is not None:
+        return concurrency
+    from tasks_engine.management.commands.runworker import Command
+
+    return int(Command().create_parser("manage.py", "runworker").get_default("concurrency"))
 
 
 def enqueue_many(task: str, n: int, *, one_transaction: bool = True) -> None:
@@ -87,13 +120,45 @@ def drained_within(task: str, procs: list[Any], max_seconds: float) -> tuple[int
     return None
 
 
+def backlog(url: str, task: str, runs: int) -> None:
+    """Set Django up on `url`'s database holding `runs` runs of `task`, enqueued one by one in
+    one transaction. The first drain of a code tree on a server enqueues them into a template
+    database; every later one copies it (CREATE DATABASE ... TEMPLATE: well under a second,
+    where 20,000 enqueues take about 7 s here). The runs are the same rows either way."""
+    import hashlib
+
+    import psycopg
+
+    server, name = url.rsplit("/", 1)
+    tree = hashlib.sha256(str(CODE_ROOT).encode()).hexdigest()[:8]
+    template = f"bench_tpl_{task}_{runs}_{tree}"
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
+        found = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [template])
+        made = found.fetchone() is None
+        if made:
+            conn.execute(f'CREATE DATABASE "{template}"')
+            setup_django(f"{server}/{template}")
+            from django.db import connection
+
+            enqueue_many(task, runs)
+            with connection.cursor() as cur:
+                cur.execute("ANALYZE")
+            connection.close()
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    if made:
+        use_database(name)  # Django is set up already, on the template
+    else:
+        setup_django(url)
+
+
 def cmd_drain(a: argparse.Namespace) -> dict[str, Any]:
     with database() as url:
-        setup_django(url)
-        enqueue_many("bench_noop", a.runs)
-        procs = [
-            worker(url, "--concurrency", str(a.concurrency), "--burst") for _ in range(a.processes)
-        ]
+        backlog(url, "bench_noop", a.runs)
+        args = [*concurrency_args(a.concurrency), "--burst"]
+        if a.processes > 1:
+            args += ["--processes", str(a.processes)]
+        procs = [worker(url, *args)]
         with Timer() as t:
             window = drained_within("bench_noop", procs, a.max_seconds)
         if window is None:
@@ -106,9 +171,11 @@ def cmd_drain(a: argparse.Namespace) -> dict[str, Any]:
             "runs": a.runs,
             "processes": a.processes,
             "concurrency": a.concurrency,
+            "worker_concurrency": worker_concurrency(a.concurrency),
             "finished": done,
             "runs_per_s": round(done / seconds, 1),
             "wall_s_incl_startup": round(t.seconds, 2),
+            "worker_code": worker_code(procs[0]),
         }
 
 
@@ -161,36 +228,46 @@ def cmd_enqueue(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_latency(a: argparse.Namespace) -> dict[str, Any]:
-    env = {"TASKS_NOTIFY": "0" if a.no_notify else "1"}
+    """Pickup latency as for every peer: job k's step appends its wall-clock start to a file
+    (bench/ours/bench_jobs), minus the time.time() this enqueuer took right after job k's
+    enqueue committed (autocommit: enqueue returns once the commit is acknowledged)."""
+    starts = Path(f"/tmp/bench-ours-{os.getpid()}.latency")
+    starts.unlink(missing_ok=True)
+    env = {"TASKS_NOTIFY": "0" if a.no_notify else "1", "BENCH_LATENCY_FILE": str(starts)}
     with database() as url:
         setup_django(url)
         from django.conf import settings
 
         from tasks_engine import enqueue
-        from tasks_engine.models import WorkflowRun
 
         settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "NOTIFY": not a.no_notify}
-        proc = worker(url, "--concurrency", "8", "--poll-interval", str(a.poll), env=env)
-        wait_ready(proc, listening=not a.no_notify)
-        ids = []
-        for _ in range(a.runs):
-            ids.append(enqueue("bench_noop").run_id)
-            time.sleep(a.gap)
-        wait_all_finished("bench_noop", a.runs)
-        proc.terminate()
-        proc.wait()
-        lat = [
-            (r.started_at - r.created_at).total_seconds() * 1000
-            for r in WorkflowRun.objects.filter(pk__in=ids)
-        ]
+        args = [*concurrency_args(a.concurrency), "--poll-interval", str(a.poll)]
+        proc = worker(url, *args, env=env)
+        try:
+            wait_ready(proc, listening=not a.no_notify)
+            committed: dict[int, float] = {}
+            for k in range(a.runs):
+                enqueue("bench_pickup", {"k": k})
+                committed[k] = time.time()
+                time.sleep(a.gap)
+            wait_all_finished("bench_pickup", a.runs)
+        finally:
+            proc.terminate()
+            proc.wait()
+        started = dict(line.split() for line in starts.read_text().splitlines())
+        starts.unlink()
+        lat = [(float(started[str(k)]) - t) * 1000 for k, t in committed.items()]
         return {
             "bench": "latency",
             "notify": not a.no_notify,
             "poll_s": a.poll,
             "runs": a.runs,
+            "concurrency": a.concurrency,
+            "worker_concurrency": worker_concurrency(a.concurrency),
             "p50_ms": round(percentile(lat, 50), 2),
             "p99_ms": round(percentile(lat, 99), 2),
             "max_ms": round(max(lat), 2),
+            "worker_code": worker_code(proc),
         }
 
 
@@ -324,7 +401,25 @@ def cmd_steps(a: argparse.Namespace) -> dict[str, Any]:
             "runs": a.runs,
             "steps_per_s": round(a.runs * 10 / s, 1),
             "single_run_ms_median": round(sorted(single)[len(single) // 2], 1),
+            "worker_code": worker_code(proc),
         }
+
+
+def cmd_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """bench/flow.py's row (flow control's cost, owned by bench/flow.py): its measure() where
+    this tree's flow.py has one, else its command line's JSON lines."""
+    import subprocess
+    import sys
+
+    import flow
+
+    measure = getattr(flow, "measure", None)
+    if measure is not None:
+        row = measure(runs=a.runs, held=a.held)
+        return [row] if isinstance(row, dict) else list(row)
+    cmd = [sys.executable, flow.__file__, "--runs", str(a.runs), "--held", str(a.held)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
 
 
 def main() -> None:
@@ -332,8 +427,8 @@ def main() -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("drain")
     d.add_argument("--runs", type=int, default=2000)
-    d.add_argument("--concurrency", type=int, default=8)
-    d.add_argument("--processes", type=int, default=1)
+    d.add_argument("--concurrency", type=int, default=None, help="default: runworker's")
+    d.add_argument("--processes", type=int, default=1, help="runworker --processes N")
     d.add_argument(
         "--max-seconds",
         type=float,
@@ -344,6 +439,7 @@ def main() -> None:
     e.add_argument("--runs", type=int, default=2000)
     lat = sub.add_parser("latency")
     lat.add_argument("--runs", type=int, default=200)
+    lat.add_argument("--concurrency", type=int, default=None, help="default: runworker's")
     lat.add_argument("--poll", type=float, default=5.0)
     lat.add_argument("--gap", type=float, default=0.02)
     lat.add_argument("--no-notify", action="store_true")
@@ -357,8 +453,15 @@ def main() -> None:
     m.add_argument("--concurrency", type=int, default=8)
     st = sub.add_parser("steps")
     st.add_argument("--runs", type=int, default=200)
+    f = sub.add_parser("flow")
+    f.add_argument("--runs", type=int, default=1000)
+    f.add_argument("--held", type=int, default=100_000)
     a = p.parse_args()
-    print(json.dumps(globals()[f"cmd_{a.cmd}"](a)))
+    if a.cmd == "flow":
+        for row in cmd_flow(a):
+            print(json.dumps({**row, "code": engine_code()}), flush=True)
+        return
+    print(json.dumps({**globals()[f"cmd_{a.cmd}"](a), "code": engine_code()}))
 
 
 if __name__ == "__main__":

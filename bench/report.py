@@ -1,33 +1,53 @@
 """Turn bench/run_all.py's results.json into results.md (medians, ratios, the machine and
 versions) and results.png (matplotlib; skipped with a note when matplotlib is missing).
 
-    python bench/report.py bench/results.json
+    python bench/report.py bench/results.json [--readme README.md]
+
+With --readme, the paragraph between README.md's bench:headline markers is rewritten from the
+same numbers, so that the README quotes the last run and nothing else.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
 OURS = "ours"
+BASELINE = "baseline"
 PEERS = ["pgqueuer", "procrastinate", "dbos", "django-tasks-db"]
 ENGINES = [OURS, *PEERS]
-PGQ_DEFAULTS = "pgqueuer (defaults)"
 TIMES, DASH = "\u00d7", "\u2013"  # the multiplication sign and the en dash
+DRAIN_KEYS = ("runs_per_s", "per_s")
+CONCURRENCIES: list[int | None] = [None, 8, 16, 32, 64]
 
-# (row label, bench, key in the result line(s), higher is better)
-METRICS: list[tuple[str, str, tuple[str, ...], bool]] = [
-    ("enqueue, jobs/s (one transaction each)", "enqueue", ("per_s",), True),
-    ("drain, jobs/s: 1 process, concurrency 8", "drain1", ("runs_per_s", "per_s"), True),
-    ("drain, jobs/s: 2 processes, concurrency 8", "drain2", ("runs_per_s", "per_s"), True),
-    ("enqueue → start latency p50, ms (idle worker)", "latency", ("p50_ms",), False),
-    ("enqueue → start latency p99, ms (idle worker)", "latency", ("p99_ms",), False),
+
+def drain_key(processes: int, concurrency: int | None) -> str:
+    """As bench/run_all.py names a drain: "drain p1 c32", "drain p2 cdefault"."""
+    return f"drain p{processes} c{concurrency or 'default'}"
+
+
+# (row label, bench, keys in the result line(s), higher is better)
+Metric = tuple[str, str, tuple[str, ...], bool]
+ENQUEUE: Metric = ("enqueue, jobs/s (one transaction each)", "enqueue", ("per_s",), True)
+P50: Metric = ("pickup p50, ms (commit → job starts, idle worker)", "latency", ("p50_ms",), False)
+P99: Metric = ("pickup p99, ms (commit → job starts, idle worker)", "latency", ("p99_ms",), False)
+# Every engine at eight in flight (the second table).
+CAPPED: list[Metric] = [
+    ENQUEUE,
+    ("drain, jobs/s: 1 process, 8 in flight", drain_key(1, 8), DRAIN_KEYS, True),
+    ("drain, jobs/s: 2 processes, 8 in flight each", drain_key(2, 8), DRAIN_KEYS, True),
+    P50,
+    P99,
     ("10-step workflows, steps/s", "steps", ("steps_per_s",), True),
     ("one 10-step workflow, ms (enqueue → finished)", "steps", ("single_run_ms_median",), False),
     ("worker peak RSS, MiB (concurrency 16, draining)", "rss", ("rss_mib",), False),
+]
+SCALE_KEYS = [
+    ("claims/s, empty table", "scale", ("claims_per_s_empty",), True),
+    ("claims/s, loaded table (see Scale below)", "scale", ("claims_per_s_loaded",), True),
 ]
 
 
@@ -70,11 +90,112 @@ def cell(vals: list[float]) -> str:
     return text
 
 
-def ratio(ours: float | None, peer: float | None, higher_better: bool) -> str:
-    if not ours or not peer:
-        return "n/a"
-    r = ours / peer if higher_better else peer / ours
-    return f"{r:.2f}{TIMES}"
+def ratio_value(ours: float | None, other: float | None, higher_better: bool) -> float | None:
+    """Above 1: ours is better (faster, or lower latency / memory)."""
+    if not ours or not other:
+        return None
+    return ours / other if higher_better else other / ours
+
+
+def ratio(ours: float | None, other: float | None, higher_better: bool) -> str:
+    r = ratio_value(ours, other, higher_better)
+    return "n/a" if r is None else f"{r:.2f}{TIMES}"
+
+
+def m(res: list[dict[str, Any]], engine: str, metric: Metric) -> float | None:
+    return med(values(res, engine, metric[1], metric[2]))
+
+
+def our_default(res: list[dict[str, Any]]) -> str:
+    """runworker's default concurrency, as the measured worker reported it."""
+    for r in res:
+        if r["engine"] == OURS and r.get("concurrency") is None and "worker_concurrency" in r:
+            return str(r["worker_concurrency"])
+    return "?"
+
+
+# -- the headline: ours and PgQueuer, each on its own defaults --------------------------------
+
+
+def headline_metrics(processes: int, concurrency: int | None) -> Metric:
+    return (
+        f"drain, jobs/s: {processes} process{'es' if processes > 1 else ''}",
+        drain_key(processes, concurrency),
+        DRAIN_KEYS,
+        True,
+    )
+
+
+def headline(raw: dict[str, Any]) -> list[str]:
+    res = raw["results"]
+    dflt = our_default(res)
+    lines = [
+        f"| metric | ours, defaults (concurrency {dflt}) | ours, `--concurrency 32` |"
+        f" PgQueuer, defaults (batch 10, no cap) | ours ÷ PgQueuer | ours at 32 ÷ PgQueuer |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for metric in (ENQUEUE, headline_metrics(1, None), headline_metrics(2, None), P50, P99):
+        label, bench, keys, higher = metric
+        ours = values(res, OURS, bench, keys)
+        pgq = values(res, "pgqueuer", bench, keys)
+        if bench.startswith("drain"):
+            at32 = values(res, OURS, bench.replace("cdefault", "c32"), keys)
+            cells = [cell(ours), cell(at32), cell(pgq)]
+            ratios = [ratio(med(ours), med(pgq), higher), ratio(med(at32), med(pgq), higher)]
+        else:  # one worker-independent measurement (enqueue) or an idle default worker
+            cells = [cell(ours), "same" if bench == "enqueue" else "—", cell(pgq)]
+            ratios = [ratio(med(ours), med(pgq), higher), "—"]
+        lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
+    return lines
+
+
+def sweep(raw: dict[str, Any]) -> list[str]:
+    """Every (processes, concurrency) drained, ours and PgQueuer side by side."""
+    res = raw["results"]
+    base = has_baseline(raw)
+    head = "| processes | concurrency | ours | PgQueuer | ours ÷ PgQueuer |"
+    rule = "|---:|---|---:|---:|---:|"
+    if base:
+        head += " baseline | ours ÷ baseline |"
+        rule += "---:|---:|"
+    lines = [head, rule]
+    for processes in (1, 2):
+        for c in CONCURRENCIES:
+            bench = drain_key(processes, c)
+            ours = values(res, OURS, bench, DRAIN_KEYS)
+            pgq = values(res, "pgqueuer", bench, DRAIN_KEYS)
+            if not ours and not pgq:
+                continue
+            label = (
+                f"defaults (ours {our_default(res)}; PgQueuer batch 10, no cap)"
+                if c is None
+                else f"{c} (PgQueuer: batch {max(1, c // 2)}, cap {c})"
+            )
+            row = [str(processes), label, cell(ours), cell(pgq), ratio(med(ours), med(pgq), True)]
+            if base:
+                b = values(res, BASELINE, bench, DRAIN_KEYS)
+                row += [cell(b), ratio(med(ours), med(b), True)]
+            lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def best_concurrency(raw: dict[str, Any], processes: int = 1) -> tuple[str, float] | None:
+    """The concurrency of our fastest drain with `processes` processes (median jobs/s)."""
+    res = raw["results"]
+    rates = {
+        (str(c) if c else f"default ({our_default(res)})"): med(
+            values(res, OURS, drain_key(processes, c), DRAIN_KEYS)
+        )
+        for c in CONCURRENCIES
+    }
+    found = {k: v for k, v in rates.items() if v}
+    if not found:
+        return None
+    best = max(found, key=lambda k: found[k])
+    return best, found[best]
+
+
+# -- every engine at eight in flight -------------------------------------------------------
 
 
 def table(raw: dict[str, Any]) -> list[str]:
@@ -84,7 +205,7 @@ def table(raw: dict[str, Any]) -> list[str]:
         "| metric | " + " | ".join(ENGINES) + " |",
         "|---|" + "---:|" * len(ENGINES),
     ]
-    for label, bench, keys, _ in METRICS:
+    for label, bench, keys, _ in CAPPED:
         row = []
         for e in ENGINES:
             if e in na:
@@ -102,8 +223,9 @@ def table(raw: dict[str, Any]) -> list[str]:
         "| metric | " + " | ".join(PEERS) + " |",
         "|---|" + "---:|" * len(PEERS),
     ]
-    for label, bench, keys, higher in METRICS:
-        ours = med(values(res, OURS, bench, keys))
+    for metric in CAPPED:
+        label, bench, keys, higher = metric
+        ours = m(res, OURS, metric)
         row = [
             "—"
             if bench == "steps" and p != "dbos"
@@ -114,15 +236,68 @@ def table(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+# -- ours against the baseline -------------------------------------------------------------
+
+
+def has_baseline(raw: dict[str, Any]) -> bool:
+    return any(r["engine"] == BASELINE for r in raw["results"])
+
+
+FLOW_RATES = (
+    ("claim_rate_plain", "flow control off: claims/s"),
+    ("claim_rate_guarded", "queue limit + keys on: claims/s"),
+    ("claim_rate_guarded_without_held_back", "keys on, nothing held back: claims/s"),
+    ("scale_held_back_100k", "keys on, 100k held back by one key: claims/s"),
+)
+
+
+def flow_metrics(res: list[dict[str, Any]]) -> list[Metric]:
+    """bench/flow.py's claim rates (its row is "flow")."""
+    return [(label, "flow", (key,), True) for key, label in FLOW_RATES]
+
+
+def baseline_table(raw: dict[str, Any]) -> list[str]:
+    res = raw["results"]
+    b = raw["baseline"]
+    metrics: list[Metric] = [ENQUEUE, P50, P99]
+    metrics += [
+        (
+            f"drain, jobs/s: {p} proc, concurrency {c or 'default'}",
+            drain_key(p, c),
+            DRAIN_KEYS,
+            True,
+        )
+        for p in (1, 2)
+        for c in CONCURRENCIES
+    ]
+    metrics += [CAPPED[5], CAPPED[6], *SCALE_KEYS, *flow_metrics(res)]
+    lines = [
+        f"Ours (this commit) against the baseline, `{b['ref']}` = `{b['commit'][:10]}`, measured"
+        " in the same run, each measurement of ours next to one of the baseline's in"
+        f" alternating order. Ratio of medians, **above 1{TIMES} means this commit is better**"
+        f" (faster, or lower latency); ⚠ marks a row more than 5 % worse.",
+        "",
+        "| metric | ours | baseline | ours ÷ baseline |",
+        "|---|---:|---:|---:|",
+    ]
+    for metric in metrics:
+        label, bench, keys, higher = metric
+        ours, base = values(res, OURS, bench, keys), values(res, BASELINE, bench, keys)
+        if not ours and not base:
+            continue
+        r = ratio_value(med(ours), med(base), higher)
+        mark = " ⚠" if r is not None and r < 0.95 else ""
+        shown = ratio(med(ours), med(base), higher) + mark
+        lines.append(f"| {label} | {cell(ours)} | {cell(base)} | {shown} |")
+    return lines
+
+
+# -- single lines -----------------------------------------------------------------------------
+
+
 def extras(raw: dict[str, Any]) -> list[str]:
     res = raw["results"]
     out = []
-    pgq = values(res, PGQ_DEFAULTS, "drain1", ("per_s",))
-    if pgq:
-        out.append(
-            f"- **PgQueuer on its own defaults** (dequeue batch 10, no in-flight cap), 1 process:"
-            f" {cell(pgq)} jobs/s (the table caps it at 8 in flight, like everyone else)."
-        )
     tps = values(res, "pgbench", "pgbench", ("tps",))
     if tps:
         out.append(
@@ -130,14 +305,83 @@ def extras(raw: dict[str, Any]) -> list[str]:
             f" claim per transaction): {cell(tps)} transactions/s."
         )
     for r in res:
-        if r["bench"] == "scale" and "error" not in r:
+        if r["engine"] != OURS or "error" in r:
+            continue
+        if r["bench"] == "scale":
             out.append(
                 f"- **Scale** (ours, in-process claim + complete, one at a time):"
                 f" {fmt(r['claims_per_s_empty'])} claims/s on an empty table,"
                 f" {fmt(r['claims_per_s_loaded'])} with {r['finished']:,} finished and"
                 f" {r['waiting']:,} waiting runs in it ({r['ratio']:.2f}{TIMES} the empty rate)."
             )
+        elif r["bench"] == "flow":
+            out.append(
+                f"- **Flow control** (ours, in-process claim + complete; bench/flow.py): with a"
+                f" queue limit ({r.get('queue_limits', 'on')}) and {r.get('keys', '?')}"
+                f" concurrency keys {fmt(r['claim_rate_guarded'])} claims/s, with neither"
+                f" {fmt(r['claim_rate_plain'])} ({r['ratio']:.2f}{TIMES}); other keys' runs"
+                f" with {r['held_back']:,} runs of one full key held back in the same queue:"
+                f" {fmt(r['scale_held_back_100k'])} claims/s, against"
+                f" {fmt(r['claim_rate_guarded_without_held_back'])} without them"
+                f" ({r['held_back_ratio']:.2f}{TIMES})."
+            )
     return out
+
+
+def readme_paragraph(raw: dict[str, Any]) -> str:
+    """README.md's benchmark sentence, from the numbers of this run."""
+    res = raw["results"]
+    minutes = round(raw["wall_seconds"] / 60)
+
+    def r(metric: Metric, engine: str = "pgqueuer", bench: str | None = None) -> str:
+        ours = med(values(res, OURS, bench or metric[1], metric[2]))
+        return ratio(ours, m(res, engine, metric), metric[3])
+
+    def ms(engine: str, metric: Metric) -> str:
+        v = m(res, engine, metric)
+        return "n/a" if v is None else f"{v:.1f} ms"
+
+    d1, d2 = headline_metrics(1, None), headline_metrics(2, None)
+    text = (
+        "`make bench` measures the engine against PgQueuer, Procrastinate, DBOS and"
+        " django-tasks-db on a throwaway PostgreSQL cluster (fsync on) in about"
+        f" {minutes} minutes; numbers, machine, versions and method are in"
+        " [`bench/results.md`](bench/results.md)."
+        f" Last run ({raw['when'][:10]}, {raw['machine']['cores']} cores, medians), ours against"
+        " PgQueuer with each on its own defaults (PgQueuer: dequeue batch 10, no in-flight cap;"
+        f" ours: `runworker`, concurrency {our_default(res)}), above 1{TIMES} meaning ours is"
+        f" ahead: drain of {int(raw['args']['jobs']):,} jobs {r(d1)} with one process and"
+        f" {r(d2)} with two (ours at `--concurrency 32`: {r(d1, bench=drain_key(1, 32))} and"
+        f" {r(d2, bench=drain_key(2, 32))}), enqueue {r(ENQUEUE)}, pickup p50"
+        f" {ms(OURS, P50)} vs {ms('pgqueuer', P50)} and p99 {ms(OURS, P99)} vs"
+        f" {ms('pgqueuer', P99)}. With every engine at eight in flight: drain"
+        f" {r(CAPPED[1])} (one process) and {r(CAPPED[2])} (two) PgQueuer's; 10-step workflows"
+        f" {r(CAPPED[5], 'dbos')} DBOS's steps/s"
+    )
+    scale = next((x for x in res if x["engine"] == OURS and x["bench"] == "scale"), None)
+    if scale and "error" not in scale:
+        text += (
+            f"; the claim rate with {scale['finished']:,} finished and {scale['waiting']:,}"
+            f" waiting runs is {scale['ratio']:.2f}{TIMES} the empty table's"
+        )
+    return text + "."
+
+
+README_START = "<!-- bench:headline (written by bench/report.py from bench/results.json) -->"
+README_END = "<!-- /bench:headline -->"
+
+
+def update_readme(path: Path, raw: dict[str, Any]) -> None:
+    """Replace the paragraph between the markers (wrapped at 100 columns)."""
+    import textwrap
+
+    text = path.read_text()
+    if README_START not in text or README_END not in text:
+        raise SystemExit(f"{path}: no {README_START} ... {README_END} block")
+    head, rest = text.split(README_START, 1)
+    _, tail = rest.split(README_END, 1)
+    para = "\n".join(textwrap.wrap(readme_paragraph(raw), 100, break_on_hyphens=False))
+    path.write_text(f"{head}{README_START}\n{para}\n{README_END}{tail}")
 
 
 def failures(raw: dict[str, Any]) -> list[str]:
@@ -162,58 +406,105 @@ How each number is taken (every engine on the same throwaway cluster, databases 
 measurement, engines alternated and the order rotated each repetition):
 
 - **enqueue**: one client, {enqueue_jobs:,} jobs, one per transaction (autocommit), jobs/s.
-- **drain**: {jobs:,} no-op single-step jobs queued first (batched where the engine can), then the
-  workers start; jobs/s from the first job leaving the queue to the last one finished, or, for
-  an engine that has not emptied the queue {drain_seconds:g} s after its first job left it, the
-  jobs finished in those {drain_seconds:g} s (a steady rate under a backlog of thousands; it
-  keeps the slow engines from taking most of the run). Ours is `bench/engine.py drain` (run
-  timestamps); the peers' drivers poll their job table every 10 ms.
-- **latency**: one idle worker, {latency_jobs:,} jobs enqueued 20 ms apart; ours is
-  `created_at → started_at`, a peer's job records `time.time()` minus the enqueue time carried
-  in its payload. Every driver, ours included, waits until its worker says it is set up (ours:
-  listening for wake-ups), then 1 s.
+- **drain**: {jobs:,} no-op single-step jobs queued first (batched where the engine can; ours
+  are enqueued one by one in one transaction into a template database, once per code tree, and
+  each drain starts from a copy of it), then the workers start; jobs/s from the first job
+  leaving the queue to the last one finished, or, for an engine that has not emptied the queue
+  {drain_seconds:g} s after its first job left it, the jobs finished in those {drain_seconds:g} s.
+  Procrastinate, DBOS and django-tasks-db drain a few hundred jobs/s, so they get
+  {slow_jobs:,} jobs (still more than they finish in the window) and run at eight in flight
+  only. Ours is `bench/engine.py drain` (run timestamps: first `started_at` to last
+  `finished_at`); the peers' drivers poll their job table every 10 ms. Two processes: ours is
+  **`runworker --processes 2`** (one supervisor, two worker processes), a peer's driver starts
+  two worker processes.
+- **pickup latency**: one idle worker, {latency_jobs:,} jobs enqueued 20 ms apart, each in its
+  own transaction. **The same method for every engine**: the job itself, first thing in its
+  code (for ours: in its step, after the step start is durable), appends its wall-clock start
+  (`time.time()`) to a file; the enqueuer takes `time.time()` right after the enqueue call
+  returns, i.e. once the commit is acknowledged; latency = start minus commit. Every driver waits
+  until its worker says it is set up (ours: listening for wake-ups), then 1 s. The workers run
+  on their defaults (ours: `runworker`; PgQueuer: batch 10, no cap), Procrastinate and DBOS at
+  concurrency 8.
 - **steps**: {workflows:,} ten-step workflows drained by one worker at concurrency 8 (steps/s),
   and the median of 5 single workflows on an idle worker (enqueue → finished).
 - **RSS**: peak `VmRSS` of each worker process (and its children), sampled every 50 ms while it
   drains {rss_jobs:,} jobs at concurrency 16 ({rss_reps} repetition(s)).
+- **Repetitions**: {reps} of enqueue, latency, steps, pgbench and the headline drains (ours on
+  its default and at 32, PgQueuer on its defaults, 1 and 2 processes); {long_reps} of the other
+  drains (concurrency 8, 16 and 64), to keep `make bench` near 20 minutes on 2 cores; one of
+  the scale and flow-control rows.{baseline}
 
 Per-engine configuration (durable defaults everywhere: fsync and synchronous_commit on, no
 unlogged tables):
 
-- **ours**: `manage.py runworker --concurrency N` (LISTEN/NOTIFY on, 5 s fallback poll).
-- **pgqueuer**: asyncpg driver, `QueueManager.run(batch_size=N/2, max_concurrent_tasks=N)`:
-  PgQueuer wants max_concurrent_tasks at least twice batch_size, so concurrency 8 dequeues 4
-  at a time.
+- **ours**: `manage.py runworker [--concurrency N] [--processes 2]` (LISTEN/NOTIFY on, 5 s
+  fallback poll).
+- **pgqueuer**: asyncpg driver; on its defaults `QueueManager.run()` (dequeue batch 10, no
+  in-flight cap: what its `pgq run` CLI does by default); at concurrency N,
+  `run(batch_size=N/2, max_concurrent_tasks=N)`: PgQueuer wants max_concurrent_tasks at least
+  twice batch_size, so concurrency 8 dequeues 4 at a time.
 - **procrastinate**: `PsycopgConnector`, async task, `run_worker_async(concurrency=N)`.
 - **dbos**: queue registered with `worker_concurrency=N` and `polling_interval_sec=0.01` (the
   default 1 s would cap a worker at N workflows per second); a job is a workflow with one step;
   the queue is filled by 8 enqueuing threads (DBOS has no batch enqueue).
 - **django-tasks-db**: Django's `django.tasks` with the `DatabaseBackend`, `manage.py db_worker`
-  on its defaults; it runs one task at a time (no concurrency setting), so its "concurrency 8"
+  on its defaults; it runs one task at a time (no concurrency setting), so its "8 in flight"
   and "16" rows are really concurrency 1, and it polls every 1 s when idle.
 """
 
+BASELINE_NOTE = """
+- **Baseline**: `--baseline REF` checks REF out with `git worktree add` in a temporary
+  directory and runs this commit's `bench/engine.py` and `.venv` on it with `$BENCH_CODE_ROOT`
+  (and so `sys.path` and the workers' `PYTHONPATH`) pointing at that tree; every result records
+  the `tasks_engine` directory the driver and its worker imported, and one from anywhere else
+  (such as the editable install) is an error. Each of our measurements is paired with one of
+  the baseline's, the pair's order alternating by repetition."""
+
 
 def markdown(raw: dict[str, Any], chart: bool) -> str:
-    m = raw["machine"]
+    mach = raw["machine"]
     load = raw["load_before"][0]
+    res = raw["results"]
     lines = [
         "# Benchmarks: ours vs PgQueuer, Procrastinate, DBOS, django-tasks-db",
         "",
         f"Produced by `make bench` (`bench/run_all.py`) on {raw['when']} in"
         f" {raw['wall_seconds'] // 60} min {raw['wall_seconds'] % 60} s; medians of"
-        f" {raw['args']['reps']} repetitions (range in small print), raw numbers in"
-        " `bench/results.json`.",
+        f" {raw['args']['reps']} repetitions (range in small print; {raw['args']['long_reps']}"
+        " for the drains outside the headline), raw numbers in `bench/results.json`.",
         "",
     ]
+    if raw["args"].get("quick") == "True":
+        lines += ["> **Quick run** (`--quick`): small sizes, one repetition; not a result.", ""]
     if load > 0.7:
         lines += [
             f"> **Noisy machine.** It was shared with other engineers' test runs (load average"
-            f" {load:.2f} on {m['cores']} cores just before the run, {raw['load_after'][0]:.2f}"
+            f" {load:.2f} on {mach['cores']} cores just before the run, {raw['load_after'][0]:.2f}"
             " after). Absolute numbers are low and spread; compare engines within a row.",
             "",
         ]
     lines += [f"> {note}" for note in raw.get("notes", [])] + ([""] if raw.get("notes") else [])
+    lines += [
+        "## Ours and PgQueuer, each on its own defaults",
+        "",
+        f"Above 1{TIMES} means ours is better. Drains of {int(raw['args']['jobs']):,} no-op jobs;"
+        " two processes is `runworker --processes 2` for ours.",
+        "",
+        *headline(raw),
+        "",
+        "### Drain by concurrency",
+        "",
+        *sweep(raw),
+    ]
+    best = best_concurrency(raw)
+    if best:
+        lines += [
+            "",
+            f"Our fastest one-process drain: concurrency {best[0]}, {fmt(best[1])} jobs/s.",
+        ]
+    if has_baseline(raw):
+        lines += ["", "## Ours against the baseline", "", *baseline_table(raw)]
+    lines += ["", "## Every engine at eight in flight", ""]
     if chart:
         lines += ["![benchmark chart](results.png)", ""]
     lines += table(raw)
@@ -221,22 +512,31 @@ def markdown(raw: dict[str, Any], chart: bool) -> str:
     lines += ["", "¹ n/a: see *Failures and n/a* below.", ""]
     fails = failures(raw)
     lines += ["## Failures and n/a", "", *(fails or ["- none: every engine ran every time."]), ""]
-    keys = ("jobs", "enqueue_jobs", "latency_jobs", "workflows", "rss_jobs")
-    sizes: dict[str, float] = {k: int(raw["args"][k]) for k in keys}
+    keys = ("jobs", "slow_jobs", "enqueue_jobs", "latency_jobs", "workflows", "rss_jobs")
+    sizes: dict[str, Any] = {k: int(raw["args"][k]) for k in keys}
     sizes["drain_seconds"] = float(raw["args"].get("drain_seconds", 0)) or float("inf")
-    sizes["rss_reps"] = min(int(raw["args"]["rss_reps"]), int(raw["args"]["reps"]))
+    sizes["reps"] = int(raw["args"]["reps"])
+    sizes["long_reps"] = min(int(raw["args"]["long_reps"]), sizes["reps"])
+    sizes["rss_reps"] = min(int(raw["args"]["rss_reps"]), sizes["reps"])
+    sizes["baseline"] = BASELINE_NOTE if has_baseline(raw) else ""
     lines += ["## Method", "", NOTES.format(**sizes)]
     lines += [
         "## Machine and versions",
         "",
-        f"- {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}",
-        f"- PostgreSQL {m['postgresql']} (throwaway cluster, "
-        + ", ".join(f"{k}={v}" for k, v in m["postgresql_settings"].items())
+        f"- {mach['cpu']}, {mach['cores']} cores, {mach['memory_gib']} GiB, Linux {mach['kernel']}",
+        f"- PostgreSQL {mach['postgresql']} (throwaway cluster, "
+        + ", ".join(f"{k}={v}" for k, v in mach["postgresql_settings"].items())
         + ")",
-        f"- Python {m['python']}; ours: {code(m['our_commit'], raw.get('our_code_after'))}",
+        f"- Python {mach['python']}; ours: {code(mach['our_commit'], raw.get('our_code_after'))}",
+        *(
+            [f"- baseline: `{raw['baseline']['ref']}` = `{raw['baseline']['commit']}`"]
+            if raw.get("baseline")
+            else []
+        ),
         *versions(raw["versions"]),
         "",
     ]
+    del res
     return "\n".join(lines)
 
 
@@ -255,6 +555,8 @@ def versions(found: dict[str, str]) -> list[str]:
 
 
 def plot(raw: dict[str, Any], path: Path) -> bool:
+    """Top: ours and PgQueuer's drain rate by concurrency, each on its defaults too. Bottom:
+    every engine at eight in flight."""
     try:
         import matplotlib
 
@@ -264,37 +566,72 @@ def plot(raw: dict[str, Any], path: Path) -> bool:
         return False
     res = raw["results"]
     colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8), gridspec_kw={"width_ratios": [3, 1.6, 1]})
+    fig = plt.figure(figsize=(15, 9.6))
+    grid = fig.add_gridspec(2, 3, width_ratios=[3, 1.6, 1], height_ratios=[1, 1])
+    top = fig.add_subplot(grid[0, :])
+    capped = [fig.add_subplot(grid[1, i]) for i in range(3)]
+    dflt = our_default(res)
+    xs = [c for c in CONCURRENCIES if c is not None]
+    for e, color in ((OURS, colors[0]), ("pgqueuer", colors[1])):
+        for processes, style in ((1, "-"), (2, "--")):
+            ys = [med(values(res, e, drain_key(processes, c), DRAIN_KEYS)) for c in xs]
+            pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y]
+            label = f"{e}, {processes} process{'es' if processes > 1 else ''}"
+            if pts:
+                top.plot(*zip(*pts, strict=True), style, marker="o", color=color, label=label)
+            d = med(values(res, e, drain_key(processes, None), DRAIN_KEYS))
+            if d:
+                what = f"default ({dflt})" if e == OURS else "defaults (batch 10, no cap)"
+                top.axhline(d, color=color, linestyle=style, linewidth=0.8, alpha=0.6)
+                top.annotate(
+                    f"{label}, {what}: {d:,.0f}/s",
+                    (1.0, d),
+                    xycoords=("axes fraction", "data"),
+                    ha="right",
+                    fontsize=8,
+                    color=color,
+                    textcoords="offset points",
+                    xytext=(-4, 3),
+                )
+    top.set_xscale("log", base=2)
+    top.set_xticks(xs, [str(x) for x in xs])
+    top.set_xlabel("concurrency (PgQueuer: cap; batch = cap / 2); lines: each on its defaults")
+    top.set_ylabel("jobs/s")
+    top.set_title(
+        f"drain of {int(raw['args']['jobs']):,} no-op jobs (higher is better)", fontsize=10
+    )
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8, loc="lower left")
     panels = [
         (
-            axes[0],
-            "throughput (higher is better)",
+            capped[0],
+            "every engine at 8 in flight (higher is better)",
             "per second, log scale",
             [
                 ("enqueue", "enqueue", ("per_s",)),
-                ("drain 1 proc", "drain1", ("runs_per_s", "per_s")),
-                ("drain 2 procs", "drain2", ("runs_per_s", "per_s")),
+                ("drain 1 proc", drain_key(1, 8), DRAIN_KEYS),
+                ("drain 2 procs", drain_key(2, 8), DRAIN_KEYS),
                 ("steps (10-step wf)", "steps", ("steps_per_s",)),
             ],
         ),
         (
-            axes[1],
+            capped[1],
             "pickup latency, idle worker (lower is better)",
             "ms, log scale",
             [("p50", "latency", ("p50_ms",)), ("p99", "latency", ("p99_ms",))],
         ),
-        (axes[2], "worker RSS at concurrency 16", "MiB", [("peak RSS", "rss", ("rss_mib",))]),
+        (capped[2], "worker RSS at concurrency 16", "MiB", [("peak RSS", "rss", ("rss_mib",))]),
     ]
     width = 0.8 / len(ENGINES)
     for ax, title, ylabel, groups in panels:
         for i, e in enumerate(ENGINES):
-            xs, ys = [], []
+            bx, by = [], []
             for g, (_, bench, keys) in enumerate(groups):
                 v = med(values(res, e, bench, keys))
                 if v:
-                    xs.append(g + (i - (len(ENGINES) - 1) / 2) * width)
-                    ys.append(v)
-            ax.bar(xs, ys, width, label=e, color=colors[i])
+                    bx.append(g + (i - (len(ENGINES) - 1) / 2) * width)
+                    by.append(v)
+            ax.bar(bx, by, width, label=e, color=colors[i])
         ax.set_xticks(range(len(groups)), [g[0] for g in groups])
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
@@ -303,8 +640,8 @@ def plot(raw: dict[str, Any], path: Path) -> bool:
         ax.grid(axis="y", alpha=0.3)
     tps = med(values(res, "pgbench", "pgbench", ("tps",)))
     if tps:
-        axes[0].axhline(tps, color="black", linestyle="--", linewidth=1)
-        axes[0].annotate(
+        capped[0].axhline(tps, color="black", linestyle="--", linewidth=1)
+        capped[0].annotate(
             f"pgbench INSERT+claim, 8 clients: {tps:,.0f}/s",
             (0.01, tps),
             xycoords=("axes fraction", "data"),
@@ -312,26 +649,32 @@ def plot(raw: dict[str, Any], path: Path) -> bool:
             xytext=(0, 3),
             fontsize=8,
         )
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncols=len(ENGINES))
-    m = raw["machine"]
+    fig.legend(*capped[0].get_legend_handles_labels(), loc="lower center", ncols=len(ENGINES))
+    mach = raw["machine"]
     fig.suptitle(
-        f"Medians of {raw['args']['reps']} · PostgreSQL {m['postgresql']}, fsync on ·"
-        f" {m['cores']} cores · {raw['when']}",
+        f"Medians · PostgreSQL {mach['postgresql']}, fsync on · {mach['cores']} cores ·"
+        f" {raw['when']}",
         fontsize=10,
     )
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
-    fig.savefig(path, dpi=110)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=100)
     return True
 
 
 def main() -> None:
-    src = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "results.json")
-    raw = json.loads(src.read_text())
-    chart = plot(raw, src.with_name("results.png"))
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("results", type=Path, nargs="?", default=Path(__file__).parent / "results.json")
+    p.add_argument("--readme", type=Path, help="also rewrite this README's benchmark sentence")
+    a = p.parse_args()
+    raw = json.loads(a.results.read_text())
+    chart = plot(raw, a.results.with_name("results.png"))
     if not chart:
         raw.setdefault("na", {})["chart"] = "matplotlib not available: no results.png"
-    src.with_name("results.md").write_text(markdown(raw, chart))
-    print(f"wrote {src.with_name('results.md')}" + (" and results.png" if chart else ""))
+    a.results.with_name("results.md").write_text(markdown(raw, chart))
+    print(f"wrote {a.results.with_name('results.md')}" + (" and results.png" if chart else ""))
+    if a.readme:
+        update_readme(a.readme, raw)
+        print(f"updated the benchmark sentence of {a.readme}")
 
 
 if __name__ == "__main__":

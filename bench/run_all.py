@@ -1,10 +1,17 @@
 """Peer comparison (`make bench`): our engine against PgQueuer, Procrastinate, DBOS and
 django-tasks-db on one throwaway PostgreSQL cluster (fsync on, every engine on its durable
 defaults), alternating engines, N repetitions; then bench/report.py writes bench/results.md and
-bench/results.png.
+bench/results.png and updates README.md's benchmark sentence.
 
-    .venv/bin/python bench/run_all.py                       # the full run (see results.md)
-    .venv/bin/python bench/run_all.py --reps 1 --jobs 200 --quick   # smoke test
+    .venv/bin/python bench/run_all.py                    # the full run (see results.md)
+    .venv/bin/python bench/run_all.py --baseline main~3  # and ours at that commit, alternating
+    .venv/bin/python bench/run_all.py --quick            # 2,000 jobs, 1 repetition: bench/out/quick
+
+With --baseline REF, our engine at REF (a `git worktree add` of it in a temporary directory,
+driven by this checkout's bench/engine.py with this .venv, $BENCH_CODE_ROOT pointing at the
+worktree: see bench/common.py) is measured right before or after each of our measurements, in
+alternating order, and the report shows ours ÷ baseline per row; a measurement whose driver or
+worker imported tasks_engine from anywhere else is an error, not a number.
 
 Our numbers come from bench/engine.py (this interpreter, $BENCH_SERVER_URL pointing at the
 cluster); each peer's from bench/peers/drive_<peer>.py run with bench/.venv-peers/bin/python,
@@ -20,11 +27,14 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -44,6 +54,13 @@ REQUIREMENTS = BENCH / "requirements-peers.txt"
 OUT = BENCH / "out"
 
 OURS = "ours"
+BASELINE = "baseline"
+# The peers whose drains run at eight in flight only, on --slow-jobs: they drain a few hundred
+# jobs/s, so the --drain-seconds window ends long before 5,000 are done.
+SLOW_PEERS = ("procrastinate", "dbos", "django-tasks-db")
+# Ours and PgQueuer: (processes, concurrency) drained; None is the engine's own default.
+SWEEP = [(p, c) for p in (1, 2) for c in (None, 8, 16, 32, 64)]
+HEADLINE = [(p, c) for p in (1, 2) for c in (None, 32)]
 # peer -> (driver script, modules that must import, distributions whose version we report)
 PEERS: dict[str, tuple[str, list[str], list[str]]] = {
     "pgqueuer": ("drive_pgqueuer.py", ["pgqueuer", "asyncpg"], ["pgqueuer", "asyncpg"]),
@@ -51,8 +68,11 @@ PEERS: dict[str, tuple[str, list[str], list[str]]] = {
     "dbos": ("drive_dbos.py", ["dbos"], ["dbos", "SQLAlchemy"]),
     "django-tasks-db": ("drive_django_tasks_db.py", ["django_tasks_db"], ["django-tasks-db"]),
 }
-# Extra configuration, drain with one process only: PgQueuer on its own defaults (no cap).
-PGQ_DEFAULTS = "pgqueuer (defaults)"
+
+
+def drain_key(processes: int, concurrency: int | None) -> str:
+    """The bench name of a drain: "drain p1 c32", "drain p2 cdefault"."""
+    return f"drain p{processes} c{concurrency or 'default'}"
 
 
 def log(msg: str) -> None:
@@ -164,6 +184,20 @@ def measure(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -
     return out
 
 
+def measure_lines(
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Every JSON line of a driver that prints several rows (bench/engine.py flow); each
+    row's own name is its "bench" key, kept as "row"."""
+    done = run(cmd, timeout, env)
+    rows = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    if done.returncode or not rows:
+        return [{"error": tail(done.stderr) or f"exit {done.returncode}"}]
+    if len(rows) > 1:
+        return [{**r, "row": r["bench"]} for r in rows]
+    return rows
+
+
 def measure_ours_rss(cmd: list[str], timeout: float, env: dict[str, str]) -> dict[str, Any]:
     """bench/engine.py drain, sampling the RSS of the worker processes it starts."""
     proc = subprocess.Popen(
@@ -202,48 +236,65 @@ def measure_ours_rss(cmd: list[str], timeout: float, env: dict[str, str]) -> dic
 
 
 class Harness:
-    def __init__(self, a: argparse.Namespace, server: str, na: dict[str, str]) -> None:
+    def __init__(
+        self, a: argparse.Namespace, server: str, na: dict[str, str], baseline: Path | None
+    ) -> None:
         self.a = a
         self.server = server
         self.na = na
+        self.baseline = baseline
         self.results: list[dict[str, Any]] = []
         self.failed: dict[tuple[str, str], int] = {}
 
     def engines(self, rep: int, names: list[str]) -> list[str]:
-        """The run order of this repetition: rotated, so no engine always goes first."""
-        names = [n for n in names if n == OURS or n.split(" ")[0] not in self.na]
+        """The run order of this repetition: rotated, so no engine always goes first; the
+        baseline (with --baseline) right after ours in even repetitions, right before in odd
+        ones, so that each pair sees the same machine and neither always goes first."""
+        names = [n for n in names if n == OURS or n not in self.na]
         k = rep % len(names)
-        return names[k:] + names[:k]
+        order = names[k:] + names[:k]
+        if self.baseline is not None and OURS in order:
+            i = order.index(OURS) + (1 if rep % 2 == 0 else 0)
+            order.insert(i, BASELINE)
+        return order
 
     def record(self, engine: str, bench: str, rep: int, value: dict[str, Any]) -> None:
-        shown = value.get("error") or {
-            k: v for k, v in value.items() if k not in ("bench", "peer", "mode", "seconds")
-        }
+        hidden = ("bench", "peer", "mode", "seconds", "code", "worker_code")
+        shown = value.get("error") or {k: v for k, v in value.items() if k not in hidden}
         value = {**value, "engine": engine, "bench": bench, "rep": rep}
         self.results.append(value)
-        log(f"{bench:<8} {engine:<20} rep {rep + 1}: {shown}")
+        log(f"{bench:<18} {engine:<16} rep {rep + 1}: {shown}")
         if "error" in value:
             self.failed[(engine, bench)] = self.failed.get((engine, bench), 0) + 1
 
     def skip(self, engine: str, bench: str) -> bool:
         return self.failed.get((engine, bench), 0) >= 2
 
-    def ours(self, bench: str, rep: int, *args: str, rss: bool = False) -> None:
-        if self.skip(OURS, bench):
-            return
+    def ours(self, engine: str, bench: str, rep: int, *args: str, rss: bool = False) -> None:
+        """bench/engine.py on our current code, or (engine == BASELINE) on the baseline's."""
+        for value in self.ours_rows(engine, bench, *args, rss=rss):
+            self.record(engine, value.pop("row", bench), rep, value)
+
+    def ours_rows(
+        self, engine: str, bench: str, *args: str, rss: bool = False
+    ) -> list[dict[str, Any]]:
+        if self.skip(engine, bench):
+            return []
+        root = self.baseline if engine == BASELINE else ROOT
+        assert root is not None
         cmd = [sys.executable, str(BENCH / "engine.py"), *args]
-        env = {"BENCH_SERVER_URL": self.server}
+        env = {"BENCH_SERVER_URL": self.server, "BENCH_CODE_ROOT": str(root)}
         if rss:
-            self.record(OURS, bench, rep, measure_ours_rss(cmd, self.a.timeout, env))
+            rows = [measure_ours_rss(cmd, self.a.timeout, env)]
         else:
-            self.record(OURS, bench, rep, measure(cmd, self.a.timeout, env))
+            rows = measure_lines(cmd, self.a.timeout, env)
+        return [check_code(row, root) for row in rows]
 
     def peer(self, engine: str, bench: str, rep: int, mode: str, **opts: Any) -> None:
         if self.skip(engine, bench):
             return
-        name = engine.split(" ")[0]
-        db = "bench_" + name.replace("-", "_")
-        cmd = [str(PEERS_PY), str(BENCH / "peers" / PEERS[name][0])]
+        db = "bench_" + engine.replace("-", "_")
+        cmd = [str(PEERS_PY), str(BENCH / "peers" / PEERS[engine][0])]
         cmd += ["--dsn", f"{self.server}/{db}", "--mode", mode]
         for k, v in opts.items():
             cmd += [f"--{k.replace('_', '-')}", str(v)]
@@ -254,21 +305,25 @@ class Harness:
     def enqueue(self, rep: int) -> None:
         n = self.a.enqueue_jobs
         for e in self.engines(rep, [OURS, *PEERS]):
-            if e == OURS:
-                self.ours("enqueue", rep, "enqueue", "--runs", str(n))
+            if e in (OURS, BASELINE):
+                self.ours(e, "enqueue", rep, "enqueue", "--runs", str(n))
             else:
                 self.peer(e, "enqueue", rep, "enqueue", jobs=n)
 
-    def drain(self, rep: int, processes: int, concurrency: int, bench: str) -> None:
-        n = self.a.rss_jobs if bench == "rss" else self.a.jobs
-        names = [OURS, *PEERS] + ([PGQ_DEFAULTS] if bench == "drain1" else [])
+    def drain(self, rep: int, processes: int, concurrency: int | None) -> None:
+        """One drain configuration: ours and PgQueuer (concurrency None: each on its own
+        defaults), and at eight in flight the slow peers too."""
+        bench = drain_key(processes, concurrency)
+        names = [OURS, "pgqueuer", *(SLOW_PEERS if concurrency == 8 else ())]
         for e in self.engines(rep, names):
-            if e == OURS:
-                args = ["drain", "--runs", str(n), "--concurrency", str(concurrency)]
-                args += ["--processes", str(processes), "--max-seconds", str(self.a.drain_seconds)]
-                self.ours(bench, rep, *args, rss=bench == "rss")
+            n = self.a.slow_jobs if e in SLOW_PEERS else self.a.jobs
+            window = ["--max-seconds", str(self.a.drain_seconds)]
+            if e in (OURS, BASELINE):
+                args = ["drain", "--runs", str(n), "--processes", str(processes), *window]
+                if concurrency is not None:
+                    args += ["--concurrency", str(concurrency)]
+                self.ours(e, bench, rep, *args)
             else:
-                c = 0 if e == PGQ_DEFAULTS else concurrency
                 self.peer(
                     e,
                     bench,
@@ -276,23 +331,37 @@ class Harness:
                     "drain",
                     jobs=n,
                     processes=processes,
-                    concurrency=c,
+                    concurrency=concurrency or 0,  # PgQueuer: 0 is batch 10, no cap
                     max_seconds=self.a.drain_seconds,
                 )
 
+    def rss(self, rep: int) -> None:
+        n = self.a.rss_jobs
+        for e in self.engines(rep, [OURS, *PEERS]):
+            if e == BASELINE:
+                continue
+            if e == OURS:
+                args = ["drain", "--runs", str(n), "--concurrency", "16", "--max-seconds", "10"]
+                self.ours(e, "rss", rep, *args, rss=True)
+            else:
+                self.peer(e, "rss", rep, "drain", jobs=n, concurrency=16, max_seconds=10)
+
     def latency(self, rep: int) -> None:
+        """Every engine's worker on its defaults (PgQueuer: batch 10, no cap) but the peers
+        that need a concurrency (Procrastinate, DBOS: 8, as before)."""
         n = self.a.latency_jobs
         for e in self.engines(rep, [OURS, *PEERS]):
-            if e == OURS:
-                self.ours("latency", rep, "latency", "--runs", str(n))
+            if e in (OURS, BASELINE):
+                self.ours(e, "latency", rep, "latency", "--runs", str(n))
             else:
-                self.peer(e, "latency", rep, "latency", jobs=n)
+                c = 0 if e == "pgqueuer" else 8
+                self.peer(e, "latency", rep, "latency", jobs=n, concurrency=c)
 
     def steps(self, rep: int) -> None:
         n = self.a.workflows
         for e in self.engines(rep, [OURS, "dbos"]):
-            if e == OURS:
-                self.ours("steps", rep, "steps", "--runs", str(n))
+            if e in (OURS, BASELINE):
+                self.ours(e, "steps", rep, "steps", "--runs", str(n))
             else:
                 self.peer(e, "steps", rep, "steps", jobs=n, concurrency=8)
 
@@ -301,7 +370,27 @@ class Harness:
 
     def scale(self) -> None:
         args = ["scale", "--finished", str(self.a.finished), "--waiting", str(self.a.waiting)]
-        self.ours("scale", 0, *args)
+        for e in self.engines(0, [OURS]):
+            self.ours(e, "scale", 0, *args)
+
+    def flow(self) -> None:
+        """bench/flow.py's two rows (flow control on against off; held back by one key)."""
+        args = ["flow", "--runs", str(self.a.flow_runs), "--held", str(self.a.held)]
+        for e in self.engines(0, [OURS]):
+            self.ours(e, "flow", 0, *args)
+
+
+def check_code(row: dict[str, Any], root: Path) -> dict[str, Any]:
+    """An error instead of the numbers when the driver or its worker imported tasks_engine
+    from anywhere but `root` (e.g. the editable install instead of the baseline's tree)."""
+    if "error" in row:
+        return row
+    want = str((root / "tasks_engine").resolve())
+    got = {k: row[k] for k in ("code", "worker_code") if row.get(k)}
+    wrong = {k: v for k, v in got.items() if v != want}
+    if wrong or "code" not in got:
+        return {"error": f"measured the wrong tree: {wrong or 'no code path'} (wanted {want})"}
+    return row
 
 
 # -- the physical limit ----------------------------------------------------------------------
@@ -383,10 +472,47 @@ def machine(server: str) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def baseline_tree(ref: str | None) -> Iterator[tuple[Path | None, str | None]]:
+    """A `git worktree add --detach` of `ref` in a temporary directory (removed afterwards),
+    and the commit it resolved to."""
+    if ref is None:
+        yield None, None
+        return
+    commit = run(["git", "rev-parse", "--verify", f"{ref}^{{commit}}"], 30)
+    if commit.returncode:
+        raise SystemExit(f"--baseline {ref}: not a commit ({tail(commit.stderr)})")
+    sha = commit.stdout.strip()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    tree = tmp / "tree"
+    added = run(["git", "worktree", "add", "--detach", str(tree), sha], 120)
+    if added.returncode:
+        raise SystemExit(f"git worktree add {ref}: {tail(added.stderr)}")
+    log(f"baseline {ref} = {sha[:10]} in {tree}")
+    try:
+        yield tree, sha
+    finally:
+        run(["git", "worktree", "remove", "--force", str(tree)], 120)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--jobs", type=int, default=5000, help="jobs per drain")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of the short rows")
+    p.add_argument(
+        "--long-reps",
+        type=int,
+        default=None,
+        help="repetitions of the drains outside the headline (concurrency 8, 16, 64);"
+        " default 2, or 1 with --baseline (which doubles our rows)",
+    )
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain (ours, PgQueuer)")
+    p.add_argument(
+        "--slow-jobs",
+        type=int,
+        default=5000,
+        help="jobs per drain for Procrastinate, DBOS and django-tasks-db (a few hundred/s)",
+    )
     p.add_argument(
         "--drain-seconds",
         type=float,
@@ -400,41 +526,56 @@ def main() -> None:
     p.add_argument("--rss-jobs", type=int, default=2000, help="jobs drained while sampling RSS")
     p.add_argument("--finished", type=int, default=1_000_000)
     p.add_argument("--waiting", type=int, default=100_000)
+    p.add_argument("--flow-runs", type=int, default=1000, help="claims per flow-control round")
+    p.add_argument("--held", type=int, default=100_000, help="runs held back by one key")
     p.add_argument("--pgbench-seconds", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300, help="seconds per measurement")
-    p.add_argument("--quick", action="store_true", help="small scale bench, short pgbench")
-    p.add_argument("--out", type=Path, default=BENCH, help="where results.md/.png/.json go")
+    p.add_argument("--baseline", metavar="REF", help="also measure ours at this git ref")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="validate the harness: 2,000 jobs, 1 repetition, small scale rows, bench/out/quick",
+    )
+    p.add_argument("--out", type=Path, default=None, help="where results.md/.png/.json go")
     p.add_argument("--note", action="append", default=[], help="a line for results.md")
     a = p.parse_args()
     if a.quick:
-        a.finished, a.waiting, a.pgbench_seconds = 20_000, 2_000, 3
-        a.rss_jobs = min(a.rss_jobs, a.jobs)
+        a.reps = a.long_reps = 1
+        a.jobs = a.slow_jobs = a.rss_jobs = 2000
+        a.finished, a.waiting, a.held, a.flow_runs, a.pgbench_seconds = 20_000, 2_000, 2_000, 300, 3
+    if a.long_reps is None:
+        a.long_reps = 1 if a.baseline else 2
+    if a.out is None:
+        a.out = OUT / "quick" if a.quick else BENCH
     started = time.monotonic()
     load_before = os.getloadavg()
     na = ensure_peers_venv()
     for what, why in na.items():
         log(f"n/a {what}: {why}")
 
-    cluster = Cluster(fsync=True).init()
-    cluster.start()
-    server = f"postgres://postgres@127.0.0.1:{cluster.port}"
-    log(f"throwaway PostgreSQL on port {cluster.port} (fsync on)")
-    h = Harness(a, server, na)
-    try:
-        info = machine(server)
-        for rep in range(a.reps):
-            log(f"repetition {rep + 1}/{a.reps}")
-            h.enqueue(rep)
-            h.drain(rep, 1, 8, "drain1")
-            h.drain(rep, 2, 8, "drain2")
-            h.latency(rep)
-            h.steps(rep)
-            h.pgbench(rep)
-            if rep < a.rss_reps:
-                h.drain(rep, 1, 16, "rss")
-        h.scale()
-    finally:
-        cluster.destroy()
+    with baseline_tree(a.baseline) as (tree, sha):
+        cluster = Cluster(fsync=True).init()
+        cluster.start()
+        server = f"postgres://postgres@127.0.0.1:{cluster.port}"
+        log(f"throwaway PostgreSQL on port {cluster.port} (fsync on)")
+        h = Harness(a, server, na, tree)
+        try:
+            info = machine(server)
+            for rep in range(a.reps):
+                log(f"repetition {rep + 1}/{a.reps}")
+                h.enqueue(rep)
+                h.latency(rep)
+                for processes, concurrency in SWEEP:
+                    if (processes, concurrency) in HEADLINE or rep < a.long_reps:
+                        h.drain(rep, processes, concurrency)
+                h.steps(rep)
+                h.pgbench(rep)
+                if rep < a.rss_reps:
+                    h.rss(rep)
+            h.scale()
+            h.flow()
+        finally:
+            cluster.destroy()
     raw = {
         "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "args": {k: str(v) for k, v in vars(a).items()},
@@ -444,6 +585,7 @@ def main() -> None:
         "load_after": [round(x, 2) for x in os.getloadavg()],
         "wall_seconds": round(time.monotonic() - started),
         "our_code_after": our_code(),
+        "baseline": {"ref": a.baseline, "commit": sha} if a.baseline else None,
         "notes": a.note,
         "na": na,
         "results": h.results,
@@ -451,7 +593,10 @@ def main() -> None:
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(raw, indent=1) + "\n")
     py = str(PEERS_PY) if "matplotlib" not in na else sys.executable
-    report = run([py, str(BENCH / "report.py"), str(a.out / "results.json")], 120)
+    cmd = [py, str(BENCH / "report.py"), str(a.out / "results.json")]
+    if a.out.resolve() == BENCH and not a.quick:
+        cmd += ["--readme", str(ROOT / "README.md")]
+    report = run(cmd, 120)
     sys.stderr.write(report.stderr)
     log(f"done in {raw['wall_seconds']} s: {a.out / 'results.md'}")
     if report.returncode:

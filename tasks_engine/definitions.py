@@ -14,6 +14,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .exceptions import NonRetryableError, UnknownTaskError
+from .serialization import to_jsonable, unstorable
 
 if TYPE_CHECKING:
     from .context import TaskContext
@@ -96,8 +97,6 @@ class Workflow:
         """Validated input as stored (JSON). Raises pydantic.ValidationError, also for a value
         JSON cannot hold exactly (NaN, ±Infinity, a NUL character, a type with no JSON form)
         instead of storing something else (pydantic's JSON mode turns NaN into null)."""
-        from .serialization import to_jsonable, unstorable
-
         if self.input_model is None:
             value = data if data is not None else {}
             if (found := unstorable(value)) is not None:
@@ -134,7 +133,7 @@ class Workflow:
         return self.input_model.model_validate(stored)
 
     def enqueue(self, input: Any = None, **kwargs: Any) -> Enqueued:
-        from .engine import enqueue
+        from .engine import enqueue  # lazy on purpose: the engine needs the models loaded
 
         kwargs.setdefault("version", self.version)
         return enqueue(self.name, input, **kwargs)

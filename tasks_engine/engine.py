@@ -14,6 +14,7 @@ from . import clock, notify, tracing, transitions
 from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import Fact, StepAttempt, WorkflowRun
+from .run_waiter import wait_finished
 from .serialization import input_hash, to_jsonable
 from .states import FINISHED, RunStatus
 
@@ -70,6 +71,11 @@ class RunView:
     waiting_on: str = ""
     retries: list[dict[str, Any]] = field(default_factory=list)  # retry_run: at, by, reason
     steps: list[StepView] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        """Completed, failed or canceled: nothing more happens to the run unless it is retried."""
+        return self.status in FINISHED
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: UUIDs and times as strings."""
@@ -327,8 +333,6 @@ def _first_answer(run_id: uuid.UUID, key: str | None) -> Signaled | None:
 def wait(run_id: uuid.UUID | str, timeout: float | None = None) -> RunView:
     """Block until the run has finished (completed, failed or canceled) and return its view.
     Raises `TimeoutError` after `timeout` seconds, `UnknownRunError` for an unknown id."""
-    from .run_waiter import wait_finished
-
     rid = _run_id(run_id)
     wait_finished(rid, timeout)
     view = get_run(rid)

@@ -10,7 +10,7 @@ from typing import Any
 from . import clock, metrics, tracing, transitions
 from .attempt_handle import AttemptHandle
 from .conf import engine_settings
-from .context import Attempt, RunState, StepRecord, TaskContext
+from .context import TaskContext
 from .definitions import Workflow, registry
 from .exceptions import (
     DeadlineExceededError,
@@ -21,41 +21,11 @@ from .exceptions import (
     UnknownTaskError,
     WorkerStopping,
 )
+from .history import ReplayHistory, load_history
 from .logs import run_logger
-from .models import StepAttempt, WorkflowRun
+from .models import WorkflowRun
 from .serialization import encode_error, to_jsonable
-from .states import StepKind
-
-
-def load_history(run_id: Any) -> tuple[dict[str, StepRecord], int]:
-    history: dict[str, StepRecord] = {}
-    count = 0
-    rows = (
-        StepAttempt.objects.filter(run_id=run_id)
-        .order_by("id")
-        .values_list(
-            "id",
-            "name",
-            "kind",
-            "status",
-            "run_pass",
-            "counted",
-            "output",
-            "error",
-            "wake_at",
-            "superseded",
-        )
-    )
-    for sid, name, kind, status, run_pass, counted, output, error, wake_at, superseded in rows:
-        count += 1
-        rec = history.setdefault(name, StepRecord(name, kind))
-        if superseded:  # retried from an earlier step: history only, but it keeps its number
-            rec.superseded += 1
-            continue
-        if not rec.attempts:
-            rec.kind = kind
-        rec.attempts.append(Attempt(sid, status, run_pass, counted, output, error, wake_at))
-    return history, count
+from .step_base import RunState
 
 
 @dataclass(frozen=True)
@@ -91,13 +61,10 @@ def prepare(run: WorkflowRun, lease: transitions.Lease, draining: threading.Even
         cancel_requested=run.cancel_requested_at is not None,
     )
     state = RunState(
-        lease=lease,
         handle=handle,
-        workflow=wf,
-        run_pass=run.failures + run.pass_offset + 1,
+        history=ReplayHistory(history, run.failures + run.pass_offset + 1, count),
+        step_retry=wf.step_retry,
         deadline_at=run.deadline_at,
-        history=history,
-        attempts_made=count,
         max_attempts_per_run=engine_settings().max_step_attempts_per_run,
         draining=draining,
     )
@@ -151,11 +118,7 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         return _after_exception(run, wf, ctx, exc)
     if ctx.abort_signal.aborted or state.fatal is not None:
         return _after_exception(run, wf, ctx, state.fatal or ctx.abort_signal.reason)
-    unreached = sorted(
-        key
-        for key, rec in state.history.items()
-        if key not in state.seen and rec.completed is not None and rec.kind != StepKind.PATCH
-    )
+    unreached = state.history.unreached()
     progress = handle.take_dirty_progress()
     transitions.complete_run(
         lease, output, unreached, has_parent=handle.has_parent, progress=progress

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, transaction
@@ -19,9 +19,6 @@ from .exceptions import FencingError, Suspend
 from .models import OpLedger, WorkflowRun
 from .serialization import to_jsonable
 
-if TYPE_CHECKING:
-    from .context import TaskContext
-
 
 @dataclass(frozen=True)
 class OpInfo:
@@ -30,17 +27,18 @@ class OpInfo:
     attempt_token: UUID
 
 
-def with_attempt_token(
-    ctx: TaskContext,
+def run_fenced(
+    lease: transitions.Lease,
+    step_name: str,
     op_key: str,
     fn: Callable[[OpInfo], Any],
     *,
     commit: Callable[[Any], Any] | None = None,
 ) -> Any:
-    lease = ctx._state.lease
-    ctx.raise_if_canceled()
+    """`ctx.with_attempt_token` for the attempt holding `lease`, inside step `step_name` (or
+    between steps: "")."""
     transitions.flush_deferred(lease)
-    started = _record_start(lease, op_key, ctx._state.current_step)
+    started = _record_start(lease, op_key, step_name)
     if isinstance(started, _Done):
         return started.result
     if isinstance(started, _Busy):

@@ -16,57 +16,33 @@ on any worker, after any restart, gives the same one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+from .history import Attempt
 from .states import StepKind, StepStatus
-
-if TYPE_CHECKING:
-    from .context import Attempt, RunState, StepRecord, TaskContext
+from .step_base import StepBase
 
 PATCH_PREFIX = "patch:"
 
 
-def passed_steps(state: RunState) -> list[str]:
-    """Recorded steps (not markers) this pass has not reached yet, in recorded order. A record
-    without replayable attempts (all set aside by an operator's retry) does not count."""
-    return [
-        key
-        for key, rec in state.history.items()
-        if key not in state.seen and rec.kind != StepKind.PATCH and rec.attempts
-    ]
-
-
-class PatchSteps:
-    _ctx: TaskContext
-    _s: RunState
-
-    if TYPE_CHECKING:
-
-        def _key(self, name: str) -> str: ...
-        def _record(self, key: str, kind: str) -> StepRecord | None: ...
-        def _start(self, key: str, kind: str, attempt_no: int, **fields: Any) -> int: ...
-        def _remember(self, key: str, kind: str, attempt: Attempt) -> None: ...
-
+class PatchSteps(StepBase):
     def patched(self, change_id: str) -> bool:
         if not isinstance(change_id, str) or not change_id or "#" in change_id:
             raise ValueError(f"invalid change id {change_id!r} (a non-empty string, no '#')")
-        answer = self._s.patches.get(change_id)
+        answers = self._s.history.patches
+        answer = answers.get(change_id)
         if answer is not None:
             return answer
         key = self._key(PATCH_PREFIX + change_id)
         if self._record(key, StepKind.PATCH) is not None:
             answer = True
-        elif passed_steps(self._s):
+        elif self._s.history.passed():
             answer = False
         else:
             self._mark(key)
             answer = True
-        self._s.patches[change_id] = answer
+        answers[change_id] = answer
         return answer
 
     def _mark(self, key: str) -> None:
-        from .context import Attempt
-
         output = {"patched": True}
         step_id = self._start(key, StepKind.PATCH, 1, status=StepStatus.COMPLETED, output=output)
         attempt = Attempt(step_id, StepStatus.COMPLETED, self._s.run_pass, True, output, None, None)

@@ -24,13 +24,15 @@ from pydantic import ValidationError
 
 from . import transitions
 from .attempt_handle import AttemptHandle
-from .context import Attempt, RunState, StepAPI, StepRecord, TaskContext
+from .context import TaskContext
 from .definitions import Workflow, registry
 from .exceptions import NonDeterminismError
+from .history import Attempt, ReplayHistory, StepRecord
 from .logs import get_logger
 from .models import OpLedger, StepAttempt, WorkflowRun
-from .patches import passed_steps
 from .states import ACTIVE, StepKind
+from .step_base import RunState
+from .steps import StepAPI
 
 BATCH = 1000
 RUN_COLUMNS = ("id", "task_name", "version", "input", "failures", "trace_id", "queue", "priority")
@@ -142,7 +144,7 @@ def _replay(row: dict[str, Any], history: dict[str, StepRecord], ops: dict[str, 
         if isinstance(exc, KeyboardInterrupt):
             raise
         return f"replay raised {type(exc).__name__}: {exc}"
-    unreached = passed_steps(ctx._state)
+    unreached = ctx._state.history.passed()
     if unreached:
         return f"the handler returns without reaching recorded steps {', '.join(unreached)}"
     return None
@@ -153,13 +155,10 @@ def _replay_context(
 ) -> ReplayContext:
     lease = transitions.Lease(row["id"], uuid.UUID(int=0), "replay-check")
     state = RunState(
-        lease=lease,
         handle=AttemptHandle(lease, has_parent=False, cancel_requested=False),
-        workflow=wf,
-        run_pass=row["failures"] + 1,
+        history=ReplayHistory(history, row["failures"] + 1),
+        step_retry=wf.step_retry,
         deadline_at=None,
-        history=history,
-        attempts_made=0,
         max_attempts_per_run=2**62,
         draining=threading.Event(),
     )
@@ -202,15 +201,13 @@ class ReplaySteps(StepAPI):
             raise _Mismatch(str(exc)) from None
 
     def _replay_step(self, name: str, kind: str) -> Any:
-        key = self._key(name)
-        rec = self._record(key, kind)
-        found, value = self._replayed(rec)  # raises a step's stored terminal error
-        if found:
-            return value
-        self._frontier(key, rec)
+        begun = self._begin(name, kind)  # raises a step's stored terminal error
+        if begun.replayed:
+            return begun.value
+        self._frontier(begun.key, begun.record)
 
     def _frontier(self, key: str, rec: StepRecord | None) -> NoReturn:
-        passed = passed_steps(self._s)
+        passed = self._s.history.passed()
         if rec is None and passed:
             raise _Mismatch(
                 f"recorded step{'s' if len(passed) > 1 else ''} {', '.join(passed)} no longer"

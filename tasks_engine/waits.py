@@ -8,38 +8,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
 from . import clock, transitions
+from .engine import enqueue
 from .exceptions import FactTimeoutError, StepTimeoutError, Suspend, TaskCanceledError
+from .history import Attempt, StepRecord
+from .models import WorkflowRun
 from .serialization import encode_error, rebuild_error, to_jsonable
 from .states import FINISHED, RunStatus, StepKind, StepStatus
+from .step_base import StepBase
 from .step_timeouts import timeout_seconds
 from .transitions import Parking
 
 if TYPE_CHECKING:
-    from .context import Attempt, RunState, StepRecord, TaskContext
     from .definitions import Workflow
 
 
-class WaitSteps:
-    _ctx: TaskContext
-    _s: RunState
-
-    if TYPE_CHECKING:
-
-        def _key(self, name: str) -> str: ...
-        def _record(self, key: str, kind: str) -> StepRecord | None: ...
-        def _guard(self) -> None: ...
-        def _remember(self, key: str, kind: str, attempt: Attempt) -> None: ...
-
+class WaitSteps(StepBase):
     def _arm(
         self, key: str, kind: str, rec: StepRecord | None, *, guarded: bool = False, **fields: Any
     ) -> Attempt:
-        from .context import Attempt
-
         armed = rec.armed if rec is not None else None
         if armed is not None:
             return armed
@@ -59,15 +50,6 @@ class WaitSteps:
         self._remember(key, kind, armed)
         return armed
 
-    def _start(self, key: str, kind: str, attempt_no: int, **fields: Any) -> int:
-        """Record a step attempt; refused once cancel is requested (the run then ends)."""
-        try:
-            return transitions.start_step(
-                self._s.lease, key, kind, attempt_no, self._s.run_pass, **fields
-            )
-        except TaskCanceledError:
-            self._canceled()
-
     def _resolve(self, armed: Attempt, *, output: Any = None, error: BaseException | None = None):
         lease = self._s.lease
         if error is None:
@@ -78,24 +60,15 @@ class WaitSteps:
             transitions.finish_step(lease, armed.id, StepStatus.FAILED, error=err)
             armed.status, armed.error = StepStatus.FAILED, err
 
-    def _replayed(self, rec: StepRecord | None) -> tuple[bool, Any]:
-        if rec is None:
-            return False, None
-        if (done := rec.completed) is not None:
-            return True, done.output
-        if (terminal := rec.terminal_error(self._s.run_pass)) is not None:
-            raise rebuild_error(terminal)
-        return False, None
-
     # -- sleep --------------------------------------------------------------------------------
 
     def sleep(self, name: str, duration: timedelta | float) -> None:
         """Durable timer: the run parks as `waiting` and holds no worker until it is due."""
         seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
-        key = self._key(name)
-        rec = self._record(key, StepKind.SLEEP)
-        if rec is not None and rec.completed is not None:
+        begun = self._begin(name, StepKind.SLEEP)
+        if begun.replayed:
             return
+        key, rec = begun.key, begun.record
         wake_at = clock.now() + timedelta(seconds=max(seconds, 0))
         armed = self._arm(key, StepKind.SLEEP, rec, wake_at=wake_at)  # keeps an armed wake time
         assert armed.wake_at is not None
@@ -120,11 +93,10 @@ class WaitSteps:
         check_interval: float = 30,
     ) -> Any:
         """Return the payload of the oldest fact `name` that no earlier wait of this run took."""
-        key = self._key(name)
-        rec = self._record(key, StepKind.FACT_WAIT)
-        found, value = self._replayed(rec)
-        if found:
-            return value
+        begun = self._begin(name, StepKind.FACT_WAIT)
+        if begun.replayed:
+            return begun.value
+        key, rec = begun.key, begun.record
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         deadline = clock.now() + timedelta(seconds=seconds) if seconds is not None else None
         armed = self._arm(key, StepKind.FACT_WAIT, rec, wake_at=deadline, output={"fact": name})
@@ -174,11 +146,10 @@ class WaitSteps:
         `timeout`, a child that has not finished by then is canceled and StepTimeoutError is
         raised here (checkpointed: replay raises it again)."""
         seconds = timeout_seconds(timeout)
-        key = self._key(name)
-        rec = self._record(key, StepKind.CHILD)
-        found, value = self._replayed(rec)
-        if found:
-            return value
+        begun = self._begin(name, StepKind.CHILD)
+        if begun.replayed:
+            return begun.value
+        key, rec = begun.key, begun.record
         lease = self._s.lease
         armed = rec.armed if rec is not None else None
         if armed is None:
@@ -234,14 +205,6 @@ class WaitSteps:
             if parking is Parking.PARKED:
                 raise Suspend(f"waiting for child run {child_id}")
 
-    def _canceled(self) -> NoReturn:
-        """Cancel was requested (found under the run's row lock): nothing new starts, and the
-        run ends canceled even if user code catches the error."""
-        exc = TaskCanceledError(f"run {self._ctx.run_id} was canceled")
-        self._s.handle.request_cancel()
-        self._ctx.abort_signal.abort(exc)
-        raise exc
-
 
 def _terminal(error: BaseException) -> dict[str, Any]:
     """A wait's failure as stored: terminal, so replay raises it again."""
@@ -256,15 +219,11 @@ def _child_key(run_id: Any, key: str, run_pass: int) -> str:
 
 @transitions.attempt_write
 def _start_child(workflow_or_name: Workflow | str, input: Any, **options: Any) -> Any:
-    from .engine import enqueue
-
     return enqueue(workflow_or_name, input, **options).run_id
 
 
 @transitions.attempt_write
 def _child_of(parent_id: Any, idempotency_key: str) -> Any:
-    from .models import WorkflowRun
-
     return (
         WorkflowRun.objects.filter(parent_run_id=parent_id, idempotency_key=idempotency_key)
         .values_list("pk", flat=True)

@@ -28,8 +28,8 @@ LOGGING_CONFIG = None
 
 
 @task()
-def noop(t: float | None = None) -> None:
-    if t is not None:
+def noop(k: int | None = None) -> None:
+    if k is not None:
         from harness import record_pickup
 
-        record_pickup(t)
+        record_pickup(k)

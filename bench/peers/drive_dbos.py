@@ -25,9 +25,9 @@ def nothing(i: int = 0) -> int:
 
 
 @DBOS.workflow()
-def noop(t: float | None = None) -> None:
-    if t is not None:
-        harness.record_pickup(t)
+def noop(k: int | None = None) -> None:
+    if k is not None:
+        harness.record_pickup(k)
     nothing()
 
 
@@ -71,8 +71,8 @@ class Conductor:
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda _: self.queue.enqueue(fn), range(n)))
 
-    def enqueue_timed(self) -> None:
-        self.queue.enqueue(noop, time.time())
+    def enqueue_timed(self, k: int) -> None:
+        self.queue.enqueue(noop, k)
 
     def steps(self, a, script: str) -> dict:
         singles = []

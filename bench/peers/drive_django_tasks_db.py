@@ -7,7 +7,6 @@ is 1 whatever --concurrency says. Run with the peers' venv python."""
 from __future__ import annotations
 
 import os
-import time
 
 import harness
 
@@ -45,10 +44,10 @@ def enqueue_bulk(n: int) -> None:
             noop.enqueue()
 
 
-def enqueue_timed() -> None:
+def enqueue_timed(k: int) -> None:
     from djtasks_app import noop
 
-    noop.enqueue(t=time.time())
+    noop.enqueue(k=k)
 
 
 def close() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import asyncpg
 import harness
@@ -45,8 +44,8 @@ async def enqueue_bulk(q: Queries, n: int) -> None:
         await q.enqueue(["noop"] * k, [None] * k, [0] * k)
 
 
-async def enqueue_timed(q: Queries) -> None:
-    await q.enqueue("noop", json.dumps({"t": time.time()}).encode())
+async def enqueue_timed(q: Queries, k: int) -> None:
+    await q.enqueue("noop", json.dumps({"k": k}).encode())
 
 
 async def worker(dsn: str, concurrency: int) -> None:
@@ -56,7 +55,7 @@ async def worker(dsn: str, concurrency: int) -> None:
     @qm.entrypoint("noop")
     async def noop(job: Job) -> None:
         if job.payload:
-            harness.record_pickup(json.loads(job.payload)["t"])
+            harness.record_pickup(json.loads(job.payload)["k"])
 
     harness.mark_ready()
     if concurrency:
@@ -78,7 +77,7 @@ if __name__ == "__main__":
                 "setup": lambda: run(setup),
                 "enqueue_each": lambda n: run(enqueue_each, n),
                 "enqueue_bulk": lambda n: run(enqueue_bulk, n),
-                "enqueue_timed": lambda: run(enqueue_timed),
+                "enqueue_timed": lambda k: run(enqueue_timed, k),
                 "progress_sql": "SELECT count(*) FILTER (WHERE status = 'queued'),"
                 f" {a.jobs} - count(*) FROM pgqueuer",
             },

@@ -5,7 +5,6 @@ its defaults otherwise (LISTEN/NOTIFY on). Run with the peers' venv python."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import harness
 from procrastinate import App, PsycopgConnector
@@ -15,9 +14,9 @@ def make_app(dsn: str) -> App:
     app = App(connector=PsycopgConnector(conninfo=dsn))
 
     @app.task(name="noop")
-    async def noop(t: float | None = None) -> None:
-        if t is not None:
-            harness.record_pickup(t)
+    async def noop(k: int | None = None) -> None:
+        if k is not None:
+            harness.record_pickup(k)
 
     return app
 
@@ -58,8 +57,8 @@ async def enqueue_bulk(app: App, n: int) -> None:
         await task.batch_defer_async(*[{} for _ in range(min(1000, n - start))])
 
 
-async def enqueue_timed(app: App) -> None:
-    await app.tasks["noop"].defer_async(t=time.time())
+async def enqueue_timed(app: App, k: int) -> None:
+    await app.tasks["noop"].defer_async(k=k)
 
 
 async def worker(dsn: str, concurrency: int) -> None:
@@ -82,7 +81,7 @@ if __name__ == "__main__":
                 "setup": lambda: run(setup),
                 "enqueue_each": lambda n: run(enqueue_each, n),
                 "enqueue_bulk": lambda n: run(enqueue_bulk, n),
-                "enqueue_timed": lambda: run(enqueue_timed),
+                "enqueue_timed": lambda k: run(enqueue_timed, k),
                 "close": run.close,
                 "progress_sql": "SELECT count(*) FILTER (WHERE status = 'todo'), count(*)"
                 " FILTER (WHERE status IN ('succeeded', 'failed')) FROM procrastinate_jobs",

@@ -221,26 +221,32 @@ def latency_file(a: argparse.Namespace) -> Path:
     return Path(f"{ready_base(a)}.latency")
 
 
-def record_pickup(enqueued_at: float) -> None:
-    """In a job, first thing: append how long ago (ms, wall clock) it was enqueued."""
+def record_pickup(k: int) -> None:
+    """In a job, first thing: append "k wall-clock-start" (the enqueuer has job k's commit
+    time; bench/ours/bench_jobs records our engine's jobs the same way)."""
     path = os.environ.get(LAT_FILE)
     if path:
+        now = time.time()
         with open(path, "a") as f:
-            f.write(f"{(time.time() - enqueued_at) * 1000:.3f}\n")
+            f.write(f"{k} {now:.6f}\n")
 
 
-def latency_result(a: argparse.Namespace, timeout: float = 30) -> dict[str, Any]:
+def latency_result(
+    a: argparse.Namespace, committed: dict[int, float], timeout: float = 30
+) -> dict[str, Any]:
+    """p50/p99 of (job k's own start - the time its enqueue's commit returned), ms."""
     path = latency_file(a)
     end = time.monotonic() + timeout
-    values: list[float] = []
+    started: dict[str, str] = {}
     while time.monotonic() < end:
-        values = [float(x) for x in path.read_text().split()] if path.exists() else []
-        if len(values) >= a.jobs:
+        started = dict(x.split() for x in path.read_text().splitlines()) if path.exists() else {}
+        if len(started) >= len(committed):
             break
         time.sleep(0.05)
     path.unlink(missing_ok=True)
-    if len(values) < a.jobs:
-        raise TimeoutError(f"only {len(values)}/{a.jobs} jobs started")
+    if len(started) < len(committed):
+        raise TimeoutError(f"only {len(started)}/{len(committed)} jobs started")
+    values = [(float(started[str(k)]) - t) * 1000 for k, t in committed.items()]
     return {"p50_ms": round(percentile(values, 50), 2), "p99_ms": round(percentile(values, 99), 2)}
 
 
@@ -258,8 +264,9 @@ def run_conductor(a: argparse.Namespace, script: str, peer: dict[str, Any]) -> d
     """The conductor's part of every mode, given the peer's own operations:
 
     ``setup()``: install the schema; ``enqueue_each(n)``: n enqueues, one transaction each;
-    ``enqueue_bulk(n)``: n jobs queued however the peer batches best; ``enqueue_timed()``: one
-    job whose payload carries time.time(); ``progress_sql``: (still queued, finished);
+    ``enqueue_bulk(n)``: n jobs queued however the peer batches best; ``enqueue_timed(k)``: one
+    job (its own transaction) whose payload carries k, for its record_pickup(k);
+    ``progress_sql``: (still queued, finished);
     optional: ``steps(a, script)`` for the 10-step workflow, ``worker_env``, ``close()``,
     ``concurrency`` (what the worker really runs at, when it has no such setting).
     """
@@ -304,10 +311,12 @@ def _conduct(a: argparse.Namespace, script: str, peer: dict[str, Any]) -> dict[s
         try:
             wait_ready(procs, a)
             time.sleep(1.0)  # idle, as bench/engine.py leaves its worker before enqueueing
-            for _ in range(a.jobs):
-                peer["enqueue_timed"]()
+            committed: dict[int, float] = {}
+            for k in range(a.jobs):
+                peer["enqueue_timed"](k)
+                committed[k] = time.time()  # the enqueue returned: its commit is acknowledged
                 time.sleep(a.gap)
-            return {**base, **latency_result(a)}
+            return {**base, **latency_result(a, committed)}
         finally:
             stop_workers(procs, a)
     if a.mode == "steps" and "steps" in peer:

@@ -1,0 +1,1 @@
+"""The benchmark's own workflows (see workflows.py)."""

@@ -1,0 +1,124 @@
+"""What every kind of step shares: the pass it runs in, and the replay prelude `_begin`.
+
+`StepBase` is the one base of the step API's parts (function steps in steps.py, waits in
+waits.py, markers in patches.py): each step begins with `_begin(name, kind)`, which names the
+call, checks it against the history and says whether replay already knows its outcome;
+`_guard` and `_start` are the only way a step records a new attempt.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from . import clock, transitions
+from .attempt_handle import AttemptHandle
+from .exceptions import MaxStepAttemptsExceeded, NonDeterminismError, Suspend, TaskCanceledError
+from .history import Attempt, ReplayHistory, StepRecord
+from .serialization import rebuild_error
+
+if TYPE_CHECKING:
+    from .context import TaskContext
+    from .definitions import RetryPolicy
+
+
+@dataclass
+class RunState:
+    """One execution pass of a claimed run, on the run's own thread: what its steps and the
+    executor share. What the worker's threads touch is in `handle`, behind its lock."""
+
+    handle: AttemptHandle
+    history: ReplayHistory
+    step_retry: RetryPolicy  # the workflow's default for steps without their own
+    deadline_at: datetime | None
+    max_attempts_per_run: int
+    draining: threading.Event
+    fatal: BaseException | None = None  # ends the run failed, whatever user code catches
+    current_step: str = ""  # the step whose function runs now (the op ledger's step column)
+    span: Any = None  # this claim's OpenTelemetry span (tracing.py), None when not tracing
+
+    @property
+    def lease(self) -> transitions.Lease:
+        return self.handle.lease
+
+    @property
+    def run_pass(self) -> int:
+        return self.history.run_pass
+
+
+@dataclass(frozen=True)
+class Begun:
+    key: str  # the call's name in the history (`name#n` for its n-th call)
+    record: StepRecord | None
+    replayed: bool  # the history holds its outcome: `value` (a terminal error was raised)
+    value: Any = None
+
+
+class StepBase:
+    def __init__(self, ctx: TaskContext) -> None:
+        self._ctx = ctx
+        self._s = ctx._state
+
+    def _begin(self, name: str, kind: str) -> Begun:
+        """The prelude of every step: its key, its record (of the same kind, or the run fails
+        with NonDeterminismError) and its replayed outcome, if any."""
+        key = self._key(name)
+        rec = self._record(key, kind)
+        replayed, value = self._replayed(rec)
+        return Begun(key, rec, replayed, value)
+
+    def _key(self, name: str) -> str:
+        return self._s.history.next_key(name)
+
+    def _record(self, key: str, kind: str) -> StepRecord | None:
+        try:
+            return self._s.history.record(key, kind)
+        except NonDeterminismError as err:
+            self._s.fatal = err
+            raise
+
+    def _replayed(self, rec: StepRecord | None) -> tuple[bool, Any]:
+        if rec is None:
+            return False, None
+        if (done := rec.completed) is not None:
+            return True, done.output
+        if (terminal := rec.terminal_error(self._s.run_pass)) is not None:
+            raise rebuild_error(terminal)
+        return False, None
+
+    def _guard(self) -> None:
+        """Before any new work: stop on abort or cancel, hand back when the worker drains."""
+        self._ctx.raise_if_canceled()
+        s = self._s
+        if s.draining.is_set():
+            transitions.requeue_run(s.lease, clock.now())
+            raise Suspend("handed back: worker stopping")
+        if s.history.attempts_made >= s.max_attempts_per_run:
+            err = MaxStepAttemptsExceeded(
+                f"run made {s.history.attempts_made} step attempts (limit {s.max_attempts_per_run})"
+            )
+            s.fatal = err
+            raise err
+        s.history.attempts_made += 1
+
+    def _start(self, key: str, kind: str, attempt_no: int, **fields: Any) -> int:
+        """Record a step attempt; refused once cancel is requested (the run then ends)."""
+        try:
+            return transitions.start_step(
+                self._s.lease, key, kind, attempt_no, self._s.run_pass, **fields
+            )
+        except TaskCanceledError:
+            self._canceled()
+
+    def _remember(self, key: str, kind: str, attempt: Attempt) -> None:
+        self._s.history.remember(key, kind, attempt)
+
+    def _canceled(self) -> NoReturn:
+        """Cancel was requested (found under the run's row lock): nothing new starts, and the
+        run ends canceled even if user code catches the error."""
+        exc = TaskCanceledError(f"run {self._ctx.run_id} was canceled")
+        self._s.handle.request_cancel()
+        self._ctx.abort_signal.abort(exc)
+        raise exc
