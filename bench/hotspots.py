@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 from collections import Counter, defaultdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +245,7 @@ def drain(
         conn.execute("SELECT pg_stat_reset_shared('wal')")
         commits_before = commits(conn)
         log = open(OUT / f"{name}.log", "wb")  # noqa: SIM115 - closed below
+        began = datetime.now(UTC)  # a --warm template's history started before
         with ServerCpu(cluster_pid(cluster)) as server, Timer() as t:
             proc = subprocess.Popen(cmd, env=env, cwd=CODE_ROOT, stdout=log, stderr=log)
             _, status, usage = os.wait4(proc.pid, 0)
@@ -253,7 +255,8 @@ def drain(
             raise SystemExit(f"worker exited {proc.returncode}: see {OUT / name}.log")
         span = conn.execute(
             "SELECT count(*), extract(epoch FROM max(finished_at) - min(started_at))"
-            " FROM tasks_engine_workflowrun WHERE status = 'completed'"
+            " FROM tasks_engine_workflowrun WHERE status = 'completed' AND started_at >= %s",
+            [began],
         ).fetchone()
         done, seconds = int(span[0]), float(span[1])
         assert done == runs, f"{done} of {runs} completed"
@@ -297,6 +300,20 @@ def profile(a: argparse.Namespace) -> None:
         from django.db import connection
         from engine import enqueue_many
 
+        if a.warm:
+            # A long-lived system: a drained history of as many runs, analyzed (autovacuum
+            # would have), then the backlog.
+            enqueue_many("bench_noop", a.runs)
+            connection.close()
+            subprocess.run(
+                [sys.executable, str(CODE_ROOT / "manage.py"), "runworker", "--burst"],
+                env={**os.environ, "DATABASE_URL": url},
+                cwd=CODE_ROOT,
+                check=True,
+                capture_output=True,
+            )
+            with connection.cursor() as cur:
+                cur.execute("VACUUM ANALYZE")
         enqueue_many("bench_noop", a.runs)
         connection.close()  # no ANALYZE: as bench/engine.py's backlog()
         # An empty worker's start-up and exit, so that per-run CPU can leave it out.
@@ -339,7 +356,7 @@ def one_config(
     cpu = plain["worker_user_s"] + plain["worker_sys_s"] - idle * processes
     plain["worker_cpu_us_per_run"] = round(cpu / a.runs * 1e6, 1)
     if not spy:
-        plain.pop("statements")
+        plain["statements"] = plain["statements"][:3]
         return row
     raw = OUT / f"{name}.stacks.txt"
     row["py_spy"] = drain(cluster, template, name + "_spy", a.runs, conc, raw)
@@ -422,6 +439,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1, help="plain drains of every configuration")
     p.add_argument("--py-spy", action="store_true", help="also a drain under py-spy --gil")
     p.add_argument("--pgqueuer", action="store_true", help="and PgQueuer's drain, server side")
+    p.add_argument(
+        "--warm",
+        action="store_true",
+        help="the backlog behind as many drained, analyzed runs (a long-lived table's plans)",
+    )
     profile(p.parse_args())
 
 
