@@ -27,6 +27,7 @@ from tasks_engine import DeadlineExceededError, NonRetryableError, TaskCanceledE
 
 from .conf import UmtSettings
 from .models import AcquisitionPlan, LibraryItem
+from .testpoints import stop_here
 
 if TYPE_CHECKING:
     from tasks_engine import TaskContext
@@ -143,6 +144,7 @@ class Copier:
             raise
         os.replace(self.partial, self.dest)  # atomic: same filesystem
         _fsync_dir(self.dest.parent)
+        stop_here("copy-renamed")  # renamed, not committed: the fault tests kill a worker here
         return {"path": str(self.dest), "size": total, "sha256": digest, "resumed_from": offset}
 
     def _copy(self, offset: int, total: int) -> str:
