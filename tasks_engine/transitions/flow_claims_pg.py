@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 from datetime import datetime, timedelta
 from typing import Any
@@ -45,12 +46,21 @@ CLAIMS = QueueClaim._meta.db_table
 QUEUE_LOCK = 0x7E51  # pg_advisory_xact_lock(class, hashtext(name)), as before this module
 KEY_LOCK = 0x7E52
 BIG = 1 << 30
-SETTING = "tasks_engine.flow_keys"
+# The claim statement is planned (once per connection: a prepared generic plan) in the
+# transaction the locking statement opened, with these off: each of its parts has an index
+# that serves it in order, but the estimates for the small partial indexes (rows=1) choose
+# bitmap or sequential scans, which visit every dead entry the claims leave between vacuums
+# (measured: 0.36 ms against 0.63 to 0.84 ms a claim).
+PLANNER = "set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true)"
+# What the locking statement hands to the claim statement: the keys it locked, with their
+# limits, and the runs of those keys it found (their candidates).
+KEYS_SETTING = "tasks_engine.flow_keys"
+RUNS_SETTING = "tasks_engine.flow_runs"
 
 
 def walk_size(limit: int) -> int:
     """How many keyed runs the first look reads, in claim order, before visiting each key."""
-    return 32 + 4 * limit
+    return 2 * limit + 6
 
 
 def claim_guarded_pg(
@@ -75,13 +85,17 @@ def claim_guarded_pg(
     ]
     n = req.limit
     names = list(limited)
+    rated = [q for q in queues if q["rate"] is not None]
     claim_params: list[Any] = [json.dumps(queues)]
+    claim_params += [x for q in rated for x in (q["q"], q["since"])]  # pruned
     claim_params += [t, _ids_json(list(req.held)), *fparams, n]  # expired
     claim_params += [t, names, *fparams, n, t, names, *fparams, n]  # free
-    claim_params += [t, *fparams, n, t, *fparams, n]  # per queue
-    claim_params += [t, *fparams, n, t, *fparams, n]  # per key
-    claim_params += [n, *claim_update_params(req, now), t]
-    first, second = _statements(filt)
+    claim_params += [t, *fparams, n]  # per queue
+    claim_params += [t]  # keyed
+    claim_params += [n, *claim_update_params(req, now)]
+    if rated:
+        claim_params.append(t)  # logged
+    first, second = _statements(filt, len(rated))
     rows = _pipelined(first, lock_params, second, claim_params)
     return claimed_from_rows(rows, req.worker_id)
 
@@ -107,14 +121,19 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
 
 
 @functools.lru_cache(maxsize=16)
-def _statements(filt: str) -> tuple[str, str]:
-    # One line each: psycopg caches its parse of statements up to 4096 characters.
-    return " ".join(_lock_statement(filt).split()), " ".join(_claim_statement(filt).split())
+def _statements(filt: str, rated: int) -> tuple[str, str]:
+    # Compact: psycopg caches its parse of a statement only up to 4096 characters.
+    return _compact(_lock_statement(filt)), _compact(_claim_statement(filt, rated))
+
+
+def _compact(sql: str) -> str:
+    """One line, no spaces around parentheses, commas and operators (its literals have none)."""
+    return re.sub(r" ?([(),]|<=|>=|<>|=|<|>|\|\|) ?", r"\1", " ".join(sql.split()))
 
 
 def _lock_statement(filt: str) -> str:
     keyed = (
-        "SELECT concurrency_key AS k, concurrency_limit AS lim, {src} AS src, priority,"
+        "SELECT id, concurrency_key AS k, concurrency_limit AS lim, {src} AS src, priority,"
         f" available_at FROM {RUN}"
     )
     return f"""
@@ -159,15 +178,20 @@ def _lock_statement(filt: str) -> str:
         ), ordered AS (
             SELECT k, lim FROM best WHERE (SELECT n FROM locked_queues) >= 0
             ORDER BY src, priority DESC, available_at LIMIT %s
+        ), got AS MATERIALIZED (
+            SELECT k, lim FROM ordered
+            WHERE pg_try_advisory_xact_lock({KEY_LOCK}, hashtext(k)) LIMIT %s
         )
-        SELECT set_config('{SETTING}',
-            coalesce(json_agg(json_build_object('k', k, 'lim', lim))::text, '[]'), true)
-        FROM (SELECT k, lim FROM ordered WHERE pg_try_advisory_xact_lock({KEY_LOCK}, hashtext(k))
-              LIMIT %s) AS got
+        SELECT {PLANNER}, set_config('{KEYS_SETTING}', coalesce(
+                (SELECT json_agg(json_build_object('k', k, 'lim', lim)) FROM got)::text, '[]'),
+                true),
+            set_config('{RUNS_SETTING}', coalesce(
+                (SELECT array_agg(c.id) FROM (SELECT * FROM roomy UNION ALL SELECT * FROM loose) c
+                 WHERE c.k IN (SELECT k FROM got))::text, '{{}}'), true)
     """
 
 
-def _claim_statement(filt: str) -> str:
+def _claim_statement(filt: str, rated: int) -> str:
     cols = f"id, {{src}} AS src, priority, available_at, queue, concurrency_key AS k FROM {RUN}"
     not_ours = " AND id NOT IN (SELECT json_array_elements_text(%s::json)::uuid)"
     lock = "FOR UPDATE SKIP LOCKED"
@@ -181,13 +205,36 @@ def _claim_statement(filt: str) -> str:
         )
 
     free = " AND concurrency_key IS NULL AND queue <> ALL(%s::text[])"
+    # Due timers are few: one source for all queues, those of full queues left out.
+    woken = (
+        " AND concurrency_key IS NULL AND (queue <> ALL(%s::text[])"
+        " OR queue IN (SELECT q FROM queues WHERE room > 0))"
+    )
+    # The rate log: rows older than their queue's window pruned (by its index), one row per
+    # claim of a rate-limited queue's run from pending or a due timer.
+    # (An ordered index scan, not a bitmap one: it marks the entries of rows deleted before as
+    # dead, so that later prunes skip them instead of visiting them again until a vacuum.)
+    old = " UNION ALL ".join(
+        [
+            f"(SELECT id FROM {CLAIMS} WHERE queue = %s AND claimed_at <= %s"
+            " ORDER BY queue, claimed_at LIMIT 1000)"
+        ]
+        * rated
+    )
+    pruned = f"), pruned AS (DELETE FROM {CLAIMS} WHERE id IN ({old})" if rated else ""
+    logged = (
+        f", logged AS (INSERT INTO {CLAIMS} (queue, claimed_at)"
+        " SELECT a.queue, %s FROM admitted a JOIN queues ON queues.q = a.queue"
+        " WHERE queues.rated AND a.src > 0)"
+        if rated
+        else ""
+    )
     per_queue = " AND concurrency_key IS NULL AND queue = queues.q"
-    per_key = " AND concurrency_key = keys.k"
     return f"""
         WITH keys AS MATERIALIZED (
             SELECT j.k, j.lim - (SELECT count(*) FROM {RUN} r
                                  WHERE r.status = 'running' AND r.concurrency_key = j.k) AS room
-            FROM json_to_recordset(current_setting('{SETTING}')::json) AS j(k text, lim int)
+            FROM json_to_recordset(current_setting('{KEYS_SETTING}')::json) AS j(k text, lim int)
         ), queues AS MATERIALIZED (
             SELECT j.q, j.rate IS NOT NULL AS rated, j.since, least(
                 CASE WHEN j.conc IS NULL THEN {BIG} ELSE j.conc - (SELECT count(*) FROM {RUN} r
@@ -196,25 +243,21 @@ def _claim_statement(filt: str) -> str:
                     WHERE c.queue = j.q AND c.claimed_at > j.since) END
             ) AS room
             FROM json_to_recordset(%s::json) AS j(q text, conc int, rate int, since timestamptz)
-        ), pruned AS (
-            DELETE FROM {CLAIMS} c USING queues
-            WHERE queues.rated AND c.queue = queues.q AND c.claimed_at <= queues.since
+{pruned}
         ), candidates AS (
             SELECT * FROM ({source("running", 0, not_ours, "%s")}) AS expired
-            UNION ALL SELECT * FROM ({source("waiting", 1, free, "%s")}) AS woken
+            UNION ALL SELECT * FROM ({source("waiting", 1, woken, "%s")}) AS woken
             UNION ALL SELECT * FROM ({source("pending", 2, free, "%s")}) AS due
-            UNION ALL SELECT x.* FROM queues CROSS JOIN LATERAL (
-                {source("waiting", 1, per_queue, "least(queues.room, %s)")}) AS x
-                WHERE queues.room > 0
             UNION ALL SELECT x.* FROM queues CROSS JOIN LATERAL (
                 {source("pending", 2, per_queue, "least(queues.room, %s)")}) AS x
                 WHERE queues.room > 0
-            UNION ALL SELECT x.* FROM keys CROSS JOIN LATERAL (
-                {source("waiting", 1, per_key, "least(keys.room, %s)")}) AS x
-                WHERE keys.room > 0
-            UNION ALL SELECT x.* FROM keys CROSS JOIN LATERAL (
-                {source("pending", 2, per_key, "least(keys.room, %s)")}) AS x
-                WHERE keys.room > 0
+            UNION ALL SELECT * FROM (
+                SELECT id, CASE WHEN status = 'waiting' THEN 1 ELSE 2 END AS src, priority,
+                    available_at, queue, concurrency_key AS k FROM {RUN}
+                WHERE id = ANY(current_setting('{RUNS_SETTING}')::uuid[])
+                AND status IN ('pending', 'waiting') AND available_at <= %s
+                AND concurrency_key IN (SELECT k FROM keys WHERE room > 0) {lock}
+            ) AS keyed
         ), key_ok AS (
             SELECT c.* FROM (
                 SELECT c.*, row_number() OVER (PARTITION BY c.src = 0, c.k
@@ -235,10 +278,6 @@ def _claim_statement(filt: str) -> str:
         ), claimed AS (
             {claim_update()} WHERE id IN (SELECT id FROM admitted)
             RETURNING {", ".join(CLAIM_COLUMNS)}
-        ), logged AS (
-            INSERT INTO {CLAIMS} (queue, claimed_at)
-            SELECT a.queue, %s FROM admitted a JOIN queues ON queues.q = a.queue
-            WHERE queues.rated AND a.src > 0
-        )
+        ){logged}
         SELECT * FROM claimed
     """
