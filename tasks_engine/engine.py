@@ -72,6 +72,11 @@ class RunView:
     retries: list[dict[str, Any]] = field(default_factory=list)  # retry_run: at, by, reason
     steps: list[StepView] = field(default_factory=list)
 
+    @property
+    def finished(self) -> bool:
+        """Completed, failed or canceled: nothing more happens to the run unless it is retried."""
+        return self.status in FINISHED
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: UUIDs and times as strings."""
         return _jsonable(asdict(self))

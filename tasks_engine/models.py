@@ -113,6 +113,13 @@ class WorkflowRun(models.Model):
                 condition=Q(status="pending", concurrency_key__isnull=False),
                 name="run_claim_keyed",
             ),
+            # Keyed runs in claim order: a guarded claim's first look (the best few keyed
+            # runs), before it falls back to visiting each key.
+            models.Index(
+                fields=["-priority", "available_at"],
+                condition=Q(status="pending", concurrency_key__isnull=False),
+                name="run_claim_keyed_order",
+            ),
             models.Index(
                 fields=["concurrency_key"],
                 condition=Q(status="running", concurrency_key__isnull=False),

@@ -71,6 +71,12 @@ class Listener(threading.Thread):
         self.channel = channel
 
     def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # the thread ends: its owner's watch notices (loop.py)
+            self.log.exception("listener crashed", error=str(exc))
+
+    def _run(self) -> None:
         import psycopg
 
         outage = False

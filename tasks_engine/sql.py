@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
@@ -30,6 +32,28 @@ def _vendor() -> str:
     # The engine uses one database alias; its backend does not change in a process. (The
     # lookup through Django's thread-local connection proxy is a hot-path cost otherwise.)
     return connections[DEFAULT_DB_ALIAS].vendor
+
+
+# -- named queries ----------------------------------------------------------------------------
+
+QUERIES = Path(__file__).parent / "queries"
+_HEADER = re.compile(r"^-- (\w+) --\n-- .*\n", re.MULTILINE)
+
+
+@functools.cache
+def _queries(vendor: str) -> dict[str, str]:
+    """`queries/<vendor>.sql` parsed once: each query under `-- name --` and a description."""
+    text = (QUERIES / f"{vendor}.sql").read_text()
+    parts = _HEADER.split(text)  # ["", name, body, name, body, ...]
+    return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def query(name: str) -> str:
+    """The named query for the database in use (its `%(name)s` parameters unfilled)."""
+    return _queries(_vendor())[name]
+
+
+Params = Sequence[Any] | Mapping[str, Any]
 
 
 def share_lock() -> str:
@@ -117,7 +141,7 @@ def _server_side() -> bool:
     return is_postgres() and engine_settings().prepared_statements
 
 
-def execute(sql: str, params: Sequence[Any] = ()) -> int:
+def execute(sql: str, params: Params = ()) -> int:
     if _server_side():
         return _pg(sql, params, fetch=False)  # type: ignore[return-value]
     with connection.cursor() as cur:
@@ -125,7 +149,7 @@ def execute(sql: str, params: Sequence[Any] = ()) -> int:
         return cur.rowcount
 
 
-def fetchall(sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+def fetchall(sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
     if _server_side():
         return _pg(sql, params, fetch=True)  # type: ignore[return-value]
     with connection.cursor() as cur:
@@ -154,7 +178,7 @@ def prepare_engine_statements(sender: Any, connection: Any, **kwargs: Any) -> No
         cur.execute("SET plan_cache_mode = force_generic_plan")
 
 
-def _pg(sql: str, params: Sequence[Any], *, fetch: bool) -> int | list[tuple[Any, ...]]:
+def _pg(sql: str, params: Params, *, fetch: bool) -> int | list[tuple[Any, ...]]:
     """The engine's hot statements on PostgreSQL: server-side parameters and prepared
     statements, so neither side re-parses (or quotes) them each time.
     Django's error wrapping and query log (CaptureQueriesContext) still apply."""

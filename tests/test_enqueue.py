@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pydantic
@@ -124,3 +125,17 @@ def test_signal_to_unknown_or_finished_run() -> None:
     tasks_engine.cancel(res.run_id)
     out = tasks_engine.signal(res.run_id, "x", {"a": 1})
     assert out == tasks_engine.Signaled(False, "canceled")
+
+
+def test_a_run_view_says_whether_the_run_finished() -> None:
+    """`RunView.finished` (public, for callers that poll a run): completed, failed or canceled,
+    never an active status."""
+    run_id = tasks_engine.enqueue("noop", {"n": 1}).run_id
+    assert tasks_engine.get_run(run_id).finished is False
+    tasks_engine.cancel(run_id)
+    assert tasks_engine.get_run(run_id).finished is True
+    canceled = tasks_engine.get_run(run_id)
+    assert canceled is not None
+    finished = {"completed", "failed", "canceled"}
+    for status in ("pending", "running", "waiting", *finished):
+        assert dataclasses.replace(canceled, status=status).finished is (status in finished)

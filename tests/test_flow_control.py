@@ -162,7 +162,7 @@ def test_rate_limit_is_a_sliding_window(settings: Any, fake_clock: FakeClock) ->
 def test_group_commit_claims_respect_limits(is_postgres: bool) -> None:
     if not is_postgres:
         pytest.skip("group commit is PostgreSQL's hot path; SQLite writes alone")
-    from tasks_engine.transitions import GroupWrite
+    from tasks_engine.transitions import HotWrite
 
     for _ in range(3):
         tasks_engine.enqueue("flow-disk", {"disk": "a"})
@@ -170,7 +170,7 @@ def test_group_commit_claims_respect_limits(is_postgres: bool) -> None:
     req = transitions.ClaimRequest("w", FLOW, None, 5, 30.0, ())
     at = held.run.created_at
     # The completion frees the key's only place: the claim after it takes exactly one run.
-    got = transitions.write_group([GroupWrite("complete", held.lease, None, at)], req)
+    got = transitions.write_group([HotWrite("complete", held.lease, (), at)], req)
     assert len(got) == 1
     assert WorkflowRun.objects.filter(status="running").count() == 1
 

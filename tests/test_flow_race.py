@@ -4,6 +4,7 @@ exceeded (PostgreSQL: the advisory locks; SQLite: BEGIN IMMEDIATE)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -83,3 +84,75 @@ def test_claiming_and_finishing_together_never_over_admit(settings: Any) -> None
         assert all(n <= 1 for k, n in by_key.items() if k), by_key
         assert by_queue.get("flow-io", 0) <= 2, by_queue
     assert WorkflowRun.objects.exclude(status="completed").count() == 0  # all got their turn
+
+
+def most_at_once(spans: list[tuple[float, float, Any]]) -> dict[Any, int]:
+    """The highest number of spans of each group open at once (an end before a start at the
+    same instant)."""
+    events = sorted((t, kind, g) for start, end, g in spans for t, kind in ((start, 1), (end, 0)))
+    now: dict[Any, int] = {}
+    most: dict[Any, int] = {}
+    for _, kind, g in events:
+        now[g] = now.get(g, 0) + (1 if kind else -1)
+        most[g] = max(most.get(g, 0), now[g])
+    return most
+
+
+@pytest.mark.parametrize("queue_limit", [None, 3])
+def test_many_claimers_each_on_its_own_connection_never_over_admit(
+    settings: Any, queue_limit: int | None
+) -> None:
+    """Twelve threads claim, run and finish as fast as they can, until everything ran. Each
+    run's span is recorded after its claim committed and before its end is written, so spans
+    of runs that never ran together cannot overlap: the observed maxima bound the truth.
+    Without a queue limit nothing but the keys' own locks serialises the claims."""
+    limit_queues(settings, {"flow-io": {"concurrency": queue_limit}} if queue_limit else {})
+    for disk in "abc":
+        for _ in range(8):
+            tasks_engine.enqueue("flow-disk", {"disk": disk})
+    for _ in range(8):
+        tasks_engine.enqueue("flow-pair", {})
+    for i in range(12):  # the queue's limit, and keys inside it
+        key = "io-key" if i % 2 else None
+        tasks_engine.enqueue("flow-plain", {}, concurrency_key=key)
+    total = WorkflowRun.objects.count()
+    spans: list[tuple[float, float, Any, str]] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    start = threading.Barrier(12)
+
+    def claimer(i: int) -> None:
+        try:
+            start.wait(timeout=60)
+            idle = 0
+            while idle < 20:
+                got = transitions.claim_runs(f"w{i}", FLOW, None, 2, 600.0)
+                if not got:
+                    idle += 1
+                    time.sleep(0.005)
+                    continue
+                idle = 0
+                began = time.monotonic()
+                time.sleep(0.002)
+                ended = time.monotonic()
+                with lock:
+                    spans.extend((began, ended, c.run.concurrency_key, c.run.queue) for c in got)
+                finish(got)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert errors == []
+    assert len(spans) == total
+    assert WorkflowRun.objects.exclude(status="completed").count() == 0
+    by_key = most_at_once([(a, b, k) for a, b, k, _ in spans if k])
+    assert by_key["disk:a"] == by_key["disk:b"] == by_key["disk:c"] == 1
+    assert by_key["pair"] <= 2 and by_key["io-key"] == 1
+    if queue_limit:
+        assert most_at_once([(a, b, q) for a, b, _, q in spans])["flow-io"] <= queue_limit

@@ -29,12 +29,12 @@ def claim(n: int) -> list[transitions.Claimed]:
     return transitions.claim_runs("w", PAIRS, None, n, 30)
 
 
-def start(c: transitions.Claimed, name: str = "noop") -> transitions.GroupWrite:
-    return transitions.GroupWrite("start", c.lease, None, clock.now(), name, 1, 1)
+def start(c: transitions.Claimed, name: str = "noop") -> transitions.HotWrite:
+    return transitions.HotWrite("start", c.lease, (), clock.now(), name, attempt=1, run_pass=1)
 
 
-def complete(c: transitions.Claimed, deferred=None) -> transitions.GroupWrite:
-    write = transitions.GroupWrite("complete", c.lease, deferred, clock.now())
+def complete(c: transitions.Claimed, deferred=()) -> transitions.HotWrite:
+    write = transitions.HotWrite("complete", c.lease, deferred, clock.now())
     write.output = {"done": str(c.lease.run_id)}
     return write
 
@@ -47,7 +47,8 @@ def test_starts_completions_and_the_next_claim_share_one_statement() -> None:
     transitions.write_group(starts)
     assert all(isinstance(w.result, int) for w in starts)
     completes = [
-        complete(c, (w.result, {"n": 1}, clock.now())) for c, w in zip(first, starts, strict=True)
+        complete(c, (transitions.Completion(w.result, {"n": 1}, clock.now()),))
+        for c, w in zip(first, starts, strict=True)
     ]
     request = transitions.ClaimRequest("w2", PAIRS, None, 2, 30)
     with CaptureQueriesContext(connection) as queries:
@@ -135,17 +136,19 @@ def test_a_prefetched_run_left_waiting_for_a_slot_is_handed_back(fake_clock: Fak
 
     tasks_engine.enqueue("bench_noop")
     worker = Worker(WorkerConfig(workflows=(registry.get("bench_noop", 1),), concurrency=2))
-    request = worker.reserve_for_group(0)
-    assert request is None  # nothing completes: no claim rides along
+    slots = worker.slots
+    assert slots.reserve_for_group(0) == 0  # nothing completes: no claim rides along
+    assert slots.reserve(1) == 1
     [item] = claim(1)
-    worker._busy = 3  # two slots running, this run queued for the next one that frees
-    worker._jobs.put(item)
+    slots.fill([item], 1)  # queued for the next slot that frees
     worker.hand_back_stale(item.at + PREFETCH_MAX_AGE / 2)
-    assert worker._jobs.qsize() == 1  # not stale yet
+    assert slots.busy() == 1  # not stale yet
     worker.hand_back_stale(_time.monotonic() + PREFETCH_MAX_AGE + 1)
-    assert worker._jobs.qsize() == 0 and worker._busy == 2
+    assert slots.busy() == 0
     run = WorkflowRun.objects.get(pk=item.lease.run_id)
     assert (run.status, run.lease_token) == ("pending", None)
+    slots.stop_threads(1)
+    assert slots.next_run() is None  # the queue held only the stop: the run left it
 
 
 def test_a_start_after_a_cancel_is_refused_alone() -> None:

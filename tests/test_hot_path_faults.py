@@ -4,6 +4,7 @@ group-writer thread. In-process, on the real database."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 
@@ -12,12 +13,12 @@ from django.db import OperationalError, connection
 
 import tasks_engine
 from tasks_engine import LeaseLostError, clock, transitions
-from tasks_engine.definitions import registry
 from tasks_engine.exceptions import EngineUnavailable
+from tasks_engine.logs import get_logger
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tasks_engine.outages import Outage
 from tasks_engine.worker.group_commit import GroupCommit
-from tasks_engine.worker.loop import Worker, WorkerConfig
+from tasks_engine.worker.slots import SlotPool
 from tests.helpers import FakeClock
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,23 +31,25 @@ def postgres_only() -> None:
         pytest.skip("group commit needs data-modifying CTEs (PostgreSQL)")
 
 
-def worker() -> Worker:
-    return Worker(WorkerConfig(workflows=(registry.get("bench_noop"),), concurrency=2))
+def writer() -> GroupCommit:
+    """A group writer of its own, for a worker of two slots claiming bench_noop."""
+    claims = transitions.ClaimRequest("w", PAIRS, None, 0, 30)
+    return GroupCommit(SlotPool(2, 1), claims, get_logger())
 
 
-def start(c: transitions.Claimed) -> transitions.GroupWrite:
-    return transitions.GroupWrite("start", c.lease, None, clock.now(), "noop", 1, 1)
+def start(c: transitions.Claimed) -> transitions.HotWrite:
+    return transitions.HotWrite("start", c.lease, (), clock.now(), "noop", attempt=1, run_pass=1)
 
 
 def test_a_row_the_database_refuses_fails_alone(postgres_only: None) -> None:
     for _ in range(3):
         tasks_engine.enqueue("bench_noop")
     poisoned, healthy, other = transitions.claim_runs("w", PAIRS, None, 3, 30)
-    bad = transitions.GroupWrite("complete", poisoned.lease, None, clock.now())
+    bad = transitions.HotWrite("complete", poisoned.lease, (), clock.now())
     bad.output = math.nan  # got past every check somehow: jsonb refuses it
     good = [start(healthy), start(other)]
-    w = worker()
-    GroupCommit(w).commit([bad, *good], Outage(w.log, "test"))
+    group = writer()
+    group.commit([bad, *good], Outage(group.log, "test"))
     assert bad.error is not None and bad.result is None
     assert all(isinstance(g.result, int) and g.error is None for g in good)
     assert (
@@ -82,41 +85,74 @@ def test_a_worker_never_reclaims_a_run_its_slot_still_executes(fake_clock: FakeC
     assert other.lease.run_id == mine.lease.run_id
 
 
-def test_a_failing_deferred_flush_keeps_the_completion_for_the_next_write(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+class RefusingWriter:
+    """A writer whose database is unreachable (what the group writer reports then)."""
+
+    def send(self, write: transitions.HotWrite) -> None:
+        write.error = OperationalError("connection reset")
+
+    def hand_off(self, write: transitions.HotWrite) -> None:
+        self.send(write)
+        write.outcome()
+
+
+def test_a_failing_deferred_flush_keeps_the_completion_for_the_next_write() -> None:
     tasks_engine.enqueue("bench_noop")
     [c] = transitions.claim_runs("w", PAIRS, None, 1, 30)
     step = transitions.start_step(c.lease, "s", "function", 1, 1)
     transitions.defer_step_completion(c.lease, step, {"out": 1})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(
-            transitions.steps,
-            "_close_attempt",
-            lambda *a, **k: (_ for _ in ()).throw(OperationalError("connection reset")),
-        )
-        with pytest.raises(EngineUnavailable):
-            transitions.flush_deferred(c.lease)  # what the heartbeat does
+    offline = dataclasses.replace(c.lease, writer=RefusingWriter())  # same deferred queue
+    with pytest.raises(EngineUnavailable):
+        transitions.flush_deferred(offline)  # what the heartbeat does
+    assert [d.step_id for d in c.lease.deferred.pending()] == [step]
     transitions.complete_run(c.lease, "done", [])
+    attempt = StepAttempt.objects.get(pk=step)
+    assert (attempt.status, attempt.output) == ("completed", {"out": 1})
+    assert c.lease.deferred.pending() == ()  # settled once the completion committed
+
+
+def test_a_completion_sent_twice_is_harmless() -> None:
+    tasks_engine.enqueue("bench_noop")
+    [c] = transitions.claim_runs("w", PAIRS, None, 1, 30)
+    step = transitions.start_step(c.lease, "s", "function", 1, 1)
+    transitions.defer_step_completion(c.lease, step, {"out": 1})
+    taken = c.lease.deferred.pending()  # the heartbeat read it; the slot's write carries it too
+    transitions.complete_run(c.lease, "done", [])
+    late = transitions.HotWrite("deferred", c.lease, taken, clock.now())
+    transitions.write_alone(late)  # the heartbeat's send, after the run completed
+    assert (late.result, late.error) == (True, None)
+    other = transitions.HotWrite("deferred", c.lease, taken, clock.now())
+    other.deferred = (transitions.Completion(step + 1000, {}, clock.now()),)
+    transitions.write_alone(other)  # a completion nobody wrote, of a lease that is gone
+    assert isinstance(other.error, LeaseLostError)
     attempt = StepAttempt.objects.get(pk=step)
     assert (attempt.status, attempt.output) == ("completed", {"out": 1})
 
 
-def test_a_dead_group_writer_stops_the_worker_and_frees_its_slots(postgres_only: None) -> None:
-    tasks_engine.enqueue("bench_noop")
-    [c] = transitions.claim_runs("w", PAIRS, None, 1, 30)
-    w = worker()
-    group = GroupCommit(w)
-    entered = threading.Event()
+def test_a_dead_group_writer_fails_what_it_held_and_writes_nothing_more_itself(
+    postgres_only: None,
+) -> None:
+    for _ in range(2):
+        tasks_engine.enqueue("bench_noop")
+    lost, later = transitions.claim_runs("w", PAIRS, None, 2, 30)
+    group = writer()
+    real_gather = group._gather
 
-    def broken_gather() -> list[transitions.GroupWrite]:
-        entered.set()
-        raise RuntimeError("bug in the writer")
+    def broken_gather() -> list[tuple[transitions.HotWrite, threading.Event | None]]:
+        real_gather()  # takes the write off the queue...
+        raise RuntimeError("bug in the writer")  # ...and dies with it
 
     group._gather = broken_gather  # type: ignore[method-assign]
     group.start()
-    assert entered.wait(5)
-    with pytest.raises(EngineUnavailable, match="group commit thread died"):
-        group.submit(start(c))
-    assert w.stopping.is_set()
-    assert not StepAttempt.objects.filter(run_id=c.lease.run_id).exists()
+    write = start(lost)
+    group.send(write)  # returns once the slot's watch sees the writer dead
+    assert isinstance(write.error, EngineUnavailable) and write.result is None
+    assert "group commit thread died" in str(write.error)
+    group.join(5)
+    assert group.dead and not group.is_alive()  # what the worker's watch sees (test_side_loops)
+    assert not StepAttempt.objects.filter(run_id=lost.lease.run_id).exists()
+    # The worker is stopping: its slots' writes go alone, on their own connections, so that
+    # they end their runs cleanly (a step starts, a run is handed back).
+    after = start(later)
+    group.send(after)
+    assert isinstance(after.result, int) and after.error is None

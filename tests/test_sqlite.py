@@ -4,6 +4,7 @@ per-event relay transactions, and the checks that go with them."""
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from tasks_engine import clock, sqlite_bounds
 from tasks_engine.checks import check_settings
 from tasks_engine.definitions import registry
 from tasks_engine.models import StepAttempt, WorkflowRun
-from tasks_engine.transitions.claims import ClaimRequest, claim_statement
+from tasks_engine.transitions.claims import ClaimRequest, claim_sql
 from tests.helpers import ROOT, drain, wait_for
 from tests.testapp import sqlite_workflows
 from tests.testapp.models import Marker
@@ -215,9 +216,9 @@ def test_a_disabled_or_too_long_bound_is_a_warning_on_sqlite() -> None:
 
 def claim_plan(conn: Any) -> str:
     req = ClaimRequest("w", registry.pairs(), None, 1, 30.0)
-    ctes, update, params = claim_statement(req, clock.now())
+    sql, params = claim_sql(req, clock.now())
     with conn.cursor() as cur:
-        cur.execute(f"EXPLAIN QUERY PLAN WITH {ctes} {update}", params)
+        cur.execute(f"EXPLAIN QUERY PLAN {sql}", params)
         return "\n".join(str(row[-1]) for row in cur.fetchall())
 
 
@@ -265,7 +266,7 @@ def test_optimize_reaches_connections_that_are_already_open() -> None:
 
 
 class _Raw:
-    """A plain sqlite3 connection with Django's `%s` placeholders."""
+    """A plain sqlite3 connection with Django's `%(name)s` placeholders."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
@@ -281,8 +282,8 @@ class _Raw:
             def __exit__(self, *exc: object) -> None:
                 self.cur.close()
 
-            def execute(self, sql: str, params: list[Any]) -> None:
-                self.cur.execute(sql.replace("%s", "?"), params)
+            def execute(self, sql: str, params: dict[str, Any]) -> None:
+                self.cur.execute(re.sub(r"%\((\w+)\)s", r":\1", sql), params)
 
             def fetchall(self) -> list[Any]:
                 return self.cur.fetchall()

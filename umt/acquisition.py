@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from outbox import publish
-from tasks_engine import Signaled, signal
+from tasks_engine import Signaled, UnknownStepError, retry_run, signal
 
 from .models import ACTIVE_STATUSES, MAX_RETENTION_SECONDS, AcquisitionPlan
 
@@ -102,5 +103,39 @@ def report_download_done(ref: str, content_path: str, **extra: Any) -> list[Repo
     out = []
     for plan in plans:
         assert plan.run_id is not None  # find_plans refuses plans without a run
-        out.append(Reported(plan, signal(plan.run_id, DOWNLOAD_DONE, payload)))
+        # Which pass of the plan this answers: a retried plan ignores what earlier ones got.
+        fact = {**payload, "plan_retries": plan.retries}
+        out.append(Reported(plan, signal(plan.run_id, DOWNLOAD_DONE, fact)))
     return out
+
+
+class _NotRetried(Exception):
+    pass
+
+
+def retry_plan(plan_id: int, *, reason: str = "", by: str = "") -> bool:
+    """Retry a failed plan: its run gets a fresh pass (`retry_run`) from `submit-download`,
+    so the download is submitted again (the failed pass's compensation removed what UMT
+    added); a copy that was verified and committed is not redone. False, and nothing changes,
+    unless the plan is `failed` and its run can be retried."""
+    try:
+        with transaction.atomic():
+            plan = AcquisitionPlan.objects.select_for_update().filter(pk=plan_id).first()
+            if plan is None or plan.status != AcquisitionPlan.Status.FAILED or not plan.run_id:
+                raise _NotRetried
+            AcquisitionPlan.objects.filter(pk=plan_id).update(
+                status=AcquisitionPlan.Status.PLANNED,
+                failure="",
+                retries=plan.retries + 1,
+                updated_at=timezone.now(),
+            )
+            why = reason or f"plan #{plan_id} retried"
+            try:
+                retried = retry_run(plan.run_id, from_step="submit-download", reason=why, by=by)
+            except UnknownStepError:  # the run failed before it submitted anything
+                retried = retry_run(plan.run_id, reason=why, by=by)
+            if not retried:
+                raise _NotRetried
+    except _NotRetried:
+        return False
+    return True

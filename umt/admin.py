@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
 from tasks_engine.models import WorkflowRun
 
-from .acquisition import announce
+from .acquisition import announce, retry_plan
 from .models import AcquisitionPlan, LibraryItem
 
 
@@ -27,6 +28,7 @@ def run_link(run_id: Any) -> str:
 class AcquisitionPlanAdmin(admin.ModelAdmin):
     list_display = ["id", "title", "client", "status", "run", "created_at"]
     list_filter = ["status", "client"]
+    actions = ["retry_failed_plans"]
     search_fields = ["title", "info_hash", "=run_id"]
     fields = [
         "title",
@@ -36,6 +38,7 @@ class AcquisitionPlanAdmin(admin.ModelAdmin):
         "files",
         "status",
         "failure",
+        "retries",
         "info_hash",
         "download_ref",
         "run",
@@ -45,6 +48,7 @@ class AcquisitionPlanAdmin(admin.ModelAdmin):
     readonly_fields = [
         "status",
         "failure",
+        "retries",
         "info_hash",
         "download_ref",
         "run",
@@ -59,6 +63,20 @@ class AcquisitionPlanAdmin(admin.ModelAdmin):
             return "-"
         row = WorkflowRun.objects.filter(pk=obj.run_id).values_list("status", flat=True).first()
         return format_html("{} ({})", run_link(obj.run_id), row or "pruned")
+
+    @admin.action(description="Retry the selected failed plans", permissions=["retry"])
+    def retry_failed_plans(self, request: HttpRequest, queryset: QuerySet[AcquisitionPlan]) -> None:
+        """Each failed plan's run gets a fresh pass from `submit-download` (umt.acquisition.
+        retry_plan); plans that are not failed are left as they are."""
+        who = request.user.get_username()
+        retried = [p.pk for p in queryset if retry_plan(p.pk, reason="admin action", by=who)]
+        skipped = queryset.count() - len(retried)
+        self.message_user(request, f"Retried {len(retried)} plan(s); {skipped} not failed.")
+        if skipped:
+            self.message_user(request, "Only failed plans can be retried.", messages.WARNING)
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("tasks_engine.retry_workflowrun")  # as the run's Retry
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:  # adding: only what a person decides

@@ -56,6 +56,9 @@ class AcquisitionPlan(models.Model):
         max_length=300, blank=True, help_text="Every hash form the client may list it under."
     )
     download_ref = models.CharField(max_length=2000, blank=True, help_text="The client's handle.")
+    retries = models.PositiveIntegerField(
+        default=0, help_text="How often the failed plan was retried (its run's fresh passes)."
+    )
     run_id = models.UUIDField(null=True, blank=True, help_text="The acquire workflow run.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -100,6 +100,7 @@ def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
     sub = ctx.step.run("submit-download", lambda: submit_download(ctx, plan_id, 1), retry=net)
     deadline = datetime.fromisoformat(sub["deadline"])
     done = sub.get("done")
+    retries = sub.get("retries", 0)
     submits = 1
     while done is None:
         left = max((deadline - timezone.now()).total_seconds(), 0.0)
@@ -109,7 +110,9 @@ def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
             check=_poller(ctx, plan_id, sub) if sub["client"] == "qbittorrent" else None,
             check_interval=sub["check_seconds"] or sub["presence_seconds"],
         )
-        if isinstance(done, dict) and done.get("missing"):
+        if _stale(done, retries):
+            done = None  # an earlier pass's report (a retried plan): its files are gone
+        elif isinstance(done, dict) and done.get("missing"):
             submits += 1
             if submits > MAX_SUBMITS:
                 raise DownloadError(f"the client lost the download {submits - 1} times")
@@ -129,14 +132,21 @@ def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
     return {"plan_id": plan_id, "path": first["path"], "sha256": first["sha256"], **cleaned}
 
 
+def _stale(done: Any, retries: int) -> bool:
+    """A completion reported to an earlier pass of a retried plan (retry_run hands a retried
+    wait the facts of the pass it supersedes again): that pass's download was removed."""
+    reported = done.get("plan_retries") if isinstance(done, dict) else None
+    return isinstance(reported, int) and reported < retries
+
+
 def _download(plan: AcquisitionPlan) -> Download:
     hashes = tuple(h for h in plan.download_hashes.split(",") if h)
     return Download(plan.download_ref, hashes)
 
 
 def submit_download(ctx: TaskContext, plan_id: int, n: int) -> dict[str, Any]:
-    """Fenced op `submit:<plan>` (`submit:<plan>:<n>` for a resubmission): its ledger result
-    says whether UMT added the download or adopted one the client already had."""
+    """Fenced op `submit_op(plan, n)`: its ledger result says whether UMT added the download
+    or adopted one the client already had."""
     s = umt_settings()
     plan = AcquisitionPlan.objects.get(pk=plan_id)
     client = client_for(plan.client)
@@ -154,20 +164,32 @@ def submit_download(ctx: TaskContext, plan_id: int, n: int) -> dict[str, Any]:
         added = client.submit(plan, download)
         return {"added": added, "ref": download.ref}
 
-    op = f"submit:{plan_id}" if n == 1 else f"submit:{plan_id}:{n}"
+    op = submit_op(plan, n)
     owned = ctx.with_attempt_token(op, hand_over)
-    done = None if owned["added"] else client.poll(plan_id, download)  # adopted, complete?
+    try:  # adopted and complete, or finished before this attempt: no completion will come
+        done = client.poll(plan_id, download)
+    except DownloadMissing:
+        done = None  # just added: the wait's check finds it missing and submits again
     retention = plan.retention_seconds
     return {
         "client": client.kind,
         "ref": download.ref,
         "added": owned["added"],
         "done": done,
+        "retries": plan.retries,
         "deadline": (timezone.now() + timedelta(seconds=s.download_timeout_seconds)).isoformat(),
         "retention_seconds": s.retention_seconds if retention is None else retention,
         "check_seconds": s.download_check_seconds if client.kind == "qbittorrent" else 0,
         "presence_seconds": s.presence_check_seconds,
     }
+
+
+def submit_op(plan: AcquisitionPlan, n: int) -> str:
+    """The fenced op of a plan's n-th submission: `submit:<plan>[:<n>]`, and for a retried
+    plan `submit:<plan>:r<retries>[:<n>]`, a new op (the failed pass's compensation removed
+    what the old one added, so the retry must submit again)."""
+    op = f"submit:{plan.pk}" + (f":r{plan.retries}" if plan.retries else "")
+    return op if n == 1 else f"{op}:{n}"
 
 
 def _poller(ctx: TaskContext, plan_id: int, sub: dict[str, Any]) -> Any:

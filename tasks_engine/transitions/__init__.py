@@ -5,10 +5,11 @@ no row means the attempt lost its lease, and raises `LeaseLostError`. On Postgre
 takes a share lock on the run row, so a concurrent reclaim either waits for the write or makes
 it fail; on SQLite each statement runs under the single writer lock.
 
-Modules: `claims` (create, claim, renew), `steps` (attempts and the deferred completion),
-`outcomes` (complete, fail, requeue, park, cancel, wake), `waiting` (facts, parking under
-the row lock), `group` (group commit), `retry` (an operator's retry), `awaiting` (runs
-someone waits on). Everything is re-exported here; callers use `transitions.<name>`.
+Modules: `claims` (create, claim, renew), `hot` (the hot writes: a step's start, the deferred
+step completion, a run's completion; alone or as a group, through the attempt's `Writer`),
+`steps` (attempts), `outcomes` (complete, fail, requeue, park, cancel, wake), `waiting` (facts,
+parking under the row lock), `retry` (an operator's retry), `awaiting` (runs someone waits
+on). Everything is re-exported here; callers use `transitions.<name>`.
 
 Lock order: a parent's run row before its child's; a run row before its step attempts.
 """
@@ -19,15 +20,17 @@ from ._common import (
     TRANSIENT_ERRORS,
     WORK_KINDS,
     Claimed,
+    Completion,
     DeferredCompletion,
     Lease,
     Renewal,
+    Writer,
     attempt_write,
     holds,
     outage_guard,
 )
 from .claims import ClaimRequest, anything_due_before, claim_runs, create_run, renew_leases
-from .group import GroupWrite, write_group
+from .hot import DIRECT, HotWrite, write_alone, write_group
 from .outcomes import (
     cancel_active,
     cancel_children,
@@ -64,17 +67,20 @@ from .waiting import (
 )
 
 __all__ = [
+    "DIRECT",
     "RUN",
     "STEP",
     "TRANSIENT_ERRORS",
     "WORK_KINDS",
     "ClaimRequest",
     "Claimed",
+    "Completion",
     "DeferredCompletion",
-    "GroupWrite",
+    "HotWrite",
     "Lease",
     "Parking",
     "Renewal",
+    "Writer",
     "anything_due_before",
     "attempt_write",
     "cancel_active",
@@ -109,5 +115,6 @@ __all__ = [
     "time_out_child",
     "wake_parent",
     "wake_run",
+    "write_alone",
     "write_group",
 ]

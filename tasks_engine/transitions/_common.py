@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from django.db import Error as DatabaseError
 from django.db import InterfaceError, OperationalError
@@ -25,46 +25,88 @@ from ..sql import (
     share_lock,
 )
 
+if TYPE_CHECKING:
+    from .hot import HotWrite
+
 RUN = WorkflowRun._meta.db_table
 STEP = StepAttempt._meta.db_table
 # Attempts that execute code; sleeps, fact waits and child waits are armed timers, not work.
 WORK_KINDS = "('function', 'op')"
 
 
+class Completion(NamedTuple):
+    """A finished step's checkpoint, not yet written (see DeferredCompletion)."""
+
+    step_id: int
+    output: Any
+    finished_at: datetime
+
+
 class DeferredCompletion:
-    """A finished step whose checkpoint rides on the run's next write (group commit per run).
+    """Finished steps whose checkpoints ride on the run's next write (group commit per run).
 
     A step's completion is not sent on its own: it goes in the same statement as the next
-    step's start or the run's completion, halving the round trips of a workflow. Every other
-    write of the attempt sends it first, and the heartbeat sends one that waited too long, so
-    the window in which a crash loses a finished step's result (and the step runs again, as an
-    interrupted step would) is the user code between two steps, at most about a second.
+    step's start or the run's completion, halving the round trips of a workflow; the heartbeat
+    sends one that waited too long, so the window in which a crash loses a finished step's
+    result (and the step runs again, as an interrupted step would) is about a second.
+
+    A completion stays here until a statement that carries it commits (`settle`): every write
+    in between carries it again, so a failed send loses nothing, and a write of the run that
+    races a send (the heartbeat's and the slot's) carries it too. A second send is harmless.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._item: tuple[int, Any, datetime] | None = None
+        self._items: tuple[Completion, ...] = ()
 
-    def put(self, step_id: int, output: Any) -> tuple[int, Any, datetime] | None:
+    def put(self, step_id: int, output: Any) -> None:
         with self._lock:
-            previous, self._item = self._item, (step_id, output, clock.now())
-        return previous
+            self._items = (*self._items, Completion(step_id, output, clock.now()))
 
-    def restore(self, item: tuple[int, Any, datetime]) -> None:
-        """Put back a completion whose write failed, unless a newer one took its place."""
-        with self._lock:
-            if self._item is None:
-                self._item = item
+    def pending(self, older_than: float | None = None) -> tuple[Completion, ...]:
+        """What the next write must carry (with `older_than`: nothing unless the oldest waited
+        that many seconds)."""
+        items = self._items
+        age = (clock.now() - items[0].finished_at).total_seconds() if items else 0.0
+        if older_than is not None and age < older_than:
+            return ()
+        return items
 
-    def take(self, older_than: float | None = None) -> tuple[int, Any, datetime] | None:
+    def settle(self, sent: tuple[Completion, ...]) -> None:
+        """The statement carrying `sent` succeeded: they are written."""
+        if not sent:
+            return
+        ids = {c.step_id for c in sent}
         with self._lock:
-            item = self._item
-            if item is None:
-                return None
-            if older_than is not None and (clock.now() - item[2]).total_seconds() < older_than:
-                return None
-            self._item = None
-            return item
+            self._items = tuple(c for c in self._items if c.step_id not in ids)
+
+    @contextlib.contextmanager
+    def until_commit(self) -> Iterator[None]:
+        """A transaction whose statements carry completions: if it rolls back, they are not
+        written after all, and go back in the queue."""
+        before = self._items
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                ids = {c.step_id for c in self._items}
+                lost = tuple(c for c in before if c.step_id not in ids)
+                self._items = tuple(sorted((*lost, *self._items), key=lambda c: c.step_id))
+            raise
+
+
+class Writer(Protocol):
+    """Where an attempt's hot writes go (transitions/hot.py): a worker passes its group writer
+    (worker/group_commit.py), which puts several slots' writes in one statement; without one
+    (in-process drain, tests, WorkflowTester) each write goes alone on the caller's connection.
+    Either fills each write's `result` or `error`."""
+
+    def send(self, write: HotWrite) -> None:
+        """Write it and return once it is committed."""
+
+    def hand_off(self, write: HotWrite) -> None:
+        """A run's last write: commit it without the caller waiting (its slot goes with it);
+        a write that fails is logged and its run replayed after its lease."""
 
 
 @dataclass(frozen=True)
@@ -73,9 +115,8 @@ class Lease:
     token: uuid.UUID
     worker_id: str
     deferred: DeferredCompletion = field(default_factory=DeferredCompletion, compare=False)
-    # A worker's group commit (worker/group_commit.py): the hot writes of all its slots share
-    # statements and commits. None: every write goes on its own.
-    group: Any = field(default=None, compare=False)
+    # None: every hot write goes alone on the caller's connection.
+    writer: Writer | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

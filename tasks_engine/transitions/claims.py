@@ -16,15 +16,17 @@ from django.db.models.base import ModelState
 from .. import clock, flow, notify
 from ..models import WorkflowRun
 from ..sql import (
+    Params,
     fetchall,
     is_postgres,
+    json_rows,
     new_token_sql,
     p_dt,
     p_json,
     p_uuid,
+    query,
     r_dt,
     r_uuid,
-    skip_locked,
 )
 from ._common import RUN, Claimed, Lease, Renewal
 
@@ -133,49 +135,47 @@ class ClaimRequest:
     held: tuple[uuid.UUID, ...] = ()
 
 
-def claim_statement(
+def claim_ctes(
     req: ClaimRequest, now: datetime, *, exclude: list[uuid.UUID] | None = None
-) -> tuple[str, str, list[Any]]:
-    """The claim as `(ctes, update, params)`: expired leases first, then due timers, then
-    pending by priority; each source reads its own partial index, so far-future sleepers and
-    finished rows cost nothing. The runs the worker holds, and `exclude`, stay out of the
-    expired source: the group commit claims in the statement that writes its own runs, and a
-    row must not be updated twice in one statement."""
-    filt, fparams = _filters(req.pairs, req.queues)
-    lock = skip_locked()
-    not_ours = (
-        " AND id NOT IN (SELECT json_array_elements_text(%s::json)::uuid)"
-        if is_postgres()
-        else " AND id NOT IN (SELECT value FROM json_each(%s))"
-    )
-    not_these = _ids_json([*req.held, *(exclude or ())])
-    ctes = f"""
-        expired AS (
-            SELECT id, 0 AS src, priority, available_at FROM {RUN}
-            WHERE status = 'running' AND available_at <= %s{filt}{not_ours}
-            ORDER BY available_at LIMIT %s{lock}
-        ), woken AS (
-            SELECT id, 1 AS src, priority, available_at FROM {RUN}
-            WHERE status = 'waiting' AND available_at <= %s AND concurrency_key IS NULL{filt}
-            ORDER BY available_at LIMIT %s{lock}
-        ), due AS (
-            SELECT id, 2 AS src, priority, available_at FROM {RUN}
-            WHERE status = 'pending' AND available_at <= %s AND concurrency_key IS NULL{filt}
-            ORDER BY priority DESC, available_at LIMIT %s{lock}
-        )"""
-    update = f"""
-        {claim_update()}
-        WHERE id IN (
-            SELECT id FROM (
-                SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
-            ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %s
-        )
-        RETURNING {", ".join(CLAIM_COLUMNS)}"""
-    t = p_dt(now)
-    expired_params = [t, *fparams, not_these]
-    params: list[Any] = [*expired_params, req.limit, t, *fparams, req.limit, t, *fparams]
-    params += [req.limit, *claim_update_params(req, now), req.limit]
-    return ctes, update, params
+) -> tuple[str, dict[str, Any]]:
+    """The claim as CTEs ending in `k`, the claimed rows (PostgreSQL: `claim_ctes`), and its
+    parameters. The runs the worker holds, and `exclude`, are never reclaimed: the group
+    commit claims in the statement that writes its own runs, and a row must not be updated
+    twice in one statement."""
+    text = query("claim_ctes").format(filters=_claim_filters(req), columns=_COLUMNS)
+    return text, _claim_params(req, now, exclude)
+
+
+def _claim_filters(req: ClaimRequest) -> str:
+    filters = " " + query("claim_filter_tasks")
+    return filters + (" " + query("claim_filter_queues") if req.queues else "")
+
+
+def _claim_params(
+    req: ClaimRequest, now: datetime, exclude: list[uuid.UUID] | None = None
+) -> dict[str, Any]:
+    task_keys, queues = _filter_values(tuple(req.pairs), tuple(req.queues or ()), is_postgres())
+    return {
+        "now": p_dt(now),
+        "lease_until": p_dt(now + timedelta(seconds=req.lease_seconds)),
+        "worker_id": req.worker_id,
+        "limit": req.limit,
+        "not_these": _ids_json([*req.held, *(exclude or ())]),
+        "task_keys": task_keys,
+        "queues": queues,
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _filter_values(
+    pairs: tuple[tuple[str, int], ...], queues: tuple[str, ...], postgres: bool
+) -> tuple[str, str | None]:
+    """A worker claims with the same filters all its life: their text forms (cheaper to send
+    than arrays adapted value by value) are built once."""
+    keys = [f"{name}@{version}" for name, version in pairs]
+    if postgres:
+        return _pg_array(keys), _pg_array(list(queues)) if queues else None
+    return json.dumps(keys), json.dumps(list(queues)) if queues else None
 
 
 def claim_update() -> str:
@@ -200,7 +200,7 @@ def claim_runs(
     lease_seconds: float,
     held: tuple[uuid.UUID, ...] = (),
 ) -> list[Claimed]:
-    """Claim up to `limit` runs in one statement (see `claim_statement`)."""
+    """Claim up to `limit` runs in one statement (see `claim_ctes`)."""
     if not pairs or limit <= 0:
         return []
     req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds, held)
@@ -208,15 +208,21 @@ def claim_runs(
         from .flow_claims import claim_guarded
 
         return claim_guarded(req)
+    with _write_lock():  # SQLite: the lease starts once the write lock is held
+        sql, params = claim_sql(req, clock.now())
+        return returning_claimed(sql, params, worker_id)
+
+
+def claim_sql(req: ClaimRequest, now: datetime) -> tuple[str, dict[str, Any]]:
+    """The plain claim statement (not guarded by flow control) and its parameters."""
     if is_postgres():
-        ctes, update, params = claim_statement(req, clock.now())
-        return claimed_from_rows(fetchall(f"WITH {ctes} {update}", params), worker_id)
-    with _write_lock():  # the lease starts once the write lock is held
-        ctes, update, params = claim_statement(req, clock.now())
-        return returning_claimed(f"WITH {ctes} {update}", params, worker_id)
+        text, params = claim_ctes(req, now)
+        return f"WITH {text} SELECT * FROM k", params
+    sql = query("claim").format(filters=_claim_filters(req), columns=_COLUMNS)
+    return sql, _claim_params(req, now)
 
 
-def returning_claimed(sql: str, params: list[Any], worker_id: str) -> list[Claimed]:
+def returning_claimed(sql: str, params: Params, worker_id: str) -> list[Claimed]:
     """Run a claim's `UPDATE ... RETURNING` and lease what it returns."""
     if is_postgres():
         return claimed_from_rows(fetchall(sql, params), worker_id)
@@ -261,6 +267,7 @@ CLAIM_COLUMNS = (
     "created_at",
     "started_at",
 )
+_COLUMNS = ", ".join(CLAIM_COLUMNS)
 
 
 def _run_from_row(row: tuple[Any, ...]) -> WorkflowRun:
@@ -293,27 +300,18 @@ def anything_due_before(
 
 
 def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, Renewal]:
-    """One statement renews every lease a worker holds. Runs missing from the result are lost.
-
-    Plain columns come back, never `col IS [NOT] NULL`: SQLite (3.35 to at least 3.40) folds
-    such a test in a RETURNING clause as if the column were NOT NULL whenever the table's first
-    column is, and answered "cancel requested" for every renewed run."""
+    """One statement renews every lease a worker holds (`renew_leases`). Runs missing from
+    the result are lost."""
     if not leases:
         return {}
-    # (id, token) pairs: with `id IN (...) AND lease_token IN (...)`, a stale lease of a run
-    # whose fresh lease the same worker holds would look renewed too.
-    pairs = ", ".join(["(%s, %s)"] * len(leases))
-    sql = f"""
-        UPDATE {RUN} SET available_at = %s
-        WHERE (id, lease_token) IN ({pairs})
-        RETURNING id, lease_token, cancel_requested_at, deadline_at
-    """
+    if is_postgres():
+        rows_json = json_rows([{"run_id": x.run_id, "token": x.token} for x in leases])
+    else:
+        rows_json = json.dumps([[p_uuid(x.run_id), p_uuid(x.token)] for x in leases])
     with _write_lock():
         now = clock.now()  # after the lock: a renewal that waited for it still grants a full lease
-        params = [p_dt(now + timedelta(seconds=lease_seconds))]
-        for x in leases:
-            params += [p_uuid(x.run_id), p_uuid(x.token)]
-        rows = fetchall(sql, params)
+        until = p_dt(now + timedelta(seconds=lease_seconds))
+        rows = fetchall(query("renew_leases"), {"leases": rows_json, "until": until})
     return {
         r_uuid(rid): Renewal(
             cancel is not None, deadline is not None and r_dt(deadline) <= now, r_uuid(token)

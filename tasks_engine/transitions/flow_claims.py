@@ -45,6 +45,7 @@ from .claims import (
     claim_update_params,
     returning_claimed,
 )
+from .flow_claims_pg import claim_guarded_pg
 
 CLAIMS = QueueClaim._meta.db_table
 # pg_advisory_xact_lock(class, hashtext(name)): one class for queues, one for keys. A hash
@@ -82,14 +83,11 @@ def any_keyed_run() -> bool:
 
 def claim_guarded(req: ClaimRequest) -> list[Claimed]:
     limited = flow.limited_queues(req.queues)
-    with transaction.atomic():
-        if is_postgres() and limited:  # in name order: two claims never wait on each other
-            names = sorted(limited)
-            locks = ", ".join(["pg_advisory_xact_lock(%s::int, hashtext(%s))"] * len(names))
-            fetchall(f"SELECT {locks}", [x for q in names for x in (QUEUE_LOCK, q)])
-        now = clock.now()  # the lease starts once the locks are held
-        keys = _lock_keys(_candidate_keys(req, now), req.limit)
-        # Every count from here on is read after the locks.
+    if is_postgres():
+        return claim_guarded_pg(req, limited, clock.now())
+    with transaction.atomic():  # BEGIN IMMEDIATE: one writer, nothing changes under the count
+        now = clock.now()  # the lease starts once the write lock is held
+        keys = dict(_candidate_keys(req, now)[: req.limit])
         queue_room = {q: _queue_room(q, lim, now) for q, lim in limited.items()}
         key_room = _key_room(keys)
         candidates = _candidates(req, now, limited, queue_room, key_room)
@@ -153,21 +151,6 @@ def _candidate_keys(req: ClaimRequest, now: datetime) -> list[tuple[str, int]]:
         if key not in best and int(running) < int(limit or 1):
             best[key] = int(limit or 1)
     return list(best.items())
-
-
-def _lock_keys(keys: list[tuple[str, int]], limit: int) -> dict[str, int]:
-    """The keys this claim may admit runs of: on PostgreSQL those whose lock it got, trying
-    them best first and stopping at `limit` (a key another claim holds is left to it)."""
-    keys = keys[: 2 * limit]  # a little slack for keys that other claims hold
-    if not is_postgres() or not keys:
-        return dict(keys[:limit])
-    rows = fetchall(
-        "SELECT k FROM unnest(%s::text[]) AS t(k)"
-        " WHERE pg_try_advisory_xact_lock(%s::int, hashtext(k)) LIMIT %s",
-        [[k for k, _ in keys], KEY_LOCK, limit],
-    )
-    got = {r[0] for r in rows}
-    return {k: lim for k, lim in keys if k in got}
 
 
 def _key_room(keys: dict[str, int]) -> dict[str, int]:

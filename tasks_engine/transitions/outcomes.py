@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -22,25 +21,22 @@ from ..sql import (
 )
 from ..states import ACTIVE, RunStatus
 from ._common import RUN, STEP, Lease, attempt_write, holds
-from .group import GroupWrite
-from .steps import _close_running_attempts, _with_deferred
+from .hot import HotWrite, write_alone, writer_for
+from .steps import _close_running_attempts, flush_deferred
 
 # -- run outcomes -----------------------------------------------------------------------------
 
 
 def _cas_run(lease: Lease, assignments: str, params: list[Any], *, condition: str = "") -> int:
-    """Compare-and-set on the run row; carries a deferred step completion along. With
-    `condition`, a held run that does not meet it is left as it is and 0 is returned."""
-    prefix, prefix_params = _with_deferred(lease)
-    # Referencing the CTE makes it run before this UPDATE touches the run row: its fence
-    # could not lock a row version this same statement had already replaced.
-    after_deferred = " AND (SELECT count(*) FROM deferred) >= 0" if prefix else ""
+    """Compare-and-set on the run row, after the deferred step completions (rare here: the
+    steps' starts and the run's completion carry them). With `condition`, a held run that does
+    not meet it is left as it is and 0 is returned."""
+    flush_deferred(lease)
     sql = (
-        f"{prefix} UPDATE {RUN} SET {assignments}, updated_at = %s"
-        f" WHERE id = %s AND lease_token = %s{after_deferred}{condition}"
+        f"UPDATE {RUN} SET {assignments}, updated_at = %s"
+        f" WHERE id = %s AND lease_token = %s{condition}"
     )
-    full = [*prefix_params, *params, p_dt(clock.now()), p_uuid(lease.run_id)]
-    full.append(p_uuid(lease.token))
+    full = [*params, p_dt(clock.now()), p_uuid(lease.run_id), p_uuid(lease.token)]
     changed = execute(sql, full)
     if not changed and not (condition and holds(lease)):
         raise LeaseLostError(f"run {lease.run_id}: lease lost")
@@ -57,21 +53,19 @@ def complete_run(
     progress: dict[str, Any] | None = None,
 ) -> None:
     """Running -> completed. The handler returned, so every attempt of this pass is closed.
-    The last progress the handler reported (not yet flushed by the heartbeat) goes along."""
-    if lease.group is not None and not has_parent:
-        write = GroupWrite("complete", lease, lease.deferred.take(), clock.now())
-        write.output, write.unreached, write.progress = output, unreached, progress
-        lease.group.submit(write, wait=False)  # the worker's group commits it (or logs why not)
+    The last progress the handler reported (not yet flushed by the heartbeat) goes along.
+    Without a parent it is the run's last write, handed off to the writer (the slot does not
+    wait for it); a child's completion also wakes its parent, in one transaction."""
+    write = HotWrite("complete", lease, lease.deferred.pending(), clock.now())
+    write.output, write.unreached, write.progress = output, unreached, progress
+    if not has_parent:
+        writer_for(lease).hand_off(write)
         return
-    _end_run(
-        lease,
-        "status = 'completed', output = %s, unreached_steps = %s, finished_at = %s,"
-        " lease_token = NULL, available_at = NULL, waiting_on = '', error = NULL,"
-        " progress = COALESCE(%s, progress)",
-        [p_json(output), p_json(unreached), p_dt(clock.now()), p_json(progress)],
-        has_parent=has_parent,
-        close_attempts=False,
-    )
+    with lease.deferred.until_commit(), transaction.atomic():
+        lock_parent(lease.run_id)
+        write_alone(write)
+        write.outcome()
+        wake_parent(lease.run_id)
 
 
 @attempt_write
@@ -92,20 +86,17 @@ def _end_run(
     params: list[Any],
     *,
     has_parent: bool,
-    close_attempts: bool = True,
     children_reason: str | None = None,
 ) -> None:
-    """The one way a run ends: lock the parent first (see lock_parent), compare-and-set the
-    run, close attempts still open, cancel children still unfinished (`children_reason`: a
-    failed or canceled run leaves none behind), wake the parent waiting on it; all in one
-    transaction."""
-    single_statement = not has_parent and not close_attempts and children_reason is None
-    with nullcontext() if single_statement else transaction.atomic():
+    """The one way a run ends but completing: lock the parent first (see lock_parent),
+    compare-and-set the run, close attempts still open, cancel children still unfinished
+    (`children_reason`: a failed or canceled run leaves none behind), wake the parent waiting
+    on it; all in one transaction."""
+    with lease.deferred.until_commit(), transaction.atomic():
         if has_parent:
             lock_parent(lease.run_id)
         _cas_run(lease, assignments, params)
-        if close_attempts:
-            _close_running_attempts(lease, counted=False)
+        _close_running_attempts(lease, counted=False)
         if children_reason is not None:
             cancel_children(lease.run_id, children_reason)
         if has_parent:
@@ -123,7 +114,7 @@ def requeue_run(
     failed_step: tuple[int, dict[str, Any]] | None = None,
 ) -> None:
     """Back to `pending`: step retry backoff, workflow retry, or a graceful hand-back."""
-    with transaction.atomic():
+    with lease.deferred.until_commit(), transaction.atomic():
         _cas_run(
             lease,
             "status = 'pending', lease_token = NULL, available_at = %s, waiting_on = '',"

@@ -1,4 +1,5 @@
-"""Step attempts: start, finish, and the deferred completion that rides on the next write."""
+"""Step attempts: start, finish, and the deferred completion that rides on the next write
+(the hot writes themselves are in hot.py)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,9 @@ from typing import Any, NoReturn
 
 from .. import clock
 from ..exceptions import LeaseLostError, TaskCanceledError
-from ..sql import (
-    execute,
-    fetchall,
-    is_postgres,
-    p_dt,
-    p_json,
-    p_uuid,
-)
+from ..sql import execute, p_dt, p_json, p_uuid
 from ._common import STEP, WORK_KINDS, Lease, _fence, _fence_params, attempt_write, holds
-from .group import GroupWrite
+from .hot import HotWrite, writer_for
 
 # -- steps ------------------------------------------------------------------------------------
 
@@ -49,31 +43,13 @@ def start_step(
     """A fenced INSERT of the step's attempt, which no attempt may make once cancel is
     requested: then it raises TaskCanceledError and writes nothing (the run's holder ends it
     canceled), so a cancel reaches every step, sleep and wait that would begin after it."""
-    now = clock.now()
-    if lease.group is not None and kind == "function" and status == "running" and output is None:
-        write = GroupWrite("start", lease, lease.deferred.take(), now, name, attempt, run_pass)
-        try:
-            return int(lease.group.submit(write))
-        except LeaseLostError:
-            _refused_start(lease, name)
-    finished = p_dt(now) if status != "running" else None
-    prefix, prefix_params = _with_deferred(lease)
-    sql = f"""
-        {prefix}
-        INSERT INTO {STEP} (run_id, name, kind, status, attempt, run_pass, counted, output,
-            error, worker_id, lease_token, wake_at, started_at, finished_at)
-        SELECT %s, %s, %s, %s, %s, %s, TRUE, %s, %s, %s, %s, %s, %s, %s
-        WHERE {_fence(unless_canceled=True)}
-        RETURNING id
-    """
-    params = [*prefix_params, p_uuid(lease.run_id), name, kind, status, attempt, run_pass]
-    params += [p_json(output), p_json(error), lease.worker_id, p_uuid(lease.token), p_dt(wake_at)]
-    params.append(p_dt(now))
-    params.append(finished)
-    rows = fetchall(sql, params + _fence_params(lease))
-    if not rows:
+    write = HotWrite("start", lease, lease.deferred.pending(), clock.now(), name, kind, status)
+    write.attempt, write.run_pass, write.wake_at = attempt, run_pass, wake_at
+    write.output, write.step_error = output, error
+    writer_for(lease).send(write)
+    if isinstance(write.error, LeaseLostError):
         _refused_start(lease, name)
-    return int(rows[0][0])
+    return int(write.outcome())
 
 
 def _refused_start(lease: Lease, name: str) -> NoReturn:
@@ -82,29 +58,19 @@ def _refused_start(lease: Lease, name: str) -> NoReturn:
     raise LeaseLostError(f"run {lease.run_id}: lease lost before step {name!r} started")
 
 
-@attempt_write
 def defer_step_completion(lease: Lease, step_id: int, output: Any) -> None:
     """Record a step as completed with the run's next write (see DeferredCompletion)."""
-    previous = lease.deferred.put(step_id, output)
-    if previous is not None:
-        _send_completion(lease, previous)
+    lease.deferred.put(step_id, output)
 
 
 @attempt_write
 def flush_deferred(lease: Lease, older_than: float | None = None) -> None:
-    """Send a deferred step completion now (before any write that cannot carry it)."""
-    item = lease.deferred.take(older_than)
-    if item is not None:
-        try:
-            _send_completion(lease, item)
-        except BaseException:
-            lease.deferred.restore(item)  # the run goes on: its next write must still carry it
-            raise
-
-
-def _send_completion(lease: Lease, item: tuple[int, Any, datetime]) -> None:
-    step_id, output, finished_at = item
-    _close_attempt(lease, step_id, "completed", output, None, finished_at)
+    """Send the deferred step completions now (before any write that cannot carry them)."""
+    pending = lease.deferred.pending(older_than)
+    if pending:
+        write = HotWrite("deferred", lease, pending, clock.now())
+        writer_for(lease).send(write)
+        write.outcome()
 
 
 def _close_attempt(
@@ -117,23 +83,6 @@ def _close_attempt(
     params = [status, p_json(output), p_json(error), p_dt(finished_at), step_id]
     if not execute(sql, params + _fence_params(lease)):
         raise LeaseLostError(f"run {lease.run_id}: lease lost before step {step_id} finished")
-
-
-def _with_deferred(lease: Lease) -> tuple[str, list[Any]]:
-    """A CTE that completes the deferred step inside the caller's statement (PostgreSQL), or
-    nothing after sending it on its own (SQLite has no data-modifying CTEs)."""
-    item = lease.deferred.take()
-    if item is None:
-        return "", []
-    if not is_postgres():
-        _send_completion(lease, item)
-        return "", []
-    step_id, output, finished_at = item
-    sql = (
-        f"WITH deferred AS (UPDATE {STEP} SET status = 'completed', output = %s,"
-        f" finished_at = %s WHERE id = %s AND status = 'running' AND {_fence()} RETURNING id)"
-    )
-    return sql, [p_json(output), p_dt(finished_at), step_id, *_fence_params(lease)]
 
 
 @attempt_write

@@ -1,12 +1,13 @@
 """Group commit: the hot writes of every slot of a worker share statements and commits.
 
-A slot that starts a step hands the write to this thread and waits for it. A slot that
-completes a run hands over the write and its slot: it takes its next run at once, and the
-group gives the slot on to a run it claims (or frees it) after the commit. While one group is
-in flight the next one gathers, so under load each statement (and each WAL flush) carries the
-writes of several runs; an idle worker sends a lone write at once. Every write keeps its own
-fence: a write whose attempt lost its lease fails alone with `LeaseLostError`, as it would on
-its own. PostgreSQL only (it needs data-modifying CTEs).
+The worker passes this writer to its runs (`transitions.Writer`). A slot that starts a step
+hands the write to this thread and waits for it. A slot that completes a run hands over the
+write and its slot: it takes its next run at once, and the group gives the slot on to a run it
+claims (or frees it) after the commit. While one group is in flight the next one gathers, so
+under load each statement (and each WAL flush) carries the writes of several runs; an idle
+worker sends a lone write at once. Every write keeps its own fence: a write whose attempt lost
+its lease fails alone with `LeaseLostError`, as it would on its own; a row the database
+refuses fails alone too. PostgreSQL only (it needs data-modifying CTEs).
 
 Under a backlog the group also claims: a group that completes k runs claims up to k runs (plus
 any idle slot's) in the same statement, and hands them to the slots those completions free.
@@ -14,19 +15,18 @@ any idle slot's) in the same statement, and hands them to the slots those comple
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import connection
 
 from .. import transitions
 from ..exceptions import EngineUnavailable
 from ..outages import DB_ERRORS, Outage
-
-if TYPE_CHECKING:
-    from .loop import Worker
+from .slots import SlotPool
 
 MAX_GROUP = 64
 # How long a group waits for the writes of slots still in user code. Short: under load it
@@ -35,108 +35,135 @@ MAX_GROUP = 64
 GATHER_SECONDS = 0.0003
 WATCH_SECONDS = 1.0  # how often a waiting slot checks that the writer thread is alive
 
+Queued = tuple[transitions.HotWrite, threading.Event | None]  # None: nobody waits for it
 
-class GroupCommit:
-    def __init__(self, worker: Worker) -> None:
-        self._queue: queue.Queue[transitions.GroupWrite] = queue.Queue()
-        self.worker = worker
-        self.log = worker.log
+
+class GroupCommit(threading.Thread):
+    """The group writer: one thread, one connection. `claims` is what the worker claims (its
+    limit and held runs are filled in per group)."""
+
+    def __init__(self, slots: SlotPool, claims: transitions.ClaimRequest, log: Any) -> None:
+        # One committer: two (each with its own connection) measured no faster, with half-size
+        # groups and twice the commits.
+        super().__init__(name="tasks-group-commit", daemon=True)
+        self._queue: queue.Queue[Queued | None] = queue.Queue()  # None: stop
+        self.slots = slots
+        self.claims = claims
+        self.log = log
         self._slot_state = threading.local()
         self.dead = False
 
-    def start(self) -> None:
-        # One committer: two (each with its own connection) measured no faster, with half-size
-        # groups and twice the commits.
-        threading.Thread(target=self._commit_loop, name="tasks-group-commit", daemon=True).start()
+    # -- the Writer interface (transitions/_common.py), called from slot threads -------------
 
-    def submit(self, write: transitions.GroupWrite, *, wait: bool = True) -> Any:
-        """Called from a slot thread: block until the write's group has committed and return
-        its result. Without `wait` (a run's last write), return at once: the slot goes with the
-        write, see `took_slot`."""
-        if not wait:
-            write.detached = True
-            self._slot_state.slot = True
-            self._queue.put(write)
-            return None
+    def send(self, write: transitions.HotWrite) -> None:
+        """Block until the write's group has committed (its result or error filled in). Once
+        this thread died, the write goes alone on the caller's connection: the worker is
+        stopping, and its slots hand their runs back."""
+        if self.dead:
+            transitions.write_alone(write)
+            return
         done = getattr(self._slot_state, "done", None)
         if done is None:  # one event per slot thread, reused: a slot waits for one write
             done = self._slot_state.done = threading.Event()
         done.clear()
-        write.done = done
-        if self.dead:
-            raise EngineUnavailable("group commit thread died")
-        self._queue.put(write)
+        self._queue.put((write, done))
         while not done.wait(WATCH_SECONDS):
             if self.dead:  # it died after this write was queued
-                raise EngineUnavailable("group commit thread died")
-        if isinstance(write.error, DB_ERRORS):
-            # Not the workflow's failure: the run is dropped and replayed after its lease.
-            raise EngineUnavailable(str(write.error)) from write.error
-        if write.error is not None:
-            raise write.error
-        return write.result
+                if write.result is None and write.error is None:
+                    write.error = EngineUnavailable("group commit thread died")
+                return
 
-    def took_slot(self) -> bool:
-        """Whether the run this slot thread just finished handed its slot to the group."""
-        taken = getattr(self._slot_state, "slot", False)
-        self._slot_state.slot = False
-        return taken
+    def hand_off(self, write: transitions.HotWrite) -> None:
+        """A run's last write: return at once; the slot goes with the write."""
+        if self.dead or not self.slots.hand_over(write.lease):
+            self.send(write)  # a slot written off (or no writer left): write it now
+            write.outcome()
+            return
+        write.detached = True
+        self._queue.put((write, None))
 
-    def _gather(self) -> list[transitions.GroupWrite]:
-        """The next group: every write queued now, and those that slots still running user code
-        send within GATHER_SECONDS (a run whose slot waits in this group sends nothing more)."""
-        group = [self._queue.get()]
-        deadline = time.monotonic() + GATHER_SECONDS
-        while len(group) < MAX_GROUP:
-            try:
-                group.append(self._queue.get_nowait())
-                continue
-            except queue.Empty:
-                pass
-            waiting = sum(1 for w in group if not w.detached)
-            remaining = deadline - time.monotonic()
-            if waiting >= self.worker.executing() or remaining <= 0:
-                break
-            try:
-                group.append(self._queue.get(timeout=remaining))
-            except queue.Empty:
-                break
-        return group
+    # -- the writer thread -----------------------------------------------------------------------
 
-    def _one_by_one(self, group: list[transitions.GroupWrite]) -> None:
-        for write in group:
-            try:
-                transitions.write_group([write])
-            except DB_ERRORS as exc:
-                self.log.error(
-                    "database refused a write; dropping its run",
-                    run_id=str(write.lease.run_id),
-                    error=str(exc).strip(),
-                )
-                write.error = exc
+    def stop(self) -> None:
+        """End the thread once the writes queued before are committed."""
+        self._queue.put(None)
 
-    def _commit_loop(self) -> None:
+    def run(self) -> None:
         outage = Outage(self.log, "group commit")
         try:
             while True:
-                self.commit(self._gather(), outage)
-        except BaseException as exc:  # a dead writer must stop the worker, not hang its slots
-            self.log.exception("group commit thread died; stopping the worker", error=str(exc))
+                group = self._gather()
+                if not group:
+                    return
+                self.commit([write for write, _ in group], outage)
+                for _, done in group:
+                    if done is not None:
+                        done.set()
+        except BaseException as exc:  # the worker's watch (loop.py) stops the worker
+            self.log.exception("group commit thread died", error=str(exc))
             self.dead = True
-            self.worker.request_stop()
-            while True:  # fail whatever is queued: its slots drop their runs
-                try:
-                    write = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                write.error = EngineUnavailable("group commit thread died")
-                if write.done is not None:
-                    write.done.set()
+            self._fail_queued()
+        finally:
+            self.dead = True  # from now on each write goes alone (see `send`)
+            connection.close()
 
-    def commit(self, group: list[transitions.GroupWrite], outage: Outage) -> None:
-        """Write one group (and, under a backlog, claim with it); tell each write's slot."""
+    def _fail_queued(self) -> None:
+        """Whatever was queued when this thread died: its slots drop their runs."""
+        while True:
+            try:
+                queued = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if queued is None:
+                continue
+            write, done = queued
+            write.error = EngineUnavailable("group commit thread died")
+            if done is not None:
+                done.set()
+            if write.detached:
+                self.slots.after_group([], 0, 1)  # the slot it took along is free again
+
+    def _gather(self) -> list[Queued]:
+        """The next group: every write queued now, and those that slots still running user code
+        send within GATHER_SECONDS (a run whose slot waits in this group sends nothing more)."""
+        first = self._queue.get()
+        if first is None:
+            return []
+        group = [first]
+        deadline = time.monotonic() + GATHER_SECONDS
+        while len(group) < MAX_GROUP:
+            try:
+                queued = self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            else:
+                if queued is None:
+                    self._queue.put(None)  # after this group
+                    break
+                group.append(queued)
+                continue
+            waiting = sum(1 for _, done in group if done is not None)
+            remaining = deadline - time.monotonic()
+            if waiting >= self.slots.executing() or remaining <= 0:
+                break
+            try:
+                queued = self._queue.get(timeout=remaining)
+            except queue.Empty:
+                break
+            if queued is None:
+                self._queue.put(None)
+                break
+            group.append(queued)
+        return group
+
+    def commit(self, group: list[transitions.HotWrite], outage: Outage) -> None:
+        """Write one group (and, under a backlog, claim with it); fill in each write's
+        result or error."""
         handed_over = sum(1 for w in group if w.detached)
-        claim = self.worker.reserve_for_group(handed_over)
+        limit = self.slots.reserve_for_group(handed_over)
+        claim = None
+        if limit:
+            claim = dataclasses.replace(self.claims, limit=limit, held=self.slots.held_ids())
         claimed: list[transitions.Claimed] = []
         try:
             claimed = transitions.write_group(group, claim)
@@ -155,16 +182,27 @@ class GroupCommit:
             connection.close()
             for write in group:
                 write.error = exc
-        self.worker.after_group(claimed, claim.limit if claim else 0, handed_over)
+        finally:
+            self.slots.after_group(claimed, limit, handed_over)
         for write in group:
-            if write.done is not None:
-                write.done.set()
-            elif write.error is not None:  # nobody waits for it: the run is dropped
+            if write.detached and write.error is not None:  # nobody waits: the run is dropped
                 self.log.warning(
                     "run completion not written; dropping the run",
                     run_id=str(write.lease.run_id),
                     error=str(write.error),
                 )
+
+    def _one_by_one(self, group: list[transitions.HotWrite]) -> None:
+        for write in group:
+            try:
+                transitions.write_group([write])
+            except DB_ERRORS as exc:
+                self.log.error(
+                    "database refused a write; dropping its run",
+                    run_id=str(write.lease.run_id),
+                    error=str(exc).strip(),
+                )
+                write.error = exc
 
 
 def _connection_usable() -> bool:

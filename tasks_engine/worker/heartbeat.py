@@ -23,7 +23,8 @@ from ..outages import DB_ERRORS, Outage
 from ..serialization import encode_error
 
 if TYPE_CHECKING:
-    from .loop import Held, Worker
+    from .loop import Worker
+    from .slots import Held
 
 PROGRESS_FLUSH_SECONDS = 1.0
 DEFERRED_MAX_AGE = 0.5  # seconds a finished step may wait to ride on its run's next write
@@ -77,9 +78,8 @@ class Heartbeat(threading.Thread):
                 except DB_ERRORS as exc:
                     # Back off, but not past a heartbeat: leases must be renewed or given up.
                     self.stop.wait(min(outage.failed(exc), w.config.heartbeat_seconds))
-        except BaseException as exc:  # a dead heartbeat must stop the worker, not leave it blind
-            w.log.exception("heartbeat crashed; stopping the worker", error=str(exc))
-            w.request_stop()
+        except BaseException as exc:  # the worker's watch (loop.py) stops the worker
+            w.log.exception("heartbeat crashed", error=str(exc))
         finally:
             connection.close()
 
@@ -88,7 +88,7 @@ class Heartbeat(threading.Thread):
         unreachable) may be another worker's by now: stop the step instead of running on."""
         w = self.worker
         now = time.monotonic()
-        for h in w.held():
+        for h in w.slots.held():
             if now - h.renewed_at > w.config.lease_seconds:
                 w.lose(
                     h,
@@ -100,20 +100,20 @@ class Heartbeat(threading.Thread):
 
     def next_timer(self) -> float:
         """Seconds until the earliest step timeout of the runs held (the loop's wait)."""
-        deadlines = [t.deadline for h in self.worker.held() if (t := h.handle.timer)]
+        deadlines = [t.deadline for h in self.worker.slots.held() if (t := h.handle.timer)]
         return max(0.01, min(deadlines) - time.monotonic()) if deadlines else PROGRESS_FLUSH_SECONDS
 
     def fire_step_timeouts(self, now: float) -> None:
         """Abort every step that ran past its timeout (in memory: works during an outage)."""
         w = self.worker
-        for h in w.held():
+        for h in w.slots.held():
             timer = h.handle.timer
             if timer is not None:
                 timer.fire(now, functools.partial(w.abort, h))
 
     def renew_once(self) -> dict:
         w = self.worker
-        held = w.held()
+        held = w.slots.held()
         if not held:
             return {}
         sent = time.monotonic()
@@ -142,7 +142,7 @@ class Heartbeat(threading.Thread):
         """End runs whose step ignored its abort past the grace, so the run does not stay
         `running` forever and the worker keeps its capacity."""
         now = time.monotonic()
-        for h in self.worker.stuck(now):
+        for h in self.worker.slots.stuck(now):
             reason = h.ctx.abort_signal.reason
             has_parent = h.handle.has_parent
             try:
@@ -169,7 +169,7 @@ class Heartbeat(threading.Thread):
         h.ctx.logger.warning("step ignored its timeout; attempt written off", step=timer.key)
 
     def flush_progress(self) -> None:
-        for h in self.worker.held():
+        for h in self.worker.slots.held():
             # A refusal means the lease is gone: the renewal below finds that and aborts the run.
             with contextlib.suppress(LeaseLostError):
                 transitions.flush_deferred(h.lease, older_than=DEFERRED_MAX_AGE)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import queue
 import signal
 import socket
 import sys
@@ -25,10 +24,8 @@ from typing import Any
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from .. import clock, executor, flow, metrics, transitions
-from ..attempt_handle import AttemptHandle
+from .. import clock, executor, flow, transitions
 from ..conf import engine_settings
-from ..context import TaskContext
 from ..definitions import Workflow
 from ..exceptions import LeaseLostError, WorkerStopping
 from ..leader import Leader
@@ -39,6 +36,7 @@ from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat
+from .slots import Held, SlotPool
 
 BURST_HORIZON = timedelta(seconds=60)
 PREFETCH_MAX_AGE = 1.0
@@ -58,16 +56,6 @@ class WorkerConfig:
     prefetch: int | None = None  # None: concurrency // 2
 
 
-@dataclass
-class Held:
-    lease: transitions.Lease
-    ctx: TaskContext
-    handle: AttemptHandle  # the attempt's state shared with the heartbeat (timer, cancel, ...)
-    renewed_at: float  # monotonic time the lease was last known to be granted (claim, renewal)
-    lost: bool = False
-    abort_deadline: float | None = None  # monotonic time after which the run is written off
-
-
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
@@ -75,27 +63,23 @@ class Worker:
         self.pairs = sorted({(w.name, w.version) for w in config.workflows})
         self.queues = list(config.queues) or None
         self.log = get_logger(worker_id=self.id)
-        self.wake = threading.Event()
         self.stopping = threading.Event()
         self.draining = threading.Event()
-        self._lock = threading.Lock()
-        self._held: dict[uuid.UUID, Held] = {}
-        self._busy = 0  # slots executing a run (a slot stuck in user code stays busy)
-        self._jobs: queue.Queue[transitions.Claimed | None] = queue.Queue()
+        # Runs the group commit may claim beyond the free slots, queued for the next slot that
+        # frees: a completing slot then starts its next run in the same group as its
+        # completion, instead of one group later. Handed back if not started within
+        # PREFETCH_MAX_AGE.
+        prefetch = config.concurrency // 2 if config.prefetch is None else config.prefetch
+        self.slots = SlotPool(config.concurrency, prefetch)
+        self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
-        self._written_off: set[uuid.UUID] = set()  # runs whose stuck slot thread was replaced
         self._signals = 0
         self.heartbeat = Heartbeat(self)
         self.registration = Registration(self)
         self.leader = Leader(self)
         self._batch = max(1, config.concurrency // 2)
-        # Runs the group commit may claim beyond the free slots, queued for the next slot that
-        # frees: a completing slot then starts its next run in the same group as its
-        # completion, instead of one group later. Handed back if not started within
-        # PREFETCH_MAX_AGE.
-        self.prefetch = config.concurrency // 2 if config.prefetch is None else config.prefetch
-        self.backlog = False  # the last claim filled every slot it asked for
         self.group: GroupCommit | None = None
+        self.listener: Listener | None = None
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -113,13 +97,14 @@ class Worker:
             self.registration.beat()
         self._start_threads()
         outage = Outage(self.log, "claim")
-        while not self.stopping.is_set():
-            if self.backlog and self.group is None and 0 < self._free() < self._batch:
+        slots = self.slots
+        while not self.stopping.is_set() and not self._a_side_loop_died():
+            if slots.backlog and self.group is None and 0 < slots.free() < self._batch:
                 # Under a backlog, let a few more slots free up so one claim serves several
                 # runs, instead of one claim per finished run. (With group commit, the
                 # completions claim for the slots they free instead.)
                 time.sleep(CLAIM_GATHER_SECONDS)
-            free = self._reserve(self._free())
+            free = slots.reserve(slots.free())
             if free <= 0:  # every slot busy: wait for one to free (its thread sets `wake`)
                 self.wake.wait(self.config.poll_interval)
                 self.wake.clear()
@@ -128,19 +113,24 @@ class Worker:
             try:
                 flow.refresh()
                 claimed = transitions.claim_runs(
-                    self.id, self.pairs, self.queues, free, self.config.lease_seconds, self._ids()
+                    self.id,
+                    self.pairs,
+                    self.queues,
+                    free,
+                    self.config.lease_seconds,
+                    slots.held_ids(),
                 )
                 outage.ok()
             except DB_ERRORS as exc:
                 self.stopping.wait(outage.failed(exc))
                 continue
             finally:
-                self.take_claimed(claimed, free)
-                self.backlog = len(claimed) == free  # every slot filled: more is probably queued
-            if self.backlog:
+                slots.fill(claimed, free)
+                slots.backlog = len(claimed) == free  # every slot filled: more is probably queued
+            if slots.backlog:
                 continue  # slots were all filled; claim again as soon as one frees
             try:
-                if self.config.burst and self._busy == 0 and not self._due_soon():
+                if self.config.burst and slots.busy() == 0 and not self._due_soon():
                     break
             except DB_ERRORS as exc:
                 self.stopping.wait(outage.failed(exc))
@@ -149,76 +139,29 @@ class Worker:
             self.wake.clear()
         return self._shutdown()
 
-    # -- slot accounting: `_busy` counts runs in slots, queued for one (prefetched), or being
-    # claimed (reserved); it may exceed the concurrency by the prefetch
+    # -- side loops: any of them dying stops the worker (its runs are handed back) -------------
 
-    def _free(self) -> int:
-        return self.config.concurrency - self._busy
+    def _side_loops(self) -> list[threading.Thread]:
+        loops: list[threading.Thread | None] = [self.heartbeat, self.leader, self.group]
+        loops.append(self.listener)
+        return [t for t in loops if t is not None]
 
-    def _reserve(self, n: int) -> int:
-        with self._lock:
-            n = max(0, min(n, self.config.concurrency - self._busy))
-            self._busy += n
-        return n
-
-    def reserve_for_group(self, handed_over: int) -> transitions.ClaimRequest | None:
-        """Under a backlog, what the group commit claims along with the completions of
-        `handed_over` runs: a run for each slot they handed over, and for any idle slot or
-        free prefetch place (which it reserves). None: no claim (no backlog, nothing
-        completes, or the worker stops)."""
-        if not handed_over or not self.backlog or self.draining.is_set():
-            return None
-        with self._lock:
-            idle = max(0, self.config.concurrency + self.prefetch - self._busy)
-            self._busy += idle
-        return transitions.ClaimRequest(
-            self.id,
-            self.pairs,
-            self.queues,
-            handed_over + idle,
-            self.config.lease_seconds,
-            self._ids(),
-        )
-
-    def _ids(self) -> tuple[uuid.UUID, ...]:
-        """Runs in this worker's slots: its claims never take them back (see ClaimRequest)."""
-        with self._lock:
-            return tuple(self._held)
-
-    def after_group(
-        self, claimed: list[transitions.Claimed], reserved: int, handed_over: int
-    ) -> None:
-        """The slots a group held (handed over by completed runs, plus those it reserved) go to
-        the runs it claimed; the rest are freed."""
-        held = max(reserved, handed_over)
-        self.take_claimed(claimed, held)
-        if reserved:
-            self.backlog = len(claimed) == reserved
-        if held > len(claimed):
-            self.wake.set()
-
-    def take_claimed(self, claimed: list[transitions.Claimed], held: int) -> None:
-        """Hand claimed runs to the slots and give back the `held` slots they did not take."""
-        metrics.record_claims([item.run for item in claimed])
-        for item in claimed:
-            self._jobs.put(item)
-        with self._lock:
-            self._busy -= held - len(claimed)
+    def _a_side_loop_died(self) -> bool:
+        """The one watch over the side loops (the claim loop runs it at least every poll
+        interval): a worker without its heartbeat renews no lease, without its group writer
+        writes nothing, without its listener misses cancels' NOTIFYs, without its leader
+        thread leaves maintenance undone."""
+        dead = [t.name for t in self._side_loops() if not t.is_alive()]
+        if dead:
+            self.log.error("a side loop died; stopping the worker", loops=dead)
+        return bool(dead)
 
     def hand_back_stale(self, now: float) -> None:
         """Prefetched runs that waited PREFETCH_MAX_AGE for a slot (its steps are slow) go
         back to the queue for any worker, rather than wait here for as long as a lease lasts."""
-        with self._jobs.mutex:
-            stale = [i for i in self._jobs.queue if i is not None and now - i.at > PREFETCH_MAX_AGE]
-            for item in stale:
-                self._jobs.queue.remove(item)
-        for item in stale:
-            with self._lock:
-                self._busy -= 1
+        for item in self.slots.take_stale(now, PREFETCH_MAX_AGE):
             with contextlib.suppress(LeaseLostError, *DB_ERRORS):
                 transitions.requeue_run(item.lease, clock.now())
-        if stale:
-            self.wake.set()
 
     def _due_soon(self) -> bool:
         return transitions.anything_due_before(self.pairs, self.queues, clock.now() + BURST_HORIZON)
@@ -231,7 +174,7 @@ class Worker:
         with contextlib.suppress(*DB_ERRORS):
             connection.ensure_connection()  # connect now, not on the first run's critical path
         while not retired:
-            item = self._jobs.get()
+            item = self.slots.next_run()
             if item is None:
                 break
             lease = item.lease
@@ -250,22 +193,7 @@ class Worker:
                     "run crashed the executor", run_id=str(lease.run_id), error=str(exc)
                 )
             finally:
-                # A completion handed to the group commit took this slot along (the group
-                # frees it or gives it to a claimed run): this thread no longer counts it.
-                handed_over = self.group is not None and self.group.took_slot()
-                with self._lock:
-                    mine = self._held.get(lease.run_id)
-                    if mine is not None and mine.lease.token == lease.token:
-                        del self._held[lease.run_id]
-                    retired = lease.run_id in self._written_off
-                    if retired:  # a replacement thread already took this slot
-                        self._written_off.discard(lease.run_id)
-                        if handed_over:
-                            self._busy += 1  # the group frees a slot this run no longer had
-                    elif not handed_over:
-                        self._busy -= 1
-                if not handed_over:
-                    self.wake.set()
+                retired = self.slots.release(lease)  # unless its completion took the slot
         connection.close()
 
     def _start_slot(self) -> None:
@@ -276,12 +204,11 @@ class Worker:
     def _execute(self, item: transitions.Claimed) -> None:
         run, lease = item.run, item.lease
         if self.group is not None:
-            lease = dataclasses.replace(lease, group=self.group)
+            lease = dataclasses.replace(lease, writer=self.group)
         prepared = executor.prepare(run, lease, self.draining)
         wf, ctx, handle = prepared.workflow, prepared.ctx, prepared.handle
         handle.on_timer_armed(self.heartbeat.wake.set)  # it sleeps until the earliest timer
-        with self._lock:
-            self._held[lease.run_id] = Held(lease, ctx, handle, renewed_at=item.at)
+        self.slots.hold(Held(lease, ctx, handle, renewed_at=item.at))
         if self.draining.is_set():
             transitions.requeue_run(lease, clock.now())
             return
@@ -294,25 +221,10 @@ class Worker:
 
     def slots_busy(self) -> int:
         """Slots executing, queued for or reserving a run (the tasks_worker_slots_busy gauge)."""
-        return self._busy
-
-    def executing(self) -> int:
-        """Runs in slots right now (each sends its writes to the group commit)."""
-        return len(self._held)
+        return self.slots.busy()
 
     def held(self) -> list[Held]:
-        with self._lock:
-            return [h for h in self._held.values() if not h.lost]
-
-    def stuck(self, now: float) -> list[Held]:
-        with self._lock:
-            return [
-                h
-                for h in self._held.values()
-                if h.abort_deadline is not None
-                and now >= h.abort_deadline
-                and h.ctx.abort_signal.aborted  # a step timeout's abort ends with its step
-            ]
+        return self.slots.held()
 
     def lose(self, held: Held, reason: BaseException) -> None:
         held.lost = True
@@ -328,16 +240,9 @@ class Worker:
         """The run's step ignores its abort: stop waiting for the thread and give its slot to a
         new one. The stuck thread can no longer write anything (its lease is gone or about to
         be), and it exits when its user code finally returns."""
-        with self._lock:
-            if self._held.get(held.lease.run_id) is not held:
-                return  # it finished meanwhile
-            held.lost = True
-            self._held.pop(held.lease.run_id, None)
-            self._written_off.add(held.lease.run_id)
-            self._busy -= 1  # the stuck thread no longer counts; its replacement takes the slot
+        if self.slots.write_off(held):
             self._start_slot()
-        held.ctx.logger.warning("step ignored its abort signal; slot thread replaced")
-        self.wake.set()
+            held.ctx.logger.warning("step ignored its abort signal; slot thread replaced")
 
     def request_stop(self) -> None:
         self.stopping.set()
@@ -352,7 +257,10 @@ class Worker:
 
     def _start_threads(self) -> None:
         if connection.vendor == "postgresql" and engine_settings().group_commit:
-            self.group = GroupCommit(self)  # before the slots, so that every run uses it
+            claims = transitions.ClaimRequest(
+                self.id, self.pairs, self.queues, 0, self.config.lease_seconds
+            )
+            self.group = GroupCommit(self.slots, claims, self.log)  # before the slots' runs
             self.group.start()
         for _ in range(self.config.concurrency):
             self._start_slot()
@@ -384,21 +292,22 @@ class Worker:
 
     def _shutdown(self) -> int:
         self.draining.set()  # no new step starts; each run hands itself back at its next step
+        self.slots.closed = True  # no claim rides on a group any more
         self.leader.stop.set()  # no service starts now; it resigns, so another worker leads at once
-        self.log.info("worker stopping", in_flight=self._busy)
+        self.log.info("worker stopping", in_flight=self.slots.busy())
         deadline = time.monotonic() + self.config.grace_seconds
-        while self._busy and time.monotonic() < deadline:
+        while self.slots.busy() and time.monotonic() < deadline:
             time.sleep(0.05)
         stuck = self.held()
         if stuck:
             for h in stuck:
                 h.ctx.abort_signal.abort(WorkerStopping("worker shutting down"))
             end = time.monotonic() + 2.0
-            while self._busy and time.monotonic() < end:
+            while self.slots.busy() and time.monotonic() < end:
                 time.sleep(0.05)
             for h in self.held():
-                try:
-                    transitions.requeue_run(h.lease, clock.now())
+                try:  # on this thread's connection: the group writer may be what failed
+                    transitions.requeue_run(dataclasses.replace(h.lease, writer=None), clock.now())
                     h.ctx.logger.info("run handed back")
                 except LeaseLostError:
                     pass
@@ -408,11 +317,16 @@ class Worker:
         self.leader.join(timeout=5.0)
         with contextlib.suppress(*DB_ERRORS):
             self.registration.remove()  # after the hand-back: the row no longer holds anything
-        for _ in self._slots:
-            self._jobs.put(None)
+        self.slots.stop_threads(len(self._slots))
+        if self.group is not None:
+            self.group.stop()
+        self.heartbeat.wake.set()
+        end = time.monotonic() + 2.0  # each closes its connection as it ends
+        for t in [*self._slots, *self._side_loops()]:
+            t.join(max(0.0, end - time.monotonic()))
         connection.close()
         self.log.info("worker stopped")
-        if self._busy:
+        if self.slots.busy():
             # A thread stuck in user code would keep the process alive: exit explicitly.
             sys.stdout.flush()
             sys.stderr.flush()

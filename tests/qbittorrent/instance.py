@@ -102,6 +102,17 @@ class Instance:
                 os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
 
+    def kill(self) -> None:
+        """SIGKILL: no resume data saved since the last periodic save."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def restart(self) -> Instance:
+        """Stop cleanly (SIGTERM: resume data saved) and start again on the same ports."""
+        self.stop()
+        return self.start()
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

@@ -26,9 +26,11 @@ SIZE = 3 * 1024 * 1024
 
 @pytest.fixture(autouse=True)
 def empty_leecher(leecher: Instance) -> None:
-    """Each test starts with an empty download client: a torrent a failed test left behind
-    must not fail the next test's "one torrent in qBittorrent" check too."""
+    """Each test starts with an empty download client, unthrottled and without a hook: a
+    torrent a failed test left behind must not fail the next test's "one torrent in
+    qBittorrent" check too."""
     api = leecher.api()
+    api.app_set_preferences({"dl_limit": 0, "autorun_enabled": False})
     leftovers = [t.hash for t in api.torrents_info()]
     if leftovers:
         api.torrents_delete(delete_files=True, torrent_hashes=leftovers)
@@ -88,6 +90,7 @@ def test_acquire_through_qbittorrent_and_its_completion_hook(
         "content_path": str(leecher.downloads / "Sintel.2010.mkv"),
         "ref": shared.info_hash,
         "name": "Sintel.2010.mkv",
+        "plan_retries": 0,
     }
     assert f"{shared.info_hash}: plan #{plan.pk}: download-done delivered" in hook_log.read_text()
     item = LibraryItem.objects.get(plan=plan)
@@ -136,6 +139,28 @@ def finish(plan: AcquisitionPlan, timeout: float = 60) -> str:
     return view.status
 
 
+SLOW = 32 * 1024  # bytes/s: a 3 MiB download takes about 100 s
+
+
+def throttle(leecher: Instance) -> None:
+    """Keep a download unfinished while the test acts. The seeder must already seed: libtorrent
+    retries a peer that refused it (a seeder still checking, or without the torrent) only
+    after 60 s (its min_reconnect_time), and adding the peer again does not shorten that: the
+    cause of two flaky tests, which seeded after the leecher had dialed."""
+    leecher.api().app_set_preferences({"dl_limit": SLOW, "limit_lan_peers": True})
+
+
+def unthrottle(leecher: Instance) -> None:
+    leecher.api().app_set_preferences({"dl_limit": 0})
+
+
+def waiting(plan: AcquisitionPlan) -> bool:
+    """The plan's run submitted its download and waits for it."""
+    assert plan.run_id is not None
+    view = tasks_engine.get_run(plan.run_id)
+    return view is not None and view.status == "waiting"
+
+
 def partials(library: Path) -> list[Path]:
     return list((library / ".partial").glob("*")) if (library / ".partial").exists() else []
 
@@ -171,38 +196,29 @@ def test_a_torrent_the_user_already_had_is_adopted_and_left_alone(
     leecher.api().torrents_delete(delete_files=True, torrent_hashes=shared.info_hash)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known race (issue 17): under heavy load the first of two plans for one torrent was "
-    "seen still waiting after 60 s; it passes alone and in most full runs. It still runs in "
-    "every build (XPASS or XFAIL in the summary) until the race is found",
-)
 def test_two_plans_for_one_torrent_share_it_and_each_completes(
     workers, seeder: Instance, leecher: Instance, tmp_path: Path
 ) -> None:
     """Defect 2: the hook reaches both plans; the files stay until the last plan is done, then
     the torrent UMT added is removed."""
     shared = make_torrent(seeder.downloads / "shared", "Shared.mkv", SIZE)
+    seed(seeder, shared)  # before the leecher first dials the seeder (see throttle())
     library = tmp_path / "library"
     hook_log = tmp_path / "hook.log"
-    leecher.api().app_set_preferences(
-        {"autorun_enabled": True, "autorun_program": hook_command(hook_log)}
-    )
+    api = leecher.api()
+    api.app_set_preferences({"autorun_enabled": True, "autorun_program": hook_command(hook_log)})
+    throttle(leecher)
     w = workers(
         "--poll-interval",
         "0.2",
-        # The poll backs the hook up (one run of the hook was seen not to arrive under load;
-        # the hook's reaching both plans is also tested in tests/test_acquire_faults.py).
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="2"),
+        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0"),  # hook only
     )
     first = start_plan("Shared A", str(shared.torrent), retention_seconds=0)
     second = start_plan("Shared B", str(shared.torrent), retention_seconds=30)
-    wait_for(
-        lambda: AcquisitionPlan.objects.filter(status="downloading").count() == 2,
-        30,
-        "both plans to submit",
-    )
-    seed(seeder, shared)  # only now can the download finish: both plans are waiting on it
+    wait_for(lambda: waiting(first) and waiting(second), 30, "both plans to wait")
+    [torrent] = api.torrents_info()
+    assert float(torrent.progress) < 1  # both plans are waiting on an unfinished download
+    unthrottle(leecher)
     assert finish(first) == "completed", w.log() + leecher.log()
     assert (leecher.downloads / "Shared.mkv").exists()  # plan B still needs it
     assert len(leecher.api().torrents_info()) == 1
@@ -216,17 +232,13 @@ def test_two_plans_for_one_torrent_share_it_and_each_completes(
     assert partials(library) == []
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known flake (issue 17): the run was seen still waiting after 60 s after the "
-    "re-add, alone and in full runs, while it passed in others; it still runs in every build",
-)
 def test_a_torrent_removed_from_the_client_is_added_again(
     workers, seeder: Instance, leecher: Instance, tmp_path: Path
 ) -> None:
     """Defect 3: the user removes the torrent mid-download; the run re-adds it and finishes."""
-    leecher.api().app_set_preferences({"autorun_enabled": False})
     shared = make_torrent(seeder.downloads / "lost", "Lost.mkv", SIZE)
+    seed(seeder, shared)
+    throttle(leecher)
     library = tmp_path / "library"
     w = workers(
         "--poll-interval",
@@ -236,8 +248,10 @@ def test_a_torrent_removed_from_the_client_is_added_again(
     plan = start_plan("Lost", str(shared.torrent), retention_seconds=0)
     api = leecher.api()
     wait_for(lambda: api.torrents_info(torrent_hashes=shared.info_hash), 30, "the torrent's add")
-    leecher.api().torrents_delete(delete_files=True, torrent_hashes=shared.info_hash)
-    seed(seeder, shared)
+    [torrent] = api.torrents_info(torrent_hashes=shared.info_hash)
+    assert float(torrent.progress) < 1  # removed mid-download
+    api.torrents_delete(delete_files=True, torrent_hashes=shared.info_hash)
+    unthrottle(leecher)
     assert finish(plan) == "completed", w.log()
     [item] = LibraryItem.objects.filter(plan=plan)
     assert item.sha256 == shared.sha256

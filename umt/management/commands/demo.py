@@ -24,7 +24,6 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_engine.cli import positive_float, positive_int
-from tasks_engine.states import FINISHED
 from umt.acquisition import plan_acquisition, report_download_done
 from umt.models import AcquisitionPlan, LibraryItem
 from umt.timeline import Timeline
@@ -96,7 +95,7 @@ class Command(BaseCommand):
         downloaded = False
         while time.monotonic() < end:
             view = timeline.poll()
-            if view.status in FINISHED:
+            if view.finished:
                 self._report(plan.pk, view.status)
                 return view.status
             if not downloaded and view.waiting_on == "fact:download-done":

@@ -1,0 +1,99 @@
+-- hot_write_ctes --
+-- The hot writes of a group (one JSON parameter per row set, so the text does not depend on the group's size): deferred step completions, step starts, run completions. Every row keeps its own fence (its run's row, locked FOR SHARE, still holds its lease token); a start also needs no cancel requested. The run completions reference the other two parts, so their fences lock the run rows before this statement replaces them. A row set from json_to_recordset has no statistics (the planner guesses 100 rows): each join key is also spelled `= ANY(ARRAY(...))`, which keeps the lookup on the primary key.
+dv AS (
+    SELECT * FROM json_to_recordset(%(deferred)s::json)
+        AS t (step_id bigint, output jsonb, finished_at timestamptz, run_id uuid, token uuid)
+), d AS (
+    UPDATE tasks_engine_stepattempt s
+    SET status = 'completed', output = dv.output, finished_at = dv.finished_at
+    FROM dv
+    WHERE s.id = ANY(ARRAY(SELECT step_id FROM dv)) AND s.id = dv.step_id
+      AND s.status = 'running'
+      AND EXISTS (SELECT 1 FROM tasks_engine_workflowrun r
+                  WHERE r.id = dv.run_id AND r.lease_token = dv.token FOR SHARE)
+    RETURNING s.id, s.run_id, dv.token
+), sv AS (
+    SELECT * FROM json_to_recordset(%(starts)s::json)
+        AS t (run_id uuid, name text, kind text, status text, attempt int, run_pass int,
+              output jsonb, error jsonb, worker_id text, token uuid, wake_at timestamptz,
+              started_at timestamptz, finished_at timestamptz)
+), i AS (
+    INSERT INTO tasks_engine_stepattempt (run_id, name, kind, status, attempt, run_pass,
+        counted, output, error, worker_id, lease_token, wake_at, started_at, finished_at)
+    SELECT sv.run_id, sv.name, sv.kind, sv.status, sv.attempt, sv.run_pass, TRUE, sv.output,
+        sv.error, sv.worker_id, sv.token, sv.wake_at, sv.started_at, sv.finished_at
+    FROM sv
+    WHERE EXISTS (SELECT 1 FROM tasks_engine_workflowrun r
+                  WHERE r.id = sv.run_id AND r.lease_token = sv.token
+                    AND r.cancel_requested_at IS NULL FOR SHARE)
+    RETURNING id, run_id, lease_token
+), cv AS (
+    SELECT * FROM json_to_recordset(%(completes)s::json)
+        AS t (run_id uuid, token uuid, output jsonb, unreached jsonb, at timestamptz,
+              progress jsonb)
+), c AS (
+    UPDATE tasks_engine_workflowrun r
+    SET status = 'completed', output = cv.output, unreached_steps = cv.unreached,
+        finished_at = cv.at, updated_at = cv.at, lease_token = NULL, available_at = NULL,
+        waiting_on = '', error = NULL, progress = COALESCE(cv.progress, r.progress)
+    FROM cv
+    WHERE r.id = ANY(ARRAY(SELECT run_id FROM cv)) AND r.id = cv.run_id
+      AND r.lease_token = cv.token
+      AND (SELECT count(*) FROM d) >= 0 AND (SELECT count(*) FROM i) >= 0
+    RETURNING r.id, cv.token
+)
+
+-- hot_write_results --
+-- What each hot write got, as (tag, step id, lease token, run id, then {pad}: the claimed run's columns when a claim rides along): 'i' a started step, 'c' a completed run, 'd' a deferred completion written now, or written before (a second send is harmless).
+SELECT 'i', i.id, i.lease_token, i.run_id{pad} FROM i
+UNION ALL SELECT 'c', NULL::bigint, c.token, c.id{pad} FROM c
+UNION ALL SELECT 'd', d.id, d.token, d.run_id{pad} FROM d
+UNION ALL SELECT 'd', s.id, s.lease_token, s.run_id{pad}
+    FROM tasks_engine_stepattempt s JOIN dv ON s.id = dv.step_id AND s.lease_token = dv.token
+    WHERE s.id = ANY(ARRAY(SELECT step_id FROM dv)) AND s.status = 'completed'
+
+-- claim_ctes --
+-- The runs a claim may take: expired leases first, then due timers, then pending by priority; each source reads its own partial index, so far-future sleepers and finished rows cost nothing. `not_these` (the runs the worker holds, and those the same statement writes) stay out of the expired source. {filters}: the worker's (name, version) pairs and queues.
+expired AS (
+    SELECT id, 0 AS src, priority, available_at FROM tasks_engine_workflowrun
+    WHERE status = 'running' AND available_at <= %(now)s{filters}
+      AND id NOT IN (SELECT json_array_elements_text(%(not_these)s::json)::uuid)
+    ORDER BY available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), woken AS (
+    SELECT id, 1 AS src, priority, available_at FROM tasks_engine_workflowrun
+    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
+    ORDER BY available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
+    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
+    ORDER BY priority DESC, available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), k AS (
+    UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = gen_random_uuid(),
+        worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
+        available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
+        updated_at = %(now)s
+    WHERE id IN (
+        SELECT id FROM (
+            SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
+        ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %(limit)s
+    )
+    RETURNING {columns}
+)
+
+-- claim_filter_tasks --
+-- Only the (name, version) pairs the worker registered, as one text[] parameter.
+AND task_name || '@' || version = ANY(%(task_keys)s::text[])
+
+-- claim_filter_queues --
+-- Only the worker's queues, as one text[] parameter.
+AND queue = ANY(%(queues)s::text[])
+
+-- renew_leases --
+-- Extend every lease a worker holds (one JSON row per run and lease token); runs missing from the result are lost. A stale lease of a run whose fresh lease the same worker holds does not match.
+WITH l AS (
+    SELECT * FROM json_to_recordset(%(leases)s::json) AS t (run_id uuid, token uuid)
+)
+UPDATE tasks_engine_workflowrun r SET available_at = %(until)s
+FROM l
+WHERE r.id = ANY(ARRAY(SELECT run_id FROM l)) AND r.id = l.run_id AND r.lease_token = l.token
+RETURNING r.id, r.lease_token, r.cancel_requested_at, r.deadline_at

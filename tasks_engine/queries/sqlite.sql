@@ -1,0 +1,76 @@
+-- complete_deferred --
+-- A deferred step completion, fenced on its run's lease (SQLite has one writer: no row lock).
+UPDATE tasks_engine_stepattempt
+SET status = 'completed', output = %(output)s, finished_at = %(finished_at)s
+WHERE id = %(step_id)s AND status = 'running'
+  AND EXISTS (SELECT 1 FROM tasks_engine_workflowrun
+              WHERE id = %(run_id)s AND lease_token = %(token)s)
+
+-- deferred_written --
+-- Whether a deferred completion is already written (by an earlier send of the same attempt).
+SELECT 1 FROM tasks_engine_stepattempt
+WHERE id = %(step_id)s AND lease_token = %(token)s AND status = 'completed'
+
+-- start_step --
+-- A step's attempt, inserted while the attempt holds its run and no cancel is requested.
+INSERT INTO tasks_engine_stepattempt (run_id, name, kind, status, attempt, run_pass, counted,
+    output, error, worker_id, lease_token, wake_at, started_at, finished_at)
+SELECT %(run_id)s, %(name)s, %(kind)s, %(status)s, %(attempt)s, %(run_pass)s, TRUE,
+    %(output)s, %(error)s, %(worker_id)s, %(token)s, %(wake_at)s, %(started_at)s,
+    %(finished_at)s
+WHERE EXISTS (SELECT 1 FROM tasks_engine_workflowrun
+              WHERE id = %(run_id)s AND lease_token = %(token)s
+                AND cancel_requested_at IS NULL)
+RETURNING id
+
+-- complete_run --
+-- Running -> completed, if the attempt still holds the run.
+UPDATE tasks_engine_workflowrun
+SET status = 'completed', output = %(output)s, unreached_steps = %(unreached)s,
+    finished_at = %(at)s, updated_at = %(at)s, lease_token = NULL, available_at = NULL,
+    waiting_on = '', error = NULL, progress = COALESCE(%(progress)s, progress)
+WHERE id = %(run_id)s AND lease_token = %(token)s
+
+-- claim --
+-- The runs a claim takes: expired leases first, then due timers, then pending by priority (see postgresql.sql, claim_ctes). {filters}: the worker's (name, version) pairs and queues.
+WITH expired AS (
+    SELECT id, 0 AS src, priority, available_at FROM tasks_engine_workflowrun
+    WHERE status = 'running' AND available_at <= %(now)s{filters}
+      AND id NOT IN (SELECT value FROM json_each(%(not_these)s))
+    ORDER BY available_at LIMIT %(limit)s
+), woken AS (
+    SELECT id, 1 AS src, priority, available_at FROM tasks_engine_workflowrun
+    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
+    ORDER BY available_at LIMIT %(limit)s
+), due AS (
+    SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
+    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
+    ORDER BY priority DESC, available_at LIMIT %(limit)s
+)
+UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = lower(hex(randomblob(16))),
+    worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
+    available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
+    updated_at = %(now)s
+WHERE id IN (
+    SELECT id FROM (
+        SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
+    ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %(limit)s
+)
+RETURNING {columns}
+
+-- claim_filter_tasks --
+-- Only the (name, version) pairs the worker registered, as one JSON array parameter.
+AND task_name || '@' || version IN (SELECT value FROM json_each(%(task_keys)s))
+
+-- claim_filter_queues --
+-- Only the worker's queues, as one JSON array parameter.
+AND queue IN (SELECT value FROM json_each(%(queues)s))
+
+-- renew_leases --
+-- Extend every lease a worker holds (a JSON array of [run, lease token]); runs missing from the result are lost. Plain columns come back, never `col IS [NOT] NULL` (SQLite 3.35 to 3.40 folds such a test in RETURNING as if the column were NOT NULL).
+UPDATE tasks_engine_workflowrun SET available_at = %(until)s
+WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(%(leases)s))
+  AND id || ':' || lease_token IN (
+      SELECT json_extract(value, '$[0]') || ':' || json_extract(value, '$[1]')
+      FROM json_each(%(leases)s))
+RETURNING id, lease_token, cancel_requested_at, deadline_at

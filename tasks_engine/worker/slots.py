@@ -1,0 +1,193 @@
+"""The worker's slots, under one lock: how many are taken, the runs they hold, and the claimed
+runs queued for the next slot that frees.
+
+A slot is taken while a run executes in it, while a claimed run waits for one (prefetched), and
+while a claim is reserving it. `busy` may exceed the concurrency by the prefetch. A run's last
+write (its completion, worker/group_commit.py) may take its slot along: the group that commits
+it frees the slot, or gives it to a run it claimed in the same statement.
+
+Runs are keyed by (run, lease token): a stale attempt of a run (its slot still executes after an
+outage let its lease expire) and a fresh one never share an entry. The claims of this worker
+never take back a run one of its slots holds (see `ClaimRequest.held`).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from .. import metrics, transitions
+from ..attempt_handle import AttemptHandle
+from ..context import TaskContext
+
+Key = tuple[uuid.UUID, uuid.UUID]  # (run id, lease token)
+
+
+@dataclass
+class Held:
+    lease: transitions.Lease
+    ctx: TaskContext
+    handle: AttemptHandle  # the attempt's state shared with the heartbeat (timer, cancel, ...)
+    renewed_at: float  # monotonic time the lease was last known to be granted (claim, renewal)
+    lost: bool = False
+    abort_deadline: float | None = None  # monotonic time after which the run is written off
+    handed_over: bool = False  # its last write took the slot along (the group frees it)
+
+
+def key(lease: transitions.Lease) -> Key:
+    return (lease.run_id, lease.token)
+
+
+class SlotPool:
+    def __init__(self, concurrency: int, prefetch: int) -> None:
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # a run (or a stop) is queued
+        self._busy = 0
+        self._held: dict[Key, Held] = {}
+        self._queued: deque[transitions.Claimed | None] = deque()  # None: a slot thread stops
+        self._written_off: set[Key] = set()  # runs whose stuck slot thread was replaced
+        self.freed = threading.Event()  # a slot freed: the claim loop may claim again
+        self.backlog = False  # the last claim filled every slot it asked for
+        self.closed = False  # the worker stops: no claim rides on a group any more
+
+    # -- reserving and filling ------------------------------------------------------------------
+
+    def reserve(self, n: int) -> int:
+        """Take up to `n` free slots for a claim; returns how many."""
+        with self._lock:
+            n = max(0, min(n, self.concurrency - self._busy))
+            self._busy += n
+        return n
+
+    def reserve_for_group(self, handed_over: int) -> int:
+        """How many runs a group completing `handed_over` runs claims along (0: none): a run
+        for each slot they hand over, and one for each idle slot or free prefetch place (which
+        it reserves). Only under a backlog, and not once the worker stops."""
+        if not handed_over or not self.backlog or self.closed:
+            return 0
+        with self._lock:
+            idle = max(0, self.concurrency + self.prefetch - self._busy)
+            self._busy += idle
+        return handed_over + idle
+
+    def fill(self, claimed: list[transitions.Claimed], reserved: int) -> None:
+        """Queue the claimed runs for the `reserved` slots and free the slots they did not
+        take."""
+        metrics.record_claims([item.run for item in claimed])
+        with self._lock:
+            self._queued.extend(claimed)
+            self._busy -= reserved - len(claimed)
+            self._ready.notify(len(claimed))
+
+    def after_group(self, claimed: list[transitions.Claimed], reserved: int, handed: int) -> None:
+        """A group's slots (handed over by the runs it completed, and those it reserved) go to
+        the runs it claimed; the rest are freed (and the claim loop woken for them)."""
+        held = max(reserved, handed)
+        self.fill(claimed, held)
+        if reserved:
+            self.backlog = len(claimed) == reserved
+        if held > len(claimed):
+            self.freed.set()
+
+    def take_stale(self, now: float, max_age: float) -> list[transitions.Claimed]:
+        """Queued runs that waited `max_age` for a slot, taken off the queue and their slots
+        freed: the caller hands them back for any worker."""
+        with self._lock:
+            stale = [c for c in self._queued if c is not None and now - c.at > max_age]
+            for c in stale:
+                self._queued.remove(c)
+            self._busy -= len(stale)
+        if stale:
+            self.freed.set()
+        return stale
+
+    # -- slot threads ---------------------------------------------------------------------------
+
+    def next_run(self) -> transitions.Claimed | None:
+        """Block until a run is queued for this slot thread (None: the thread stops)."""
+        with self._lock:
+            while not self._queued:
+                self._ready.wait()
+            return self._queued.popleft()
+
+    def stop_threads(self, n: int) -> None:
+        with self._lock:
+            self._queued.extend([None] * n)
+            self._ready.notify_all()
+
+    def hold(self, held: Held) -> None:
+        with self._lock:
+            self._held[key(held.lease)] = held
+
+    def hand_over(self, lease: transitions.Lease) -> bool:
+        """The run's last write takes its slot along (the group's `after_group` frees it).
+        False: the run no longer has a slot (it was written off), and nothing is handed."""
+        with self._lock:
+            held = self._held.get(key(lease))
+            if held is not None:
+                held.handed_over = True
+            return held is not None
+
+    def release(self, lease: transitions.Lease) -> bool:
+        """The slot's run ended. Returns whether this slot thread retires (a replacement took
+        its slot when its run was written off)."""
+        k = key(lease)
+        with self._lock:
+            held = self._held.pop(k, None)
+            handed_over = held is not None and held.handed_over
+            retired = k in self._written_off  # its slot was already given to a new thread
+            self._written_off.discard(k)
+            if not retired and not handed_over:
+                self._busy -= 1
+        if not handed_over:
+            self.freed.set()
+        return retired
+
+    def write_off(self, held: Held) -> bool:
+        """Stop counting a slot whose run ignores its abort; the caller starts a replacement
+        thread. False: the run ended meanwhile."""
+        k = key(held.lease)
+        with self._lock:
+            if self._held.get(k) is not held:
+                return False
+            held.lost = True
+            del self._held[k]
+            self._written_off.add(k)
+            self._busy -= 1
+        self.freed.set()
+        return True
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def busy(self) -> int:
+        return self._busy
+
+    def free(self) -> int:
+        return self.concurrency - self._busy
+
+    def executing(self) -> int:
+        """Runs in slots right now (each sends its writes to the group writer)."""
+        return len(self._held)
+
+    def held(self) -> list[Held]:
+        with self._lock:
+            return [h for h in self._held.values() if not h.lost]
+
+    def held_ids(self) -> tuple[uuid.UUID, ...]:
+        """Runs in this worker's slots: its claims never take them back (see ClaimRequest)."""
+        with self._lock:
+            return tuple(run_id for run_id, _ in self._held)
+
+    def stuck(self, now: float) -> list[Held]:
+        with self._lock:
+            return [
+                h
+                for h in self._held.values()
+                if h.abort_deadline is not None
+                and now >= h.abort_deadline
+                and h.ctx.abort_signal.aborted  # a step timeout's abort ends with its step
+            ]

@@ -1,0 +1,56 @@
+"""The slot pool (worker/slots.py): one lock over slot accounting and the runs held, keyed by
+(run, lease token)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from tasks_engine import transitions
+from tasks_engine.worker.slots import Held, SlotPool
+
+NO_CTX: Any = None  # the pool never touches a run's context or handle here
+
+
+def held(lease: transitions.Lease) -> Held:
+    return Held(lease, NO_CTX, NO_CTX, renewed_at=0.0)
+
+
+def test_a_stale_and_a_fresh_attempt_of_one_run_are_held_apart() -> None:
+    run = uuid.uuid4()
+    stale = transitions.Lease(run, uuid.uuid4(), "w")
+    fresh = transitions.Lease(run, uuid.uuid4(), "w")
+    pool = SlotPool(concurrency=2, prefetch=0)
+    assert pool.reserve(2) == 2
+    pool.hold(held(stale))
+    pool.hold(held(fresh))  # the old table (by run id) overwrote the stale entry here
+    assert pool.held_ids() == (run, run) and pool.executing() == 2
+    pool.release(stale)  # the stale slot ends: the fresh attempt stays held (and renewed)
+    assert [h.lease.token for h in pool.held()] == [fresh.token]
+    assert pool.busy() == 1
+
+
+def test_a_completion_that_takes_its_slot_along_frees_it_in_the_group() -> None:
+    pool = SlotPool(concurrency=1, prefetch=0)
+    lease = transitions.Lease(uuid.uuid4(), uuid.uuid4(), "w")
+    assert pool.reserve(1) == 1
+    pool.hold(held(lease))
+    assert pool.hand_over(lease)
+    pool.release(lease)
+    assert pool.busy() == 1  # the slot went with the completion
+    pool.freed.clear()
+    pool.after_group([], reserved=0, handed=1)  # nothing claimed: the group frees it
+    assert pool.busy() == 0 and pool.freed.is_set()
+
+
+def test_a_written_off_run_hands_over_nothing() -> None:
+    pool = SlotPool(concurrency=1, prefetch=0)
+    lease = transitions.Lease(uuid.uuid4(), uuid.uuid4(), "w")
+    pool.reserve(1)
+    h = held(lease)
+    pool.hold(h)
+    assert pool.write_off(h)  # a replacement thread takes the slot
+    assert pool.busy() == 0
+    assert not pool.hand_over(lease)  # its completion, when it comes, is written at once
+    assert pool.release(lease) is True  # the stuck thread retires
+    assert pool.busy() == 0
