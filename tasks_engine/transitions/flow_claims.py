@@ -1,16 +1,14 @@
 """The guarded claim: flow control enforced by the claim itself (docs/FLOW_CONTROL.md).
 
-One transaction. On PostgreSQL it first takes a transaction-level advisory lock per limited
-queue the worker serves (waiting for it) and per candidate key (trying, skipping a key another
-claim holds); every count after that is read by a later statement, so under READ COMMITTED it
-sees every claim committed by an earlier holder of the same lock, and no claim of the same
-queue or key can commit until this one does. On SQLite the transaction is BEGIN IMMEDIATE:
-there is one writer, so the counts cannot change under it. Nothing is counted in a counter of
-its own: running runs and the claim log are the truth, so a crash leaves nothing to drift.
+On PostgreSQL: two statements in one round trip (flow_claims_pg.py). On SQLite, here: the
+same steps as separate statements in one BEGIN IMMEDIATE transaction; there is one writer,
+so nothing changes under the counts. Nothing is counted in a counter of its own: running runs
+and the claim log are the truth, so a crash leaves nothing to drift.
 
 The only ways into `running` are claims (pending or a due timer), and a reclaim of an expired
-lease keeps a run `running`: so counting `running` rows under the lock that every claim of
-the queue or key takes cannot admit too many.
+lease keeps a run `running`: so counting `running` rows where no other claim can admit one
+(under the write lock here, under the queue's and key's advisory locks on PostgreSQL) cannot
+admit too many.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from ..sql import (
     placeholders,
     r_dt,
     r_uuid,
-    skip_locked,
 )
 from ._common import RUN, Claimed
 from .claims import (
@@ -48,10 +45,6 @@ from .claims import (
 from .flow_claims_pg import claim_guarded_pg
 
 CLAIMS = QueueClaim._meta.db_table
-# pg_advisory_xact_lock(class, hashtext(name)): one class for queues, one for keys. A hash
-# collision only makes two keys share a lock (claims of them are serialised), never admits more.
-QUEUE_LOCK = 0x7E51
-KEY_LOCK = 0x7E52
 COLUMNS = "id, {src}, priority, available_at, queue, concurrency_key, concurrency_limit"
 
 
@@ -216,15 +209,11 @@ def _candidates(
         parts.append(
             f"SELECT * FROM (SELECT {COLUMNS.format(src=f'{src} AS src')} FROM {RUN}"
             f" WHERE status = '{status}' AND available_at <= %s{extra}{filt}"
-            f" ORDER BY {order} LIMIT %s{skip_locked()}) AS p{len(parts)}"
+            f" ORDER BY {order} LIMIT %s) AS p{len(parts)}"
         )
         params.extend([p_dt(now), *extra_params, *fparams, n])
 
-    not_ours = (
-        " AND id NOT IN (SELECT json_array_elements_text(%s::json)::uuid)"
-        if is_postgres()
-        else " AND id NOT IN (SELECT value FROM json_each(%s))"
-    )
+    not_ours = " AND id NOT IN (SELECT value FROM json_each(%s))"
     pick("running", 0, not_ours, [_ids_json(list(req.held))], req.limit)
     free = " AND concurrency_key IS NULL"
     if limited:

@@ -43,7 +43,9 @@ from .claims import (
 )
 
 CLAIMS = QueueClaim._meta.db_table
-QUEUE_LOCK = 0x7E51  # pg_advisory_xact_lock(class, hashtext(name)), as before this module
+# pg_advisory_xact_lock(class, hashtext(name)): one class for queues, one for keys. A hash
+# collision only makes two keys share a lock (claims of them are serialised), never admits more.
+QUEUE_LOCK = 0x7E51
 KEY_LOCK = 0x7E52
 BIG = 1 << 30
 # The claim statement is planned (once per connection: a prepared generic plan) in the
