@@ -253,7 +253,7 @@ FLOW_RATES = (
     ("claim_rate_plain", "flow control off: claims/s"),
     ("claim_rate_guarded", "queue limit + keys on: claims/s"),
     ("claim_rate_guarded_without_held_back", "keys on, nothing held back: claims/s"),
-    ("scale_held_back_100k", "keys on, 100k held back by one key: claims/s"),
+    ("scale_held_back_100k", "keys on, one full key's runs held back: claims/s"),
 )
 
 
