@@ -66,13 +66,23 @@ def walk_size(limit: int) -> int:
 def claim_guarded_pg(
     req: ClaimRequest, limited: dict[str, QueueLimits], now: datetime
 ) -> list[Claimed]:
+    rows = _pipelined(*statements(req, limited, now))
+    return claimed_from_rows(rows, req.worker_id)
+
+
+def statements(
+    req: ClaimRequest, limited: dict[str, QueueLimits], now: datetime
+) -> tuple[str, list[Any], str, list[Any]]:
+    """The locking statement and the claim statement, with their parameters."""
     filt, fparams = _filters(req.pairs, req.queues)
     t = p_dt(now)
     walk = walk_size(req.limit)
-    lock_params: list[Any] = [sorted(limited)]
-    lock_params += [t, *fparams, walk]  # walk
-    lock_params += [t, *fparams, walk]  # woken
-    lock_params += [t, *fparams, walk, req.limit]  # loose
+    names = _text_array(tuple(limited))
+    lock_params: list[Any] = [_text_array(tuple(sorted(limited)))]
+    lock_params += [t, walk]  # scan
+    lock_params += [t, walk, *fparams]  # woken
+    lock_params += [*fparams]  # roomy
+    lock_params += [t, t, *fparams, walk, req.limit]  # heads, loose
     lock_params += [2 * req.limit, req.limit]
     queues = [
         {
@@ -84,7 +94,6 @@ def claim_guarded_pg(
         for q, lim in limited.items()
     ]
     n = req.limit
-    names = list(limited)
     rated = [q for q in queues if q["rate"] is not None]
     claim_params: list[Any] = [json.dumps(queues)]
     claim_params += [x for q in rated for x in (q["q"], q["since"])]  # pruned
@@ -96,8 +105,17 @@ def claim_guarded_pg(
     if rated:
         claim_params.append(t)  # logged
     first, second = _statements(filt, len(rated))
-    rows = _pipelined(first, lock_params, second, claim_params)
-    return claimed_from_rows(rows, req.worker_id)
+    return first, lock_params, second, claim_params
+
+
+@functools.lru_cache(maxsize=64)
+def _text_array(values: tuple[str, ...]) -> str:
+    """A text[] literal (cheaper to send than a list adapted element by element)."""
+    return (
+        "{"
+        + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
+        + "}"
+    )
 
 
 def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tuple[Any, ...]]:
@@ -132,9 +150,12 @@ def _compact(sql: str) -> str:
 
 
 def _lock_statement(filt: str) -> str:
+    # Each look reads a bounded number of rows first and applies the worker's filters (its
+    # workflows, its queues) after: keyed runs it cannot claim (another queue's held-back
+    # runs) cost it that bound, never a walk past all of them.
     keyed = (
         "SELECT id, concurrency_key AS k, concurrency_limit AS lim, {src} AS src, priority,"
-        f" available_at FROM {RUN}"
+        f" available_at, ctid AS tid, task_name, version, queue FROM {RUN}"
     )
     return f"""
         WITH RECURSIVE locked_queues AS MATERIALIZED (
@@ -143,41 +164,42 @@ def _lock_statement(filt: str) -> str:
         ), running AS MATERIALIZED (
             SELECT concurrency_key AS k, count(*) AS n FROM {RUN}
             WHERE status = 'running' AND concurrency_key IS NOT NULL GROUP BY concurrency_key
-        ), walk AS MATERIALIZED (
+        ), scan AS MATERIALIZED (
             {keyed.format(src=2)}
-            WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s{filt}
+            WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s
             ORDER BY priority DESC, available_at LIMIT %s
         ), woken AS MATERIALIZED (
-            {keyed.format(src=1)}
-            WHERE status = 'waiting' AND available_at <= %s AND concurrency_key IS NOT NULL{filt}
-            ORDER BY available_at LIMIT %s
+            SELECT * FROM ({keyed.format(src=1)}
+                WHERE status = 'waiting' AND available_at <= %s AND concurrency_key IS NOT NULL
+                ORDER BY available_at LIMIT %s) AS w
+            WHERE true{filt}
         ), roomy AS MATERIALIZED (
-            SELECT f.* FROM (SELECT * FROM walk UNION ALL SELECT * FROM woken) AS f
+            SELECT f.* FROM (SELECT * FROM scan WHERE true{filt} UNION ALL SELECT * FROM woken) AS f
             LEFT JOIN running r ON r.k = f.k WHERE coalesce(r.n, 0) < coalesce(f.lim, 1)
-        ), keys(k) AS (
-            SELECT MIN(concurrency_key) FROM {RUN}
-            WHERE status = 'pending' AND concurrency_key IS NOT NULL
-            UNION ALL
-            SELECT (SELECT MIN(concurrency_key) FROM {RUN}
-                    WHERE status = 'pending' AND concurrency_key IS NOT NULL
-                    AND concurrency_key > keys.k)
-            FROM keys WHERE keys.k IS NOT NULL
-        ), loose AS (
-            SELECT h.* FROM keys CROSS JOIN LATERAL (
+        ), heads AS (
+            (
                 {keyed.format(src=2)}
-                WHERE status = 'pending' AND concurrency_key = keys.k AND available_at <= %s{filt}
-                ORDER BY priority DESC, available_at LIMIT 1
-            ) AS h
-            LEFT JOIN running r ON r.k = h.k
-            WHERE keys.k IS NOT NULL AND coalesce(r.n, 0) < coalesce(h.lim, 1)
-            AND (SELECT count(*) FROM walk) >= %s AND (SELECT count(DISTINCT k) FROM roomy) < %s
+                WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s
+                ORDER BY concurrency_key, priority DESC, available_at LIMIT 1
+            )
+            UNION ALL
+            SELECT n.* FROM heads CROSS JOIN LATERAL (
+                {keyed.format(src=2)}
+                WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s
+                AND concurrency_key > heads.k
+                ORDER BY concurrency_key, priority DESC, available_at LIMIT 1
+            ) AS n
+        ), loose AS (
+            SELECT h.* FROM heads h LEFT JOIN running r ON r.k = h.k
+            WHERE coalesce(r.n, 0) < coalesce(h.lim, 1){filt}
+            AND (SELECT count(*) FROM scan) >= %s AND (SELECT count(DISTINCT k) FROM roomy) < %s
         ), best AS (
-            SELECT DISTINCT ON (k) k, coalesce(lim, 1) AS lim, src, priority, available_at
+            SELECT DISTINCT ON (k) k, coalesce(lim, 1) AS lim, src, priority, available_at, tid
             FROM (SELECT * FROM roomy UNION ALL SELECT * FROM loose) AS c
-            ORDER BY k, src, priority DESC, available_at
+            ORDER BY k, src, priority DESC, available_at, tid
         ), ordered AS (
             SELECT k, lim FROM best WHERE (SELECT n FROM locked_queues) >= 0
-            ORDER BY src, priority DESC, available_at LIMIT %s
+            ORDER BY src, priority DESC, available_at, tid LIMIT %s
         ), got AS MATERIALIZED (
             SELECT k, lim FROM ordered
             WHERE pg_try_advisory_xact_lock({KEY_LOCK}, hashtext(k)) LIMIT %s
@@ -192,7 +214,10 @@ def _lock_statement(filt: str) -> str:
 
 
 def _claim_statement(filt: str, rated: int) -> str:
-    cols = f"id, {{src}} AS src, priority, available_at, queue, concurrency_key AS k FROM {RUN}"
+    cols = (
+        "id, {src} AS src, priority, available_at, ctid AS tid, queue, concurrency_key AS k"
+        f" FROM {RUN}"
+    )
     not_ours = " AND id NOT IN (SELECT json_array_elements_text(%s::json)::uuid)"
     lock = "FOR UPDATE SKIP LOCKED"
 
@@ -253,7 +278,7 @@ def _claim_statement(filt: str, rated: int) -> str:
                 WHERE queues.room > 0
             UNION ALL SELECT * FROM (
                 SELECT id, CASE WHEN status = 'waiting' THEN 1 ELSE 2 END AS src, priority,
-                    available_at, queue, concurrency_key AS k FROM {RUN}
+                    available_at, ctid AS tid, queue, concurrency_key AS k FROM {RUN}
                 WHERE id = ANY(current_setting('{RUNS_SETTING}')::uuid[])
                 AND status IN ('pending', 'waiting') AND available_at <= %s
                 AND concurrency_key IN (SELECT k FROM keys WHERE room > 0) {lock}
@@ -261,7 +286,7 @@ def _claim_statement(filt: str, rated: int) -> str:
         ), key_ok AS (
             SELECT c.* FROM (
                 SELECT c.*, row_number() OVER (PARTITION BY c.src = 0, c.k
-                    ORDER BY c.src, c.priority DESC, c.available_at) AS rank
+                    ORDER BY c.src, c.priority DESC, c.available_at, c.tid) AS rank
                 FROM candidates c
             ) AS c
             WHERE c.src = 0 OR c.k IS NULL
@@ -269,12 +294,12 @@ def _claim_statement(filt: str, rated: int) -> str:
         ), admitted AS MATERIALIZED (
             SELECT c.id, c.src, c.queue FROM (
                 SELECT c.*, row_number() OVER (PARTITION BY c.src = 0, c.queue
-                    ORDER BY c.src, c.priority DESC, c.available_at) AS qrank
+                    ORDER BY c.src, c.priority DESC, c.available_at, c.tid) AS qrank
                 FROM key_ok c
             ) AS c
             WHERE c.src = 0
             OR c.qrank <= coalesce((SELECT room FROM queues WHERE queues.q = c.queue), {BIG})
-            ORDER BY c.src, c.priority DESC, c.available_at LIMIT %s
+            ORDER BY c.src, c.priority DESC, c.available_at, c.tid LIMIT %s
         ), claimed AS (
             {claim_update()} WHERE id IN (SELECT id FROM admitted)
             RETURNING {", ".join(CLAIM_COLUMNS)}
