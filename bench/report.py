@@ -12,8 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
+
+# matplotlib imports the standard library's copy, which bench/copy.py would shadow for a script
+# run from bench/ (see common.py): bench/ goes last.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _HERE] + [str(_HERE)]
 
 OURS = "ours"
 BASELINE = "baseline"

@@ -1,9 +1,12 @@
-"""Run and step statuses, and the table of every run transition with its cause.
+"""Run and step statuses, and the table of every run transition: its cause, the functions
+in `transitions/` that write it, and who calls them.
 
-`transitions/` implements each edge; `tests/test_states.py` checks that the two agree.
+`tests/test_states.py` checks that the table and `transitions/` agree.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from django.db import models
 
@@ -36,33 +39,96 @@ class StepKind(models.TextChoices):
 ACTIVE = frozenset({RunStatus.PENDING, RunStatus.RUNNING, RunStatus.WAITING})
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
 
-# (from, to) -> (cause, the functions in transitions/ that perform it, comma-separated)
-TRANSITIONS: dict[tuple[RunStatus, RunStatus], tuple[str, str]] = {
-    (RunStatus.PENDING, RunStatus.RUNNING): ("claimed by a worker", "claim_runs"),
-    (RunStatus.RUNNING, RunStatus.RUNNING): ("lease expired, reclaimed", "claim_runs"),
-    (RunStatus.RUNNING, RunStatus.COMPLETED): ("handler returned", "complete_run"),
-    (RunStatus.RUNNING, RunStatus.FAILED): ("handler raised, no retries left", "fail_run"),
-    (RunStatus.RUNNING, RunStatus.PENDING): (
+
+class Edge(NamedTuple):
+    cause: str
+    functions: str  # the functions in transitions/ that write it, comma-separated
+    callers: str  # who calls them
+
+
+START = Edge(
+    "enqueue",
+    "create_run",
+    "engine.enqueue: callers, run_child, schedules, the django.tasks backend",
+)
+
+# (from, to) -> the edge. `tests/test_states.py` reads transitions/ to check that every
+# function writing a run status is here (or a helper of one that is), and the reverse.
+TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
+    (RunStatus.PENDING, RunStatus.RUNNING): Edge(
+        "claimed by a worker", "claim_runs", "a worker's main loop, or its group commit"
+    ),
+    (RunStatus.RUNNING, RunStatus.RUNNING): Edge(
+        "lease expired, reclaimed",
+        "claim_runs",
+        "another worker's claim (the replay closes the old attempt abandoned)",
+    ),
+    (RunStatus.RUNNING, RunStatus.COMPLETED): Edge(
+        "handler returned", "complete_run", "the executor (on PostgreSQL via the group commit)"
+    ),
+    (RunStatus.RUNNING, RunStatus.FAILED): Edge(
+        "handler raised, no retries left",
+        "fail_run",
+        "the executor; the heartbeat when a step ignores its deadline's abort",
+    ),
+    (RunStatus.RUNNING, RunStatus.PENDING): Edge(
         "step or workflow retry backoff, or handed back (shutdown, outage, busy op)",
         "requeue_run",
+        "the executor and its steps; the worker's slot after an outage; the heartbeat when a"
+        " step ignores its timeout",
     ),
-    (RunStatus.RUNNING, RunStatus.WAITING): ("sleep, fact wait or child wait", "park_run"),
-    (RunStatus.RUNNING, RunStatus.CANCELED): ("cancel reached the worker", "cancel_running_run"),
-    (RunStatus.WAITING, RunStatus.RUNNING): ("timer due (sleep, timeout, deadline)", "claim_runs"),
-    (RunStatus.WAITING, RunStatus.PENDING): (
+    (RunStatus.RUNNING, RunStatus.WAITING): Edge(
+        "sleep, fact wait or child wait",
+        "park_run",
+        "the steps sleep, wait_for_fact and run_child (park_run_unless)",
+    ),
+    (RunStatus.RUNNING, RunStatus.CANCELED): Edge(
+        "cancel reached the worker",
+        "cancel_running_run",
+        "the executor; the heartbeat when a step ignores its cancel",
+    ),
+    (RunStatus.WAITING, RunStatus.RUNNING): Edge(
+        "timer due (sleep, timeout, deadline)", "claim_runs", "a worker's claim"
+    ),
+    (RunStatus.WAITING, RunStatus.PENDING): Edge(
         "fact signalled, or child finished",
         "wake_run, wake_parent",
+        "engine.signal (wake_run); a child's end in complete_run, fail_run,"
+        " cancel_running_run or cancel_idle_run (wake_parent)",
     ),
-    (RunStatus.PENDING, RunStatus.CANCELED): ("canceled before it ran", "cancel_idle_run"),
-    (RunStatus.WAITING, RunStatus.CANCELED): ("canceled while waiting", "cancel_idle_run"),
-    (RunStatus.FAILED, RunStatus.PENDING): ("retried by an operator (retry_run)", "retry_run"),
-    (RunStatus.CANCELED, RunStatus.PENDING): ("retried by an operator (retry_run)", "retry_run"),
+    (RunStatus.PENDING, RunStatus.CANCELED): Edge(
+        "canceled before it ran",
+        "cancel_idle_run",
+        "engine.cancel, or its parent ending failed or canceled (cancel_active)",
+    ),
+    (RunStatus.WAITING, RunStatus.CANCELED): Edge(
+        "canceled while waiting",
+        "cancel_idle_run",
+        "engine.cancel, or its parent ending failed or canceled (cancel_active)",
+    ),
+    (RunStatus.FAILED, RunStatus.PENDING): Edge(
+        "retried by an operator", "retry_run", "engine.retry_run (the admin, tasks retry)"
+    ),
+    (RunStatus.CANCELED, RunStatus.PENDING): Edge(
+        "retried by an operator", "retry_run", "engine.retry_run (the admin, tasks retry)"
+    ),
 }
 
 
 def mermaid() -> str:
     """The run state machine as a mermaid flowchart, edges labelled with their causes."""
-    lines = ["flowchart LR", "    start(( )) -- enqueue --> pending"]
-    for (src, dst), (cause, fn) in TRANSITIONS.items():
-        lines.append(f'    {src} -- "{cause} ({fn})" --> {dst}')
+    lines = ["flowchart LR", f"    start(( )) -- {START.cause} --> pending"]
+    for (src, dst), edge in TRANSITIONS.items():
+        lines.append(f'    {src} -- "{edge.cause} ({edge.functions})" --> {dst}')
+    return "\n".join(lines) + "\n"
+
+
+def leaving_table() -> str:
+    """Who moves a run out of each state, as a markdown table (docs/state_machine.md)."""
+    lines = ["| state | to | cause | written by | called by |", "|---|---|---|---|---|"]
+    for status in RunStatus:
+        for (src, dst), edge in TRANSITIONS.items():
+            if src == status:
+                functions = ", ".join(f"`{f}`" for f in edge.functions.split(", "))
+                lines.append(f"| `{src}` | `{dst}` | {edge.cause} | {functions} | {edge.callers} |")
     return "\n".join(lines) + "\n"

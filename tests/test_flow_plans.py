@@ -1,0 +1,109 @@
+"""The guarded claim's plans on PostgreSQL stay on their partial indexes: runs held back by a
+full key cost a claim a bounded number of rows, whichever queue it serves (EXPLAIN ANALYZE of
+the prepared statements the claim really runs, with their generic plans)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+import tasks_engine
+from tasks_engine import clock, flow, transitions
+from tasks_engine.transitions import flow_claims_pg
+from tests.test_flow_control import FLOW, _plain_claims_after, limit_queues
+
+pytestmark = pytest.mark.django_db
+_ = _plain_claims_after  # autouse here too
+HELD = 3000
+RUN = "tasks_engine_workflowrun"
+
+
+@pytest.fixture
+def postgres_only(is_postgres: bool) -> None:
+    if not is_postgres:
+        pytest.skip("the plans of the PostgreSQL claim; SQLite claims under BEGIN IMMEDIATE")
+
+
+def hold_back(held: int) -> None:
+    """Key disk:hot full (one run running) and `held` more of its runs pending, ahead of
+    every other run in claim order."""
+    tasks_engine.enqueue("flow-disk", {"disk": "hot"})
+    [running] = transitions.claim_runs("holder", FLOW, None, 1, 600.0)
+    assert running.run.concurrency_key == "disk:hot"
+    with connection.cursor() as cur:
+        cur.execute(
+            f"INSERT INTO {RUN} (id, task_name, version, queue, status, priority, input,"
+            " idempotency_key, input_hash, trace_id, attempts, failures, worker_id,"
+            " available_at, waiting_on, cancel_reason, parent_step, unreached_steps,"
+            " concurrency_key, concurrency_limit, created_at, updated_at)"
+            " SELECT gen_random_uuid(), 'flow-disk', 1, 'default', 'pending', 0, '{}', NULL,"
+            " '', '', 0, 0, '', now() - interval '1 hour', '', '', '', '[]', 'disk:hot', 1,"
+            " now(), now() FROM generate_series(1, %s)",
+            [held],
+        )
+        cur.execute(f"ANALYZE {RUN}")
+
+
+def rows_read(plan: dict[str, Any]) -> int:
+    """Rows the plan's scans of the runs table produced or filtered out, over all loops."""
+    loops = int(plan.get("Actual Loops", 1))
+    own = 0
+    if plan.get("Relation Name") == RUN and "Scan" in plan["Node Type"]:
+        produced = int(plan.get("Actual Rows", 0)) + int(plan.get("Rows Removed by Filter", 0))
+        own = produced * loops
+    return own + sum(rows_read(p) for p in plan.get("Plans", []))
+
+
+def numbered(sql: str) -> str:
+    """The statement as PostgreSQL stores it: psycopg's %s placeholders numbered $1, $2..."""
+    parts = sql.split("%s")
+    return "".join(p + (f"${i}" if i < len(parts) else "") for i, p in enumerate(parts, 1))
+
+
+def explain_claim(queues: list[str] | None) -> list[int]:
+    """Claim once (which prepares both statements on this connection), then EXPLAIN ANALYZE
+    the prepared statements themselves with the next claim's parameters: rows read by each."""
+    req = transitions.ClaimRequest("w", FLOW, queues, 1, 600.0)
+    limited = flow.limited_queues(queues)
+    flow.note_keyed()
+    transitions.claim_runs("w", FLOW, queues, 1, 600.0)
+    first, p1, second, p2 = flow_claims_pg.statements(req, limited, clock.now())
+    raw = connection.connection
+    prepared = dict(raw.execute("SELECT statement, name FROM pg_prepared_statements").fetchall())
+    mogrify = psycopg.ClientCursor(raw).mogrify
+    counts = []
+    for sql, params in ((first, p1), (second, p2)):
+        name = prepared[numbered(sql)]
+        args = ", ".join(["%s"] * len(params))
+        explain = mogrify(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({args})", params)
+        [[doc]] = raw.execute(explain).fetchall()
+        plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
+        counts.append(rows_read(plan))
+    return counts
+
+
+def test_held_back_runs_cost_a_claim_of_another_queue_a_bounded_read(
+    settings: Any, postgres_only: None
+) -> None:
+    limit_queues(settings, {"flow-io": {"concurrency": 4, "rate_limit": "1000/s"}})
+    hold_back(HELD)
+    for i in range(4):
+        tasks_engine.enqueue("flow-plain", {}, concurrency_key=f"io-{i}")
+        tasks_engine.enqueue("flow-plain", {})
+    locking, claiming = explain_claim(["flow-io"])
+    assert locking < 100 and claiming < 100, (locking, claiming)
+
+
+def test_held_back_runs_cost_a_claim_of_other_keys_a_bounded_read(
+    settings: Any, postgres_only: None
+) -> None:
+    limit_queues(settings, {"default": {"concurrency": 64}})
+    hold_back(HELD)
+    for disk in "abcd":
+        tasks_engine.enqueue("flow-disk", {"disk": disk})
+    locking, claiming = explain_claim(None)
+    assert locking < 100 and claiming < 100, (locking, claiming)
