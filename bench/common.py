@@ -20,16 +20,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def stdlib_first(bench: Path = ROOT / "bench") -> None:
-    """Move bench/ to the end of sys.path: a script run from it has it first, where
-    bench/copy.py (the library copy's benchmark) would shadow the standard library's `copy`
-    for Django, psycopg and matplotlib. Call before importing any of them."""
-    here = [p for p in sys.path if p and Path(p).resolve() == bench]
-    if here:
-        sys.path[:] = [p for p in sys.path if p not in here] + here[:1]
-
-
-stdlib_first()
 CODE_ROOT = Path(os.environ.get("BENCH_CODE_ROOT") or ROOT).resolve()
 OURS_APP = ROOT / "bench" / "ours"
 sys.path[:0] = [str(CODE_ROOT), str(OURS_APP)]

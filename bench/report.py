@@ -12,14 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
-
-# matplotlib imports the standard library's copy, which bench/copy.py would shadow for a script
-# run from bench/ (see common.py): bench/ goes last.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _HERE] + [str(_HERE)]
 
 OURS = "ours"
 BASELINE = "baseline"
@@ -253,7 +247,7 @@ FLOW_RATES = (
     ("claim_rate_plain", "flow control off: claims/s"),
     ("claim_rate_guarded", "queue limit + keys on: claims/s"),
     ("claim_rate_guarded_without_held_back", "keys on, nothing held back: claims/s"),
-    ("scale_held_back_100k", "keys on, 100k held back by one key: claims/s"),
+    ("scale_held_back_100k", "keys on, one full key's runs held back: claims/s"),
 )
 
 

@@ -41,8 +41,6 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
-# bench/ itself last (bench/copy.py would shadow the standard library's copy; see common.py)
-sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != BENCH] + [str(BENCH)]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(BENCH / "peers"))
 

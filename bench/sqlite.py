@@ -84,13 +84,11 @@ def plan_uses_partial_indexes() -> bool:
     from django.db import connection
 
     from tasks_engine import clock
-    from tasks_engine.transitions.claims import ClaimRequest, claim_statement
+    from tasks_engine.transitions.claims import ClaimRequest, claim_sql
 
-    ctes, update, params = claim_statement(
-        ClaimRequest("bench", [("bench_noop", 1)], None, 1, 30.0), clock.now()
-    )
+    sql, params = claim_sql(ClaimRequest("bench", [("bench_noop", 1)], None, 1, 30.0), clock.now())
     with connection.cursor() as cur:
-        cur.execute(f"EXPLAIN QUERY PLAN WITH {ctes} {update}", params)
+        cur.execute(f"EXPLAIN QUERY PLAN {sql}", params)
         plan = " ".join(str(row[-1]) for row in cur.fetchall())
     return "run_wake_due" in plan and "run_status_created" not in plan
 

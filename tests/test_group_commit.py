@@ -162,3 +162,23 @@ def test_a_start_after_a_cancel_is_refused_alone() -> None:
     assert transitions.holds(canceled.lease)  # the run: a cancel, not a lost lease
     assert isinstance(writes[1].result, int) and writes[1].error is None
     assert not StepAttempt.objects.filter(run_id=canceled.lease.run_id).exists()
+
+
+def test_a_lone_deferred_completion_shares_a_group_with_other_kinds() -> None:
+    for _ in range(3):
+        tasks_engine.enqueue("bench_noop")
+    flushed, starting, completing = claim(3)
+    first = [start(flushed), start(completing)]
+    transitions.write_group(first)
+    done = (transitions.Completion(first[0].result, {"n": 1}, clock.now()),)
+    flush = transitions.HotWrite("deferred", flushed.lease, done, clock.now())
+    writes = [flush, start(starting), complete(completing)]
+    with CaptureQueriesContext(connection) as queries:
+        transitions.write_group(writes)
+    assert len(queries) == 1
+    assert [(w.result is not None, w.error) for w in writes] == [(True, None)] * 3
+    step = StepAttempt.objects.get(pk=first[0].result)
+    assert (step.status, step.output) == ("completed", {"n": 1})
+    again = transitions.HotWrite("deferred", flushed.lease, done, clock.now())
+    transitions.write_group([again, start(starting, "second")])  # sent twice: harmless
+    assert (again.result, again.error) == (True, None)

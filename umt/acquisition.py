@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from outbox import publish
@@ -78,12 +79,18 @@ def find_plans(ref: str) -> list[AcquisitionPlan]:
             raise UnknownDownload(f"{ref!r}: plan:<id> needs a number")
         plans = list(AcquisitionPlan.objects.filter(pk=int(number)))
     elif INFO_HASH.match(ref) or V2_HASH.match(ref):
-        torrent_id = ref.lower()[:40]
-        plans = list(
-            AcquisitionPlan.objects.filter(info_hash=torrent_id, status__in=ACTIVE_STATUSES)
+        # The plan stores the torrent id (a hybrid's is its truncated v2 hash) and every form:
+        # a hybrid's `%I` (its v1 hash) is one of the forms, not the id.
+        h = ref.lower()
+        plans = [
+            p
+            for p in AcquisitionPlan.objects.filter(
+                Q(info_hash=h[:40]) | Q(download_hashes__contains=h), status__in=ACTIVE_STATUSES
+            )
             .exclude(run_id=None)
             .order_by("pk")
-        )
+            if p.info_hash == h[:40] or h in p.download_hashes.split(",")
+        ]
     else:
         raise UnknownDownload(f"{ref!r} is neither plan:<id> nor a 40-hex-digit info hash")
     if not plans:

@@ -5,7 +5,7 @@ checked between chunks), is read back and compared with the source, and is then
 renamed into place: the library never holds a half file. The source is hashed in a helper
 thread while the chunk is written (hashlib releases the GIL), and the copy is verified by
 comparing it byte for byte with the source (during its fsync), which is at least as strong as
-hashing it again and costs a memcmp instead of a second SHA-256 pass (bench/copy.py). The
+hashing it again and costs a memcmp instead of a second SHA-256 pass (bench/copy_speed.py). The
 LibraryItem row is written by the fenced commit of `ctx.with_attempt_token`, so a worker that
 lost its lease cannot write it.
 

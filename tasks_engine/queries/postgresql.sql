@@ -1,5 +1,5 @@
--- hot_write_ctes --
--- The hot writes of a group (one JSON parameter per row set, so the text does not depend on the group's size): deferred step completions, step starts, run completions. Every row keeps its own fence (its run's row, locked FOR SHARE, still holds its lease token); a start also needs no cancel requested. The run completions reference the other two parts, so their fences lock the run rows before this statement replaces them. A row set from json_to_recordset has no statistics (the planner guesses 100 rows): each join key is also spelled `= ANY(ARRAY(...))`, which keeps the lookup on the primary key.
+-- hot_deferred --
+-- The deferred step completions a group carries (CTE `d`), fenced each on its own run's lease (the run's row, locked FOR SHARE, still holds the token). Rows travel as one JSON parameter per row set, so the text does not depend on the group's size; a row set from json_to_recordset has no statistics (the planner guesses 100 rows), so each join key is also spelled `= ANY(ARRAY(...))`, which keeps the lookup on the primary key.
 dv AS (
     SELECT * FROM json_to_recordset(%(deferred)s::json)
         AS t (step_id bigint, output jsonb, finished_at timestamptz, run_id uuid, token uuid)
@@ -12,7 +12,11 @@ dv AS (
       AND EXISTS (SELECT 1 FROM tasks_engine_workflowrun r
                   WHERE r.id = dv.run_id AND r.lease_token = dv.token FOR SHARE)
     RETURNING s.id, s.run_id, dv.token
-), sv AS (
+)
+
+-- hot_starts --
+-- The step starts of a group (CTE `i`): a step's attempt, inserted while the attempt holds its run and no cancel is requested.
+sv AS (
     SELECT * FROM json_to_recordset(%(starts)s::json)
         AS t (run_id uuid, name text, kind text, status text, attempt int, run_pass int,
               output jsonb, error jsonb, worker_id text, token uuid, wake_at timestamptz,
@@ -27,7 +31,11 @@ dv AS (
                   WHERE r.id = sv.run_id AND r.lease_token = sv.token
                     AND r.cancel_requested_at IS NULL FOR SHARE)
     RETURNING id, run_id, lease_token
-), cv AS (
+)
+
+-- hot_completes --
+-- The run completions of a group (CTE `c`), each if its attempt still holds the run. {after} references the group's other parts, so their fences lock the run rows before this statement replaces them.
+cv AS (
     SELECT * FROM json_to_recordset(%(completes)s::json)
         AS t (run_id uuid, token uuid, output jsonb, unreached jsonb, at timestamptz,
               progress jsonb)
@@ -38,16 +46,21 @@ dv AS (
         waiting_on = '', error = NULL, progress = COALESCE(cv.progress, r.progress)
     FROM cv
     WHERE r.id = ANY(ARRAY(SELECT run_id FROM cv)) AND r.id = cv.run_id
-      AND r.lease_token = cv.token
-      AND (SELECT count(*) FROM d) >= 0 AND (SELECT count(*) FROM i) >= 0
+      AND r.lease_token = cv.token{after}
     RETURNING r.id, cv.token
 )
 
--- hot_write_results --
--- What each hot write got, as (tag, step id, lease token, run id, then {pad}: the claimed run's columns when a claim rides along): 'i' a started step, 'c' a completed run, 'd' a deferred completion written now, or written before (a second send is harmless).
+-- hot_started --
+-- What a group's starts got: ('i', step id, lease token, run id{pad}).
 SELECT 'i', i.id, i.lease_token, i.run_id{pad} FROM i
-UNION ALL SELECT 'c', NULL::bigint, c.token, c.id{pad} FROM c
-UNION ALL SELECT 'd', d.id, d.token, d.run_id{pad} FROM d
+
+-- hot_completed --
+-- What a group's run completions got: ('c', NULL, lease token, run id{pad}).
+SELECT 'c', NULL::bigint, c.token, c.id{pad} FROM c
+
+-- hot_deferred_written --
+-- The deferred completions written, now or before (a second send is harmless): ('d', step id, lease token, run id{pad}).
+SELECT 'd', d.id, d.token, d.run_id{pad} FROM d
 UNION ALL SELECT 'd', s.id, s.lease_token, s.run_id{pad}
     FROM tasks_engine_stepattempt s JOIN dv ON s.id = dv.step_id AND s.lease_token = dv.token
     WHERE s.id = ANY(ARRAY(SELECT step_id FROM dv)) AND s.status = 'completed'

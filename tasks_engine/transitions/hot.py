@@ -3,8 +3,8 @@ completion. `steps.py` and `outcomes.py` build a `HotWrite` and hand it to the a
 `Writer`; every path ends here.
 
 PostgreSQL: `write_group` puts any number of writes (and, under a backlog, the claim of the
-runs that take over their slots) in one statement (`hot_write_ctes` in queries/postgresql.sql);
-a group of one is a direct write. SQLite, which has no data-modifying CTEs: `_write_sqlite`,
+runs that take over their slots) in one statement (queries/postgresql.sql); a group of one is a
+direct write. SQLite, which has no data-modifying CTEs: `_write_sqlite`,
 the deferred completions first, then the write (queries/sqlite.sql).
 """
 
@@ -113,7 +113,8 @@ def _settle(write: HotWrite) -> None:
 
 
 def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> list[Claimed]:
-    """Every write in one statement (see `hot_write_ctes`); fills each write's result or
+    """Every write in one statement (`hot_deferred`, `hot_starts`, `hot_completes` in
+    queries/postgresql.sql, for the parts the group holds); fills each write's result or
     error. A database error is raised (the caller decides what it means for the group).
 
     With `claim`, the same statement (and commit) claims the runs that take over the slots
@@ -125,18 +126,35 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
         write_group(writes)
         return claim_after_group(claim)
     params = _rows(writes)
-    ctes, pad, claim_select = query("hot_write_ctes"), "", ""
+    pad = ", NULL" * (len(CLAIM_COLUMNS) - 1) if claim is not None else ""
+    # Only the parts the group holds: at most eight statement texts, each prepared once.
+    ctes: list[str] = []
+    selects: list[str] = []
+    if "deferred" in params:
+        ctes.append(query("hot_deferred"))
+    if "starts" in params:
+        ctes.append(query("hot_starts"))
+        selects.append(query("hot_started"))
+    if "completes" in params:
+        after = "".join(
+            f" AND (SELECT count(*) FROM {cte}) >= 0"
+            for cte, part in (("d", "deferred"), ("i", "starts"))
+            if part in params
+        )
+        ctes.append(query("hot_completes").format(after=after))
+        selects.append(query("hot_completed"))
+    if "deferred" in params and any(w.kind == "deferred" for w in writes):
+        selects.append(query("hot_deferred_written"))
     if claim is not None:
         claim_text, claim_params = claim_ctes(
             claim, clock.now(), exclude=[w.lease.run_id for w in writes]
         )
-        ctes += ", " + claim_text
+        ctes.append(claim_text)
         params.update(claim_params)
-        pad = ", NULL" * (len(CLAIM_COLUMNS) - 1)
         # The claim's rows go first: UNION resolves the padding NULLs' types from them.
-        claim_select = "SELECT 'k', NULL::bigint, NULL::uuid, k.* FROM k UNION ALL "
-    results = query("hot_write_results").format(pad=pad)
-    rows = fetchall(f"WITH {ctes} {claim_select}{results}", params)
+        selects.insert(0, "SELECT 'k', NULL::bigint, NULL::uuid, k.* FROM k")
+    results = " UNION ALL ".join(selects).format(pad=pad)
+    rows = fetchall(f"WITH {', '.join(ctes)} {results}", params)
     # Results are matched to writes by (run, lease token): a stale and a fresh lease of one
     # run may share a group, and only the fresh one's fence passes.
     started: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
@@ -168,7 +186,7 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
 
 
 def _rows(writes: list[HotWrite]) -> dict[str, Any]:
-    """The three row sets, one JSON parameter each (an empty set is `[]`)."""
+    """The row sets the group holds, one JSON parameter each."""
     deferred: list[dict[str, Any]] = []
     starts: list[dict[str, Any]] = []
     completes: list[dict[str, Any]] = []
@@ -185,23 +203,26 @@ def _rows(writes: list[HotWrite]) -> dict[str, Any]:
                 }
             )
         if w.kind == "start":
-            starts.append(
-                {
-                    "run_id": run_id,
-                    "name": w.name,
-                    "kind": w.step_kind,
-                    "status": w.status,
-                    "attempt": w.attempt,
-                    "run_pass": w.run_pass,
-                    "output": w.output,
-                    "error": w.step_error,
-                    "worker_id": w.lease.worker_id,
-                    "token": token,
-                    "wake_at": w.wake_at,
-                    "started_at": w.at,
-                    "finished_at": w.at if w.status != "running" else None,
-                }
-            )
+            row = {
+                "run_id": run_id,
+                "name": w.name,
+                "kind": w.step_kind,
+                "status": w.status,
+                "attempt": w.attempt,
+                "run_pass": w.run_pass,
+                "worker_id": w.lease.worker_id,
+                "token": token,
+                "started_at": w.at,
+            }
+            if w.status != "running":
+                row["finished_at"] = w.at
+            # A column a row leaves out is NULL: a function step's start sends none of these.
+            for column, value in (("output", w.output), ("error", w.step_error)):
+                if value is not None:
+                    row[column] = value
+            if w.wake_at is not None:
+                row["wake_at"] = w.wake_at
+            starts.append(row)
         elif w.kind == "complete":
             completes.append(
                 {
@@ -213,11 +234,8 @@ def _rows(writes: list[HotWrite]) -> dict[str, Any]:
                     "progress": w.progress,
                 }
             )
-    return {
-        "deferred": json_rows(deferred),
-        "starts": json_rows(starts),
-        "completes": json_rows(completes),
-    }
+    sets = {"deferred": deferred, "starts": starts, "completes": completes}
+    return {name: json_rows(rows) for name, rows in sets.items() if rows}
 
 
 def claim_after_group(claim: ClaimRequest) -> list[Claimed]:

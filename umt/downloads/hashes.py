@@ -1,8 +1,10 @@
 """Every hash form a torrent may be listed under, from a magnet link or a .torrent file.
 
-qBittorrent names a torrent by its id: the v1 info hash (hex) when it has one (v1 and hybrid
-torrents), else the v2 hash truncated to 40 hex digits. Magnets may carry the v1 hash in
-base32 (`xt=urn:btih:<32 chars>`) and a hybrid's v2 hash as a multihash (`xt=urn:btmh:1220...`).
+qBittorrent names a torrent by its id, libtorrent's "best" hash: the v2 hash truncated to 40
+hex digits when it has one (v2 and hybrid torrents: a hybrid is listed, and its `%K` given, by
+its truncated v2 hash, not by its v1 hash), else the v1 info hash (hex). Magnets may carry the
+v1 hash in base32 (`xt=urn:btih:<32 chars>`) and a hybrid's v2 hash as a multihash
+(`xt=urn:btmh:1220...`).
 torf reads neither base32 as hex nor two `xt` parameters, so magnets are parsed here.
 """
 
@@ -33,7 +35,7 @@ class TorrentId:
     @property
     def ref(self) -> str:
         """qBittorrent's torrent id (also its `%K`)."""
-        return self.v1 or self.v2[:40]
+        return self.v2[:40] or self.v1
 
     @property
     def forms(self) -> tuple[str, ...]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -206,7 +207,7 @@ class Command(OneLineErrors, BaseCommand):
             f" {v.created_at:%Y-%m-%d %H:%M:%S}"
             for v in views
         ]
-        return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or "(no runs)"}
+        return _listing(views, lines, "(no runs)")
 
     def do_prune(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine import maintenance
@@ -229,7 +230,7 @@ class Command(OneLineErrors, BaseCommand):
             f" last_run={v.last_run_id or '-'}"
             for v in views
         ]
-        return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or "(no schedules)"}
+        return _listing(views, lines, "(no schedules)")
 
     def do_schedule(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine import schedules
@@ -252,7 +253,7 @@ class Command(OneLineErrors, BaseCommand):
             f"  beat {v.last_heartbeat:%H:%M:%S}  started {v.started_at:%Y-%m-%d %H:%M:%S}"
             for v in views
         ]
-        return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or "(no workers)"}
+        return _listing(views, lines, "(no workers)")
 
     def do_replay_check(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine import replay_check
@@ -274,6 +275,11 @@ class Command(OneLineErrors, BaseCommand):
             "text": "\n".join(lines),
             "exit": 1 if found else 0,
         }
+
+
+def _listing(views: Sequence[Any], lines: list[str], empty: str) -> dict[str, Any]:
+    """A listing's output: the views' dicts as JSON, or one line each (`empty` for none)."""
+    return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or empty}
 
 
 def _operator() -> str:

@@ -6,8 +6,10 @@ qBittorrent (Options > Downloads > "Run external program on torrent finished"):
 
 (see docs/QBITTORRENT-HOOK.md for the environment it needs).
 
-`%I` is the torrent's v1 info hash, which the `acquire` workflow stored on the plan before it
-added the torrent; the command finds the plan and signals `download-done` to its run. Other
+`%K` is qBittorrent's torrent id (a hybrid's is its truncated v2 hash), which the `acquire`
+workflow stored on the plan, with every other hash form, before it added the torrent; `%I` (the
+v1 hash) and `%J` (the v2 hash) find the plan too. The command finds the plan and signals
+`download-done` to its run. Other
 downloaders pass `plan:<id>` instead of an info hash.
 """
 
@@ -29,7 +31,8 @@ class Command(OneLineErrors, BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "ref", help="the torrent's v1 info hash (qBittorrent's %%I), or plan:<id>"
+            "ref",
+            help="the torrent's id or info hash (qBittorrent's %%K, %%I or %%J), or plan:<id>",
         )
         parser.add_argument("content_path", help="the finished content (qBittorrent's %%F)")
         parser.add_argument("--name", default="", help="the torrent's name (qBittorrent's %%N)")

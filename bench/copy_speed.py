@@ -1,7 +1,7 @@
 """UMT's verified copy (umt/library.py: copy, SHA-256 of the source, fsync, read back and
 compare, rename) against `cp` of the same file on the same disk, in one run.
 
-    python bench/copy.py [--size-mib 2048] [--repeats 3] [--dir /tmp]
+    python bench/copy_speed.py [--size-mib 2048] [--repeats 3] [--dir /tmp]
 
 One source file of --size-mib pseudo-random MiB in a fresh folder under --dir; one untimed
 warm-up copy of each kind; then --repeats rounds, each timing, one after the other: `cp`
