@@ -50,9 +50,12 @@ def worker_concurrency(concurrency: int | None) -> int:
     """What a worker started with concurrency_args(concurrency) runs at."""
     if concurrency is not None:
         return concurrency
-    from tasks_engine.management.commands.runworker import Command
+    from tasks_engine.management.commands import runworker
 
-    return int(Command().create_parser("manage.py", "runworker").get_default("concurrency"))
+    default = runworker.Command().create_parser("manage.py", "runworker").get_default("concurrency")
+    if default is None:  # chosen by the database (runworker.default_concurrency)
+        return int(runworker.default_concurrency())
+    return int(default)
 
 
 def enqueue_many(task: str, n: int, *, one_transaction: bool = True) -> None:
