@@ -224,7 +224,7 @@ def claim_plan(conn: Any) -> str:
 
 def uses_the_claim_indexes(plan: str) -> bool:
     return all(
-        f"USING INDEX {index} " in plan or plan.endswith(f"USING INDEX {index}")
+        re.search(rf"USING INDEX {index}(\s|$)", plan)
         for index in ("run_lease_expiry", "run_wake_due", "run_claim_pending")
     ) and ("run_status_created" not in plan)
 
