@@ -222,3 +222,42 @@ def test_unlimited_unkeyed_claims_stay_one_plain_statement() -> None:
         assert len(transitions.claim_runs("w", [("b", 1)], None, 5, 30.0)) == 1
     sent = [x["sql"] for x in q.captured_queries if "UPDATE" in x["sql"] or "SELECT" in x["sql"]]
     assert len(sent) == 1 and "advisory" not in sent[0]
+
+
+@pytest.mark.parametrize("status", ["completed", "failed", "canceled", "pending", "waiting"])
+def test_a_run_that_leaves_running_by_any_path_frees_its_place(settings: Any, status: str) -> None:
+    """Nothing but the claim writes the counters: a run that leaves `running` by a path that
+    knows nothing of them (here an UPDATE behind the engine's back) frees its key's and its
+    queue's place for the next claim all the same."""
+    limit_queues(settings, {"flow-io": {"concurrency": 1}})
+    for _ in range(3):
+        tasks_engine.enqueue("flow-plain", {}, concurrency_key="one")
+    [first] = claim()
+    assert claim() == []
+    WorkflowRun.objects.filter(pk=first.run.pk).update(
+        status=status,
+        lease_token=None,
+        available_at=None if status != "pending" else first.run.created_at,
+    )
+    [second] = claim()  # (a run handed back to pending, due first, may be this one again)
+    assert second.run.pk != first.run.pk or status == "pending"
+    assert claim() == []
+
+
+def test_a_dead_workers_run_keeps_its_place_until_its_retaken_attempt_ends(
+    settings: Any, fake_clock: FakeClock
+) -> None:
+    """A worker killed while holding a counted run: the run stays `running` (it holds its key's
+    and queue's place) until its lease expires; the claim that retakes it admits nothing else
+    of the key; once the retaken attempt ends, the place is free."""
+    limit_queues(settings, {"flow-io": {"concurrency": 1}})
+    for _ in range(2):
+        tasks_engine.enqueue("flow-plain", {}, concurrency_key="one")
+    [held] = transitions.claim_runs("dead", FLOW, None, 5, 10.0)
+    assert transitions.claim_runs("alive", FLOW, None, 5, 10.0) == []
+    fake_clock.advance(11)  # the dead worker's lease expired
+    [retaken] = transitions.claim_runs("alive", FLOW, None, 5, 10.0)
+    assert retaken.run.pk == held.run.pk
+    finish([retaken])
+    [nxt] = transitions.claim_runs("alive", FLOW, None, 5, 10.0)
+    assert nxt.run.pk != held.run.pk

@@ -3,6 +3,7 @@ exceeded (PostgreSQL: the advisory locks; SQLite: BEGIN IMMEDIATE)."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from typing import Any
@@ -10,10 +11,11 @@ from typing import Any
 import pytest
 from django.db import connection
 from django.db.models import Count
+from django.utils import timezone
 
 import tasks_engine
 from tasks_engine import transitions
-from tasks_engine.models import WorkflowRun
+from tasks_engine.models import QueueClaim, WorkflowRun
 from tests.test_flow_control import FLOW, _plain_claims_after, finish, limit_queues
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -156,3 +158,78 @@ def test_many_claimers_each_on_its_own_connection_never_over_admit(
     assert by_key["pair"] <= 2 and by_key["io-key"] == 1
     if queue_limit:
         assert most_at_once([(a, b, q) for a, b, _, q in spans])["flow-io"] <= queue_limit
+
+
+def test_a_rate_limit_holds_under_simultaneous_claims(settings: Any) -> None:
+    """Six threads claim three runs each at the same instant, three times: the queue's ring
+    admits exactly its rate's count, fleet-wide."""
+    limit_queues(settings, {"flow-io": {"rate_limit": "5/h"}})
+    for _ in range(30):
+        tasks_engine.enqueue("flow-plain", {})
+    assert claim_together(rounds=3) == []
+    assert running_by("queue").get("flow-io") == 5
+    assert QueueClaim.objects.filter(queue="flow-io").count() == 5
+
+
+def test_random_claims_and_exits_never_over_admit(settings: Any) -> None:
+    """Twelve threads claim batches of random sizes and end what they got by random exits
+    (completed by the executor, canceled, failed, handed back to pending, parked waiting
+    with a due timer), each written behind the claim's back as any other path would; after
+    every claim the running runs per key and per queue are within their limits."""
+    limit_queues(settings, {"flow-io": {"concurrency": 3}})
+    for disk in "abc":
+        for _ in range(10):
+            tasks_engine.enqueue("flow-disk", {"disk": disk})
+    for _ in range(10):
+        tasks_engine.enqueue("flow-pair", {})
+    for i in range(16):
+        tasks_engine.enqueue("flow-plain", {}, concurrency_key="io-key" if i % 2 else None)
+    violations: list[Any] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(12)
+
+    def end(c: transitions.Claimed, how: int) -> None:
+        runs = WorkflowRun.objects.filter(pk=c.run.pk, lease_token=c.lease.token)
+        if how == 0:
+            finish([c])
+        elif how == 1:
+            runs.update(status="canceled", lease_token=None, available_at=None)
+        elif how == 2:
+            runs.update(status="failed", lease_token=None, available_at=None)
+        elif how == 3:
+            runs.update(status="pending", lease_token=None, available_at=timezone.now())
+        else:
+            runs.update(status="waiting", lease_token=None, available_at=timezone.now())
+
+    def claimer(i: int) -> None:
+        rng = random.Random(i)
+        try:
+            start.wait(timeout=60)
+            idle = 0
+            while idle < 30:
+                got = transitions.claim_runs(f"w{i}", FLOW, None, rng.randint(1, 4), 600.0)
+                by_key, by_queue = running_by("concurrency_key"), running_by("queue")
+                if by_queue.get("flow-io", 0) > 3 or any(
+                    n > (2 if k == "pair" else 1) for k, n in by_key.items() if k
+                ):
+                    violations.append((by_key, by_queue))
+                if not got:
+                    idle += 1
+                    time.sleep(0.003)
+                    continue
+                idle = 0
+                time.sleep(rng.random() / 500)
+                for c in got:
+                    end(c, rng.choice([0, 0, 1, 2, 3, 4]))
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert errors == [] and violations == []
+    assert not WorkflowRun.objects.filter(status__in=["pending", "running"]).exists()

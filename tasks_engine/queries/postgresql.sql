@@ -110,3 +110,9 @@ UPDATE tasks_engine_workflowrun r SET available_at = %(until)s
 FROM l
 WHERE r.id = ANY(ARRAY(SELECT run_id FROM l)) AND r.id = l.run_id AND r.lease_token = l.token
 RETURNING r.id, r.lease_token, r.cancel_requested_at, r.deadline_at
+
+-- flow_any_keyed --
+-- Whether a keyed run is pending, or waiting with a due timer (both on partial indexes).
+SELECT 1 FROM tasks_engine_workflowrun WHERE status = 'pending' AND concurrency_key IS NOT NULL
+UNION ALL SELECT 1 FROM tasks_engine_workflowrun
+WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NOT NULL LIMIT 1

@@ -74,3 +74,79 @@ WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(%(leases)s))
       SELECT json_extract(value, '$[0]') || ':' || json_extract(value, '$[1]')
       FROM json_each(%(leases)s))
 RETURNING id, lease_token, cancel_requested_at, deadline_at
+
+-- flow_any_keyed --
+-- Whether a keyed run is pending, or waiting with a due timer (both on partial indexes).
+SELECT 1 FROM tasks_engine_workflowrun WHERE status = 'pending' AND concurrency_key IS NOT NULL
+UNION ALL SELECT 1 FROM tasks_engine_workflowrun
+WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NOT NULL LIMIT 1
+
+-- flow_keys --
+-- (key, limit, src, priority, available_at, running) of every key with a claimable run: the pending keys from a loose scan of the keyed index (one probe per key however many runs it holds back), the head's limit; the head's columns read by primary key, one subquery each (a join could be planned as a scan of the table). {filters}: the worker's pairs and queues.
+WITH RECURSIVE keys(k) AS (
+    SELECT MIN(concurrency_key) FROM tasks_engine_workflowrun
+    WHERE status = 'pending' AND concurrency_key IS NOT NULL
+    UNION ALL
+    SELECT (SELECT MIN(concurrency_key) FROM tasks_engine_workflowrun
+            WHERE status = 'pending' AND concurrency_key IS NOT NULL AND concurrency_key > keys.k)
+    FROM keys WHERE keys.k IS NOT NULL
+), heads AS (
+    SELECT keys.k, (SELECT id FROM tasks_engine_workflowrun
+                    WHERE status = 'pending' AND concurrency_key = keys.k
+                    AND available_at <= %(now)s{filters}
+                    ORDER BY priority DESC, available_at LIMIT 1) AS head
+    FROM keys WHERE keys.k IS NOT NULL
+)
+SELECT k, lim, src, priority, available_at, (SELECT COUNT(*) FROM tasks_engine_workflowrun
+    WHERE status = 'running' AND concurrency_key = c.k) AS running
+FROM (
+    SELECT k, (SELECT concurrency_limit FROM tasks_engine_workflowrun WHERE id = head) AS lim,
+        2 AS src, (SELECT priority FROM tasks_engine_workflowrun WHERE id = head) AS priority,
+        (SELECT available_at FROM tasks_engine_workflowrun WHERE id = head) AS available_at
+    FROM heads WHERE head IS NOT NULL
+    UNION ALL
+    SELECT concurrency_key, concurrency_limit, 1, priority, available_at
+    FROM tasks_engine_workflowrun
+    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NOT NULL{filters}
+) AS c
+
+-- flow_key_running --
+-- Running runs of each of the keys (a JSON array).
+SELECT concurrency_key, COUNT(*) FROM tasks_engine_workflowrun
+WHERE status = 'running' AND concurrency_key IN (SELECT value FROM json_each(%(keys)s))
+GROUP BY concurrency_key
+
+-- flow_queue_running --
+-- Running runs of a queue.
+SELECT COUNT(*) FROM tasks_engine_workflowrun WHERE status = 'running' AND queue = %(queue)s
+
+-- flow_log_prune --
+-- A rate-limited queue's claim log: the claims that left the window ending now.
+DELETE FROM tasks_engine_queueclaim WHERE queue = %(queue)s AND claimed_at <= %(since)s
+
+-- flow_log_count --
+-- The claims of a queue in the window (its log holds no others once pruned).
+SELECT COUNT(*) FROM tasks_engine_queueclaim WHERE queue = %(queue)s
+
+-- flow_log_add --
+-- One log row per admitted claim (a JSON array of their queues).
+INSERT INTO tasks_engine_queueclaim (queue, claimed_at)
+SELECT value, %(at)s FROM json_each(%(queues)s)
+
+-- flow_candidates_part --
+-- One source of a guarded claim's candidates ({i} numbers its parameters; {extra} its own condition; {order} its index's order): due runs of one status, at most %(n{i})s.
+SELECT * FROM (
+    SELECT id, %(src{i})s AS src, priority, available_at, queue, concurrency_key,
+        concurrency_limit FROM tasks_engine_workflowrun
+    WHERE status = %(status{i})s AND available_at <= %(now)s{extra}{filters}
+    ORDER BY {order} LIMIT %(n{i})s
+) AS p{i}
+
+-- flow_claim_update --
+-- The runs a guarded claim admitted (a JSON array of ids) become running under fresh leases.
+UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = lower(hex(randomblob(16))),
+    worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
+    available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
+    updated_at = %(now)s
+WHERE id IN (SELECT value FROM json_each(%(ids)s))
+RETURNING {columns}

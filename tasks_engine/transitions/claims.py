@@ -147,8 +147,14 @@ def claim_ctes(
 
 
 def _claim_filters(req: ClaimRequest) -> str:
+    """The worker's filters (`claim_filter_*`), named parameters `task_keys` and `queues`:
+    the plain claim's and the guarded claim's alike, on both databases."""
+    return filters_for(req.queues)
+
+
+def filters_for(queues: list[str] | None) -> str:
     filters = " " + query("claim_filter_tasks")
-    return filters + (" " + query("claim_filter_queues") if req.queues else "")
+    return filters + (" " + query("claim_filter_queues") if queues else "")
 
 
 def _claim_params(
@@ -291,12 +297,13 @@ def anything_due_before(
     """Whether a run this worker could claim becomes due before `horizon` (for --burst)."""
     if not pairs:
         return False
-    filt, fparams = _filters(pairs, queues)
+    task_keys, queue_names = _filter_values(tuple(pairs), tuple(queues or ()), is_postgres())
     sql = (
         f"SELECT 1 FROM {RUN} WHERE status IN ('pending', 'running', 'waiting')"
-        f" AND available_at <= %s{filt} LIMIT 1"
+        f" AND available_at <= %(now)s{filters_for(queues)} LIMIT 1"
     )
-    return bool(fetchall(sql, [p_dt(horizon), *fparams]))
+    params = {"now": p_dt(horizon), "task_keys": task_keys, "queues": queue_names}
+    return bool(fetchall(sql, params))
 
 
 def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, Renewal]:

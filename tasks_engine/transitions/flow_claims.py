@@ -1,18 +1,20 @@
 """The guarded claim: flow control enforced by the claim itself (docs/FLOW_CONTROL.md).
 
 On PostgreSQL: two statements in one round trip (flow_claims_pg.py). On SQLite, here: the
-same steps as separate statements in one BEGIN IMMEDIATE transaction; there is one writer,
-so nothing changes under the counts. Nothing is counted in a counter of its own: running runs
-and the claim log are the truth, so a crash leaves nothing to drift.
+same steps as separate statements (the named `flow_*` queries of queries/sqlite.sql, with the
+plain claim's filters) in one BEGIN IMMEDIATE transaction; there is one writer, so nothing
+changes under the counts. Nothing is counted in a counter of its own: running runs and the
+claim log are the truth, so a crash leaves nothing to drift.
 
 The only ways into `running` are claims (pending or a due timer), and a reclaim of an expired
 lease keeps a run `running`: so counting `running` rows where no other claim can admit one
-(under the write lock here, under the queue's and key's advisory locks on PostgreSQL) cannot
-admit too many.
+(under the write lock here, under the queue's and key's advisory locks on PostgreSQL)
+cannot admit too many.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -21,31 +23,18 @@ from django.db import transaction
 
 from .. import clock, flow
 from ..conf import QueueLimits
-from ..models import QueueClaim
-from ..sql import (
-    execute,
-    fetchall,
-    is_postgres,
-    p_dt,
-    p_uuid,
-    placeholders,
-    r_dt,
-    r_uuid,
-)
-from ._common import RUN, Claimed
+from ..sql import execute, fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
+from ._common import Claimed
 from .claims import (
-    CLAIM_COLUMNS,
+    _COLUMNS,
     ClaimRequest,
-    _filters,
-    _ids_json,
-    claim_update,
-    claim_update_params,
+    _claim_filters,
+    _claim_params,
     returning_claimed,
 )
 from .flow_claims_pg import claim_guarded_pg
 
-CLAIMS = QueueClaim._meta.db_table
-COLUMNS = "id, {src}, priority, available_at, queue, concurrency_key, concurrency_limit"
+BIG = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -65,13 +54,7 @@ class Candidate:
 
 def any_keyed_run() -> bool:
     """Whether a keyed run is pending, or waiting with a due timer (both on partial indexes)."""
-    now = p_dt(clock.now())
-    sql = (
-        f"SELECT 1 FROM {RUN} WHERE status = 'pending' AND concurrency_key IS NOT NULL"
-        f" UNION ALL SELECT 1 FROM {RUN} WHERE status = 'waiting' AND available_at <= %s"
-        " AND concurrency_key IS NOT NULL LIMIT 1"
-    )
-    return bool(fetchall(sql, [now]))
+    return bool(fetchall(query("flow_any_keyed"), {"now": p_dt(clock.now())}))
 
 
 def claim_guarded(req: ClaimRequest) -> list[Claimed]:
@@ -80,19 +63,17 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
         return claim_guarded_pg(req, limited, clock.now())
     with transaction.atomic():  # BEGIN IMMEDIATE: one writer, nothing changes under the count
         now = clock.now()  # the lease starts once the write lock is held
-        keys = dict(_candidate_keys(req, now)[: req.limit])
+        params = _claim_params(req, now)
+        keys = dict(_candidate_keys(req, params)[: req.limit])
         queue_room = {q: _queue_room(q, lim, now) for q, lim in limited.items()}
         key_room = _key_room(keys)
-        candidates = _candidates(req, now, limited, queue_room, key_room)
+        candidates = _candidates(req, params, limited, queue_room, key_room)
         chosen = _admit(candidates, queue_room, key_room, req.limit)
         if not chosen:
             return []
-        sql = (
-            f"{claim_update()} WHERE id IN ({placeholders(len(chosen))})"
-            f" RETURNING {', '.join(CLAIM_COLUMNS)}"
-        )
-        params = [*claim_update_params(req, now), *(p_uuid(c.id) for c in chosen)]
-        claimed = returning_claimed(sql, params, req.worker_id)
+        sql = query("flow_claim_update").format(columns=_COLUMNS)
+        ids = json.dumps([p_uuid(c.id) for c in chosen])
+        claimed = returning_claimed(sql, {**params, "ids": ids}, req.worker_id)
         rated = {q for q, lim in limited.items() if lim.rate is not None}
         _log_claims([c for c in chosen if c.src and c.queue in rated], now)
     return claimed
@@ -101,42 +82,9 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
 # -- keys -------------------------------------------------------------------------------------
 
 
-def _candidate_keys(req: ClaimRequest, now: datetime) -> list[tuple[str, int]]:
-    """(key, limit) of every key with a claimable run and room, best head first. The pending
-    keys come from a loose scan of the keyed index, one probe per key however many runs it
-    holds back; the limit is the head run's. (The head's columns are read by primary key, one
-    subquery each: a join could be planned as a scan of the table in the generic plan.)"""
-    filt, fparams = _filters(req.pairs, req.queues)
-    t = p_dt(now)
-    sql = f"""
-        WITH RECURSIVE keys(k) AS (
-            SELECT MIN(concurrency_key) FROM {RUN}
-            WHERE status = 'pending' AND concurrency_key IS NOT NULL
-            UNION ALL
-            SELECT (SELECT MIN(concurrency_key) FROM {RUN}
-                    WHERE status = 'pending' AND concurrency_key IS NOT NULL
-                    AND concurrency_key > keys.k)
-            FROM keys WHERE keys.k IS NOT NULL
-        ), heads AS (
-            SELECT keys.k, (SELECT id FROM {RUN}
-                            WHERE status = 'pending' AND concurrency_key = keys.k
-                            AND available_at <= %s{filt}
-                            ORDER BY priority DESC, available_at LIMIT 1) AS head
-            FROM keys WHERE keys.k IS NOT NULL
-        )
-        SELECT k, lim, src, priority, available_at, (SELECT COUNT(*) FROM {RUN}
-            WHERE status = 'running' AND concurrency_key = c.k) AS running
-        FROM (
-            SELECT k, (SELECT concurrency_limit FROM {RUN} WHERE id = head) AS lim, 2 AS src,
-                (SELECT priority FROM {RUN} WHERE id = head) AS priority,
-                (SELECT available_at FROM {RUN} WHERE id = head) AS available_at
-            FROM heads WHERE head IS NOT NULL
-            UNION ALL
-            SELECT concurrency_key, concurrency_limit, 1, priority, available_at FROM {RUN}
-            WHERE status = 'waiting' AND available_at <= %s AND concurrency_key IS NOT NULL{filt}
-        ) AS c
-    """
-    rows = fetchall(sql, [t, *fparams, t, *fparams])
+def _candidate_keys(req: ClaimRequest, params: dict[str, Any]) -> list[tuple[str, int]]:
+    """(key, limit) of every key with a claimable run and room, best head first."""
+    rows = fetchall(query("flow_keys").format(filters=_claim_filters(req)), params)
     rows.sort(key=lambda r: (r[2], -r[3], r_dt(r[4])))
     best: dict[str, int] = {}
     for key, limit, _src, _pri, _at, running in rows:
@@ -150,11 +98,7 @@ def _key_room(keys: dict[str, int]) -> dict[str, int]:
     """How many more runs of each key may start: its limit less its running runs."""
     if not keys:
         return {}
-    rows = fetchall(
-        f"SELECT concurrency_key, COUNT(*) FROM {RUN} WHERE status = 'running'"
-        f" AND concurrency_key IN ({placeholders(len(keys))}) GROUP BY concurrency_key",
-        list(keys),
-    )
+    rows = fetchall(query("flow_key_running"), {"keys": json.dumps(list(keys))})
     running = {k: int(n) for k, n in rows}
     return {k: lim - running.get(k, 0) for k, lim in keys.items()}
 
@@ -165,26 +109,23 @@ def _key_room(keys: dict[str, int]) -> dict[str, int]:
 def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> int:
     """How many more of the queue's runs may start now: its concurrency less its running
     runs, and its rate less the claims logged in the window ending now (a sliding window)."""
-    room = 1 << 30
+    room = BIG
     if limits.concurrency is not None:
-        (n,) = fetchall(
-            f"SELECT COUNT(*) FROM {RUN} WHERE status = 'running' AND queue = %s", [queue]
-        )[0]
+        (n,) = fetchall(query("flow_queue_running"), {"queue": queue})[0]
         room = limits.concurrency - int(n)
     if limits.rate is not None:
         count, window = limits.rate
         since = p_dt(now - timedelta(seconds=window))
-        execute(f"DELETE FROM {CLAIMS} WHERE queue = %s AND claimed_at <= %s", [queue, since])
-        (used,) = fetchall(f"SELECT COUNT(*) FROM {CLAIMS} WHERE queue = %s", [queue])[0]
+        execute(query("flow_log_prune"), {"queue": queue, "since": since})
+        (used,) = fetchall(query("flow_log_count"), {"queue": queue})[0]
         room = min(room, count - int(used))
     return room
 
 
 def _log_claims(chosen: list[Candidate], now: datetime) -> None:
     if chosen:
-        values = ", ".join(["(%s, %s)"] * len(chosen))
-        params = [x for c in chosen for x in (c.queue, p_dt(now))]
-        execute(f"INSERT INTO {CLAIMS} (queue, claimed_at) VALUES {values}", params)
+        queues = json.dumps([c.queue for c in chosen])
+        execute(query("flow_log_add"), {"queues": queues, "at": p_dt(now)})
 
 
 # -- candidates -------------------------------------------------------------------------------
@@ -192,7 +133,7 @@ def _log_claims(chosen: list[Candidate], now: datetime) -> None:
 
 def _candidates(
     req: ClaimRequest,
-    now: datetime,
+    base: dict[str, Any],
     limited: dict[str, QueueLimits],
     queue_room: dict[str, int],
     key_room: dict[str, int],
@@ -200,32 +141,34 @@ def _candidates(
     """In one statement: expired leases, and due timers and pending runs of three kinds: no
     key in an unlimited queue; no key in each limited queue with room; each key with room.
     Each part reads its own partial index, at most as many rows as could be admitted."""
-    filt, fparams = _filters(req.pairs, req.queues)
+    filters = _claim_filters(req)
+    template = query("flow_candidates_part")
     parts: list[str] = []
-    params: list[Any] = []
+    params: dict[str, Any] = dict(base)
+    params["limited"] = json.dumps(list(limited))
 
-    def pick(status: str, src: int, extra: str, extra_params: list[Any], n: int) -> None:
+    def pick(status: str, src: int, extra: str, n: int, **named: Any) -> None:
+        i = len(parts)
         order = "available_at" if src < 2 else "priority DESC, available_at"
-        parts.append(
-            f"SELECT * FROM (SELECT {COLUMNS.format(src=f'{src} AS src')} FROM {RUN}"
-            f" WHERE status = '{status}' AND available_at <= %s{extra}{filt}"
-            f" ORDER BY {order} LIMIT %s) AS p{len(parts)}"
-        )
-        params.extend([p_dt(now), *extra_params, *fparams, n])
+        for name, value in named.items():
+            extra = extra.replace(f"%({name})s", f"%({name}{i})s")
+            params[f"{name}{i}"] = value
+        parts.append(template.format(i=i, extra=extra, filters=filters, order=order))
+        params.update({f"status{i}": status, f"src{i}": src, f"n{i}": n})
 
-    not_ours = " AND id NOT IN (SELECT value FROM json_each(%s))"
-    pick("running", 0, not_ours, [_ids_json(list(req.held))], req.limit)
-    free = " AND concurrency_key IS NULL"
-    if limited:
-        free += f" AND queue NOT IN ({placeholders(len(limited))})"
+    not_ours = " AND id NOT IN (SELECT value FROM json_each(%(not_these)s))"
+    pick("running", 0, not_ours, req.limit)
+    free = (
+        " AND concurrency_key IS NULL AND queue NOT IN (SELECT value FROM json_each(%(limited)s))"
+    )
     for status, src in (("waiting", 1), ("pending", 2)):
-        pick(status, src, free, list(limited), req.limit)
+        pick(status, src, free, req.limit)
         for q, room in queue_room.items():
             if room > 0:
-                pick(status, src, " AND concurrency_key IS NULL AND queue = %s", [q], room)
+                pick(status, src, " AND concurrency_key IS NULL AND queue = %(q)s", room, q=q)
         for k, room in key_room.items():
             if room > 0:
-                pick(status, src, " AND concurrency_key = %s", [k], min(room, req.limit))
+                pick(status, src, " AND concurrency_key = %(k)s", min(room, req.limit), k=k)
     rows = fetchall(" UNION ALL ".join(parts), params)
     return [
         Candidate(r_uuid(i), int(src), int(pri), r_dt(at), q, key, lim)
