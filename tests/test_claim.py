@@ -83,7 +83,7 @@ def test_stale_lease_cannot_write_anything(fake_clock: FakeClock) -> None:
     with pytest.raises(LeaseLostError):
         transitions.fail_run(old, {"type": "x", "message": "y"})
     assert transitions.renew_leases([old], 30) == {}
-    assert set(transitions.renew_leases([new], 30)) == {new.run_id}
+    assert set(transitions.renew_leases([new], 30)) == {new.key}
     assert WorkflowRun.objects.get(pk=new.run_id).status == "running"
 
 
@@ -91,7 +91,7 @@ def test_expired_lease_not_taken_over_is_still_held(fake_clock: FakeClock) -> No
     tasks_engine.enqueue("b")
     [lease] = claim("w1", [("b", 1)], None, 1, 30)
     fake_clock.advance(120)  # expired, but nobody reclaimed it
-    assert set(transitions.renew_leases([lease], 30)) == {lease.run_id}
+    assert set(transitions.renew_leases([lease], 30)) == {lease.key}
     transitions.complete_run(lease, "late but fine", [])
     assert WorkflowRun.objects.get(pk=lease.run_id).status == "completed"
 
@@ -156,10 +156,11 @@ def test_renewal_reports_cancel_and_deadline_only_when_set(fake_clock: FakeClock
     tasks_engine.cancel(canceled, "by hand")
     fake_clock.advance(10)
     renewed = transitions.renew_leases(list(leases.values()), 30)
-    assert renewed[plain] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
-    assert renewed[later] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
-    assert renewed[due] == transitions.Renewal(cancel_requested=False, deadline_passed=True)
-    assert renewed[canceled] == transitions.Renewal(cancel_requested=True, deadline_passed=False)
+    found = {run: renewed[lease.key] for run, lease in leases.items()}
+    assert found[plain] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
+    assert found[later] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
+    assert found[due] == transitions.Renewal(cancel_requested=False, deadline_passed=True)
+    assert found[canceled] == transitions.Renewal(cancel_requested=True, deadline_passed=False)
     expiry = WorkflowRun.objects.get(pk=plain).available_at
     assert expiry == fake_clock.now() + timedelta(seconds=30)
 
@@ -172,4 +173,23 @@ def test_a_stale_lease_is_not_renewed_beside_the_fresh_one(fake_clock: FakeClock
     fake_clock.advance(31)
     [fresh] = claim("w", [("b", 1)], None, 1, 30)
     renewed = transitions.renew_leases([stale, fresh], 30)
-    assert renewed[fresh.run_id].token == fresh.token  # and not the stale lease's
+    assert set(renewed) == {fresh.key}  # and not the stale lease's
+
+
+def test_renewals_are_keyed_by_run_and_lease_token(fake_clock: FakeClock) -> None:
+    """A stale and a fresh lease of one run, renewed together (the worker whose lease expired
+    during an outage while its slot still executes, and the run's next attempt): the result
+    names each lease renewed by (run, token), so the stale one is never taken for the fresh
+    one, nor told what the fresh one was told."""
+    run_id = tasks_engine.enqueue("b").run_id
+    [stale] = claim("w", [("b", 1)], None, 1, 30)
+    fake_clock.advance(31)
+    [fresh] = claim("w", [("b", 1)], None, 1, 30)
+    tasks_engine.cancel(run_id, "by hand")
+    renewed = transitions.renew_leases([fresh, stale], 30)
+    assert stale.run_id == fresh.run_id and stale.key != fresh.key
+    assert renewed == {fresh.key: transitions.Renewal(cancel_requested=True, deadline_passed=False)}
+    assert stale.key not in renewed
+    # Alone, the stale lease renews nothing; the fresh one still renews.
+    assert transitions.renew_leases([stale], 30) == {}
+    assert set(transitions.renew_leases([fresh], 30)) == {fresh.key}

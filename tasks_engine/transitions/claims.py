@@ -28,7 +28,7 @@ from ..sql import (
     r_dt,
     r_uuid,
 )
-from ._common import RUN, Claimed, Lease, Renewal
+from ._common import RUN, Claimed, Lease, LeaseKey, Renewal
 
 
 def _filters(pairs: list[tuple[str, int]], queues: list[str] | None) -> tuple[str, list[Any]]:
@@ -299,9 +299,11 @@ def anything_due_before(
     return bool(fetchall(sql, [p_dt(horizon), *fparams]))
 
 
-def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, Renewal]:
-    """One statement renews every lease a worker holds (`renew_leases`). Runs missing from
-    the result are lost."""
+def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[LeaseKey, Renewal]:
+    """One statement renews every lease a worker holds (`renew_leases`). The result is keyed by
+    (run, lease token), as the leases are matched: a stale and a fresh lease of one run (a
+    worker whose lease expired during an outage while its slot still executes, and the run's
+    next attempt) are never confused. A lease missing from the result is lost."""
     if not leases:
         return {}
     if is_postgres():
@@ -313,8 +315,8 @@ def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, R
         until = p_dt(now + timedelta(seconds=lease_seconds))
         rows = fetchall(query("renew_leases"), {"leases": rows_json, "until": until})
     return {
-        r_uuid(rid): Renewal(
-            cancel is not None, deadline is not None and r_dt(deadline) <= now, r_uuid(token)
+        (r_uuid(rid), r_uuid(token)): Renewal(
+            cancel is not None, deadline is not None and r_dt(deadline) <= now
         )
         for rid, token, cancel, deadline in rows
     }

@@ -157,7 +157,7 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
         else:
             done.add((int(step_id), r_uuid(token)))
     for w in writes:
-        key = (w.lease.run_id, w.lease.token)
+        key = w.lease.key
         if w.kind == "start":
             w.result = started.get(key)
         elif w.kind == "complete":

@@ -35,7 +35,7 @@ from ..outages import DB_ERRORS, Outage
 from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, WorkerHooks
 from .slots import Held, SlotPool
 
 BURST_HORIZON = timedelta(seconds=60)
@@ -74,8 +74,14 @@ class Worker:
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
         self._signals = 0
-        self.heartbeat = Heartbeat(self)
         self.registration = Registration(self)
+        self.heartbeat = Heartbeat(
+            self.slots,
+            WorkerHooks(self.hand_back_stale, self.write_off, self.registration.beat_if_due),
+            lease_seconds=config.lease_seconds,
+            heartbeat_seconds=config.heartbeat_seconds,
+            log=self.log,
+        )
         self.leader = Leader(self)
         self._batch = max(1, config.concurrency // 2)
         self.group: GroupCommit | None = None
@@ -217,7 +223,7 @@ class Worker:
         except LeaseLostError as exc:
             ctx.logger.warning("lease lost; dropping the run", error=str(exc))
 
-    # -- shared state for the heartbeat -------------------------------------------------------
+    # -- slots: what the heartbeat and the worker row call back for -----------------------------
 
     def slots_busy(self) -> int:
         """Slots executing, queued for or reserving a run (the tasks_worker_slots_busy gauge)."""
@@ -225,16 +231,6 @@ class Worker:
 
     def held(self) -> list[Held]:
         return self.slots.held()
-
-    def lose(self, held: Held, reason: BaseException) -> None:
-        held.lost = True
-        self.abort(held, reason)
-        held.ctx.logger.warning("lease lost; aborting the run", error=str(reason))
-
-    def abort(self, held: Held, reason: BaseException) -> None:
-        """Set the run's abort signal; if its step ignores it past the grace, write it off."""
-        if held.ctx.abort_signal.abort(reason) or held.abort_deadline is None:
-            held.abort_deadline = time.monotonic() + self.config.lease_seconds
 
     def write_off(self, held: Held) -> None:
         """The run's step ignores its abort: stop waiting for the thread and give its slot to a

@@ -294,8 +294,8 @@ class EngineSimulation(RuleBasedStateMachine):
         renewed = transitions.renew_leases([a.lease for a in held], LEASE_SECONDS)
         for attempt in held:
             assert attempt.ctx is not None
-            renewal = renewed.get(attempt.run_id)
-            if renewal is None or renewal.token not in (None, attempt.token):
+            renewal = renewed.get(attempt.lease.key)
+            if renewal is None:
                 attempt.lost = True
                 attempt.ctx.abort_signal.abort(LeaseLostError(f"run {attempt.run_id}: lost"))
             elif renewal.cancel_requested:
