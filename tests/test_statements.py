@@ -36,7 +36,9 @@ def run_once(task: str) -> tuple[int, int, str]:
     with CaptureQueriesContext(connection) as claim_q:
         [claimed] = transitions.claim_runs("w", [(task, 1)], None, 1, 30)
     with CaptureQueriesContext(connection) as exec_q:
-        wf, ctx = executor.build_context(claimed.run, claimed.lease, threading.Event())
+        wf, ctx = executor.build_context(
+            claimed.run, claimed.lease, threading.Event(), claimed.prestarted
+        )
         outcome = executor.execute(claimed.run, wf, ctx)
     return statements(claim_q), len(exec_q), outcome
 

@@ -86,6 +86,22 @@ expired AS (
     RETURNING {columns}
 )
 
+-- claim_prestart --
+-- The claim's start of each fresh run's first step, as this worker guessed it (first_steps.py), in CTE `ks` after the claim's `k`: the attempt StepBase._start would insert, written in the claim's commit. Only a run's first claim, with no step recorded, no cancel requested (the start fence's condition; the claim holds the row) and its deadline not passed. %(first_steps)s: {"name@version": step name}.
+ks AS (
+    INSERT INTO tasks_engine_stepattempt (run_id, name, kind, status, attempt, run_pass,
+        counted, worker_id, lease_token, started_at)
+    SELECT k.id, f.value, 'function', 'running', 1, 1, TRUE, k.worker_id, k.lease_token,
+        %(now)s
+    FROM k JOIN json_each_text(%(first_steps)s::json) AS f
+        ON f.key = k.task_name || '@' || k.version
+    WHERE k.attempts = 1 AND k.failures = 0 AND k.pass_offset = 0
+      AND k.cancel_requested_at IS NULL AND (k.deadline_at IS NULL OR k.deadline_at > %(now)s)
+      AND NOT EXISTS (SELECT 1 FROM tasks_engine_stepattempt s WHERE s.run_id = k.id)
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, id
+)
+
 -- claim_filter_tasks --
 -- Only the (name, version) pairs the worker registered, as one text[] parameter.
 AND task_name || '@' || version = ANY(%(task_keys)s::text[])

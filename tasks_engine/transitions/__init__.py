@@ -51,6 +51,7 @@ from .retry import retry_run
 from .steps import (
     close_interrupted_attempts,
     defer_step_completion,
+    drop_prestarted_step,
     finish_step,
     flush_deferred,
     start_step,
@@ -95,6 +96,7 @@ __all__ = [
     "complete_run",
     "create_run",
     "defer_step_completion",
+    "drop_prestarted_step",
     "fact_available",
     "fail_run",
     "finish_step",

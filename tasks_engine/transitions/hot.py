@@ -132,24 +132,29 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
         return []
     params = _rows(writes)
     parts = tuple(part for part in PARTS if part in params)
-    claim_text = None
+    claim_text, prestart = None, None
     if claim is not None:
-        claim_text, claim_params = claim_ctes(
+        claim_text, claim_params, prestart = claim_ctes(
             claim, clock.now(), exclude=[w.lease.run_id for w in writes]
         )
         params.update(claim_params)
     written = "deferred" in params and any(w.kind == "deferred" for w in writes)
-    rows = fetchall(hot_sql.group_statement(parts, written, claim_text), params)
+    statement = hot_sql.group_statement(
+        parts, written, claim_text, prestart is not None and bool(prestart.guesses)
+    )
+    rows = fetchall(statement, params)
     # Results are matched to writes by (run, lease token): a stale and a fresh lease of one
     # run may share a group, and only the fresh one's fence passes.
     started: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
     completed: set[tuple[uuid.UUID, uuid.UUID]] = set()
     done: set[tuple[int, uuid.UUID]] = set()
     claimed_rows: list[tuple[Any, ...]] = []
+    prestarted: list[int | None] = []
     for row in rows:
         tag, step_id, token, run_id = row[:4]
         if tag == "k":
             claimed_rows.append(row[3:])
+            prestarted.append(step_id)
         elif tag == "i":
             started[(r_uuid(run_id), r_uuid(token))] = int(step_id)
         elif tag == "c":
@@ -167,7 +172,9 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
         if w.result is None:
             w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")
         _settle(w)
-    return claimed_from_rows(claimed_rows, claim.worker_id) if claim is not None else []
+    if claim is None:
+        return []
+    return claimed_from_rows(claimed_rows, claim.worker_id, prestart, prestarted)
 
 
 PARTS: tuple[hot_sql.Part, ...] = ("deferred", "starts", "completes")

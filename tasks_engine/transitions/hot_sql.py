@@ -90,11 +90,14 @@ def _after(parts: tuple[Part, ...]) -> str:
 
 
 @functools.cache
-def group_statement(parts: tuple[Part, ...], deferred_written: bool, claim: str | None) -> str:
+def group_statement(
+    parts: tuple[Part, ...], deferred_written: bool, claim: str | None, prestart: bool = False
+) -> str:
     """The statement of a group holding `parts` (in the order deferred, starts, completes):
-    rows ('k', NULL, NULL, claimed run's columns...) for the claim's CTEs `claim` (ending in
-    `k`), ('i', step id, token, run id) per start, ('c', NULL, token, run id) per completion,
-    ('d', step id, token, run id) per deferred completion written (with `deferred_written`)."""
+    rows ('k', prestarted step id or NULL, NULL, claimed run's columns...) for the claim's CTEs
+    `claim` (ending in `k`, then `ks` with `prestart`: claims.Prestart), ('i', step id, token,
+    run id) per start, ('c', NULL, token, run id) per completion, ('d', step id, token, run
+    id) per deferred completion written (with `deferred_written`)."""
     ctes: list[str] = []
     selects: list[str] = []
     for part in parts:
@@ -112,7 +115,15 @@ def group_statement(parts: tuple[Part, ...], deferred_written: bool, claim: str 
         pad = ", NULL" * (len(CLAIM_COLUMNS) - 1)
         ctes.append(claim)
         # The claim's rows go first: UNION resolves the padding NULLs' types from them.
-        selects.insert(0, "SELECT 'k', NULL::bigint, NULL::uuid, k.* FROM k")
+        started, join = (
+            ("ks.id", " LEFT JOIN ks ON ks.run_id = k.id")
+            if prestart
+            else (
+                "NULL::bigint",
+                "",
+            )
+        )
+        selects.insert(0, f"SELECT 'k', {started}, NULL::uuid, k.* FROM k{join}")
     results = " UNION ALL ".join(selects).format(pad=pad)
     return f"WITH {', '.join(ctes)} {results}"
 

@@ -213,7 +213,7 @@ class Worker:
         run, lease = item.run, item.lease
         if self.group is not None:
             lease = dataclasses.replace(lease, writer=self.group)
-        prepared = executor.prepare(run, lease, self.draining)
+        prepared = executor.prepare(run, lease, self.draining, item.prestarted)
         wf, ctx, handle = prepared.workflow, prepared.ctx, prepared.handle
         handle.on_timer_armed(self.heartbeat.wake.set)  # it sleeps until the earliest timer
         self.slots.hold(Held(lease, ctx, handle, renewed_at=item.at))

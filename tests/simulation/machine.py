@@ -72,7 +72,7 @@ from hypothesis.stateful import (
 )
 
 import tasks_engine
-from tasks_engine import transitions
+from tasks_engine import first_steps, transitions
 from tasks_engine.exceptions import LeaseLostError, TaskCanceledError, WorkerStopping
 from tasks_engine.models import WorkflowRun
 
@@ -219,6 +219,7 @@ class EngineSimulation(RuleBasedStateMachine):
         super().__init__()
         self.env = env()
         reset_tables()
+        first_steps.reset()  # each example learns first steps (claims start them) on its own
         self.env.clock.reset()
         self.log = harness.reset_log()
         self.workers = [SimWorker(i) for i in range(WORKERS)]
