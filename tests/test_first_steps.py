@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 import tasks_engine
 from tasks_engine import executor, first_steps, transitions
@@ -126,3 +127,27 @@ def test_sqlite_claims_never_guess() -> None:
     claimed = claim_one("noop")
     assert claimed.prestarted is None
     assert execute(claimed)[0] == "completed"
+
+
+@pytest.mark.usefixtures("postgres_only")
+def test_a_group_that_claims_along_starts_the_first_steps_too() -> None:
+    """The group writer's claim (worker/group_commit.py) starts first steps in the statement
+    that completes the runs before them; the slot's run then takes them."""
+    learn_first("noop", {"n": 0})
+    done = tasks_engine.enqueue("noop", {"n": 1})
+    nxt = [tasks_engine.enqueue("noop", {"n": n}) for n in (2, 3)]
+    first = claim_one("noop")
+    assert first.run.pk == done.run_id
+    execute(first)
+    request = transitions.ClaimRequest("w2", [("noop", 1)], None, 2, 30)
+    at = timezone.now()
+    with CaptureQueriesContext(connection) as q:
+        claimed = transitions.write_group(
+            [transitions.HotWrite("deferred", first.lease, (), at)], request
+        )
+    assert len(q) == 1
+    assert {c.run.pk for c in claimed} == {r.run_id for r in nxt}
+    for c in claimed:
+        assert c.prestarted is not None and c.prestarted[0] == "only"
+        assert execute(c)[0] == "completed"
+        assert attempts(c.run.pk) == [("only", 1, "completed")]
