@@ -138,12 +138,19 @@ class ClaimRequest:
 def claim_ctes(
     req: ClaimRequest, now: datetime, *, exclude: list[uuid.UUID] | None = None
 ) -> tuple[str, dict[str, Any]]:
-    """The claim as CTEs ending in `k`, the claimed rows (PostgreSQL: `claim_ctes`), and its
-    parameters. The runs the worker holds, and `exclude`, are never reclaimed: the group
-    commit claims in the statement that writes its own runs, and a row must not be updated
-    twice in one statement."""
-    text = query("claim_ctes").format(filters=_claim_filters(req), columns=_COLUMNS)
-    return text, _claim_params(req, now, exclude)
+    """The claim as CTEs ending in `k`, the claimed rows (PostgreSQL: `claim_sources` and
+    `claim_take`), and its parameters. The runs the worker holds, and `exclude`, are never
+    reclaimed: the group commit claims in the statement that writes its own runs, and a row
+    must not be updated twice in one statement."""
+    sources, take = _claim_parts(req)
+    return f"{sources}, k AS ({take})", _claim_params(req, now, exclude)
+
+
+def _claim_parts(req: ClaimRequest) -> tuple[str, str]:
+    filters = _claim_filters(req)
+    return query("claim_sources").format(filters=filters), query("claim_take").format(
+        columns=_COLUMNS
+    )
 
 
 def _claim_filters(req: ClaimRequest) -> str:
@@ -216,8 +223,10 @@ def claim_runs(
 def claim_sql(req: ClaimRequest, now: datetime) -> tuple[str, dict[str, Any]]:
     """The plain claim statement (not guarded by flow control) and its parameters."""
     if is_postgres():
-        text, params = claim_ctes(req, now)
-        return f"WITH {text} SELECT * FROM k", params
+        # The UPDATE is the statement itself, not a CTE read by a SELECT (which materialises
+        # its rows once more).
+        sources, take = _claim_parts(req)
+        return f"WITH {sources} {take}", _claim_params(req, now)
     sql = query("claim").format(filters=_claim_filters(req), columns=_COLUMNS)
     return sql, _claim_params(req, now)
 
