@@ -114,8 +114,8 @@ def test_reclaim_closes_interrupted_attempts_as_abandoned_and_counts_them(
 
 def test_step_interrupted_every_time_fails_the_run(fake_clock: FakeClock) -> None:
     res = tasks_engine.enqueue("flaky", {"fail_times": 0})
-    for _ in range(3):  # max_attempts=3: three crashes
-        [lease] = claim("w", [("flaky", 1)], None, 1, 30)
+    for i in range(3):  # max_attempts=3: three crashes (each restart is a new worker id)
+        [lease] = claim(f"w{i}", [("flaky", 1)], None, 1, 30)
         run = WorkflowRun.objects.get(pk=res.run_id)
         executor.build_context(run, lease, threading.Event())  # closes the previous attempt
         n = StepAttempt.objects.filter(run_id=res.run_id).count()
@@ -129,6 +129,29 @@ def test_step_interrupted_every_time_fails_the_run(fake_clock: FakeClock) -> Non
     assert (
         view.steps[-1].error["message"] == "step 'body' was interrupted 3 times without finishing"
     )
+
+
+def test_an_attempt_the_reclaiming_worker_itself_left_does_not_count(
+    fake_clock: FakeClock,
+) -> None:
+    """The same worker takes its run again after its lease expired in an outage: it is alive,
+    so the attempt it left was cut short by the outage, not by the step, and does not count.
+    Three such losses do not fail the step; another worker's reclaim does count."""
+    res = tasks_engine.enqueue("flaky", {"fail_times": 0})
+    for n in range(3):
+        [lease] = claim("w-alive", [("flaky", 1)], None, 1, 30)
+        run = WorkflowRun.objects.get(pk=res.run_id)
+        executor.build_context(run, lease, threading.Event())  # closes the previous attempt
+        transitions.start_step(lease, "body", "function", n + 1, 1)
+        fake_clock.advance(31)
+    [lease] = claim("w-other", [("flaky", 1)], None, 1, 30)
+    executor.build_context(WorkflowRun.objects.get(pk=res.run_id), lease, threading.Event())
+    steps = StepAttempt.objects.filter(run_id=res.run_id).order_by("attempt")
+    assert [(s.attempt, s.status, s.counted) for s in steps] == [
+        (1, "abandoned", False),
+        (2, "abandoned", False),
+        (3, "abandoned", True),
+    ]
 
 
 def test_graceful_handback_does_not_count(fake_clock: FakeClock) -> None:

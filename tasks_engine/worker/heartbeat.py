@@ -26,7 +26,7 @@ from ..exceptions import (
     TaskCanceledError,
 )
 from ..models import WorkflowRun
-from ..outages import DB_ERRORS, Outage
+from ..outages import DB_ERRORS, Outage, drop_if_cut
 from ..serialization import encode_error
 from .slots import Held, SlotPool
 
@@ -89,6 +89,7 @@ class Heartbeat(threading.Thread):
                 self.abort_unrenewed()
                 self.fire_step_timeouts(time.monotonic())
                 try:
+                    drop_if_cut()
                     self.hooks.hand_back_stale(time.monotonic())
                     self.flush_progress()
                     self.write_off_stuck()

@@ -31,7 +31,7 @@ from ..exceptions import LeaseLostError, WorkerStopping
 from ..leader import Leader
 from ..logs import get_logger
 from ..notify import Listener, listening_possible
-from ..outages import DB_ERRORS, Outage
+from ..outages import DB_ERRORS, Outage, drop_if_cut
 from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
@@ -117,6 +117,7 @@ class Worker:
                 continue
             claimed: list[transitions.Claimed] = []
             try:
+                drop_if_cut()
                 flow.refresh()
                 claimed = transitions.claim_runs(
                     self.id,
@@ -185,6 +186,7 @@ class Worker:
                 break
             lease = item.lease
             try:
+                drop_if_cut()
                 self._execute(item)
                 outage.ok()
             except DB_ERRORS as exc:
