@@ -58,7 +58,7 @@ UNION ALL SELECT 'd', s.id, s.lease_token, s.run_id{pad}
     FROM tasks_engine_stepattempt s JOIN dv ON s.id = dv.step_id AND s.lease_token = dv.token
     WHERE s.id = ANY(ARRAY(SELECT step_id FROM dv)) AND s.status = 'completed'
 
--- claim_ctes --
+-- claim_sources --
 -- The runs a claim may take: expired leases first, then due timers, then pending by priority; each source reads its own partial index, so far-future sleepers and finished rows cost nothing. `not_these` (the runs the worker holds, and those the same statement writes) stay out of the expired source. {filters}: the worker's (name, version) pairs and queues.
 expired AS (
     SELECT id, 0 AS src, priority, available_at FROM tasks_engine_workflowrun
@@ -73,18 +73,20 @@ expired AS (
     SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
     WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
     ORDER BY priority DESC, available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
-), k AS (
-    UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = gen_random_uuid(),
-        worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
-        available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
-        updated_at = %(now)s
-    WHERE id IN (
-        SELECT id FROM (
-            SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
-        ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %(limit)s
-    )
-    RETURNING {columns}
 )
+
+-- claim_take --
+-- The claim's update of the runs it takes from `claim_sources`, returning {columns}: the statement itself for a plain claim, CTE `k` of a group that claims along (transitions/hot_sql.py).
+UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = gen_random_uuid(),
+    worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
+    available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
+    updated_at = %(now)s
+WHERE id IN (
+    SELECT id FROM (
+        SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
+    ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %(limit)s
+)
+RETURNING {columns}
 
 -- claim_prestart --
 -- The claim's start of each fresh run's first step, as this worker guessed it (first_steps.py), in CTE `ks` after the claim's `k`: the attempt StepBase._start would insert, written in the claim's commit. Only a run's first claim, with no step recorded, no cancel requested (the start fence's condition; the claim holds the row) and its deadline not passed. %(first_steps)s: {"name@version": step name}.

@@ -138,12 +138,13 @@ class ClaimRequest:
 def claim_ctes(
     req: ClaimRequest, now: datetime, *, exclude: list[uuid.UUID] | None = None
 ) -> tuple[str, dict[str, Any], Prestart]:
-    """The claim as CTEs ending in `k`, the claimed rows (PostgreSQL: `claim_ctes`), then, once
-    this worker guesses first steps, `ks`, the first steps it started (`claim_prestart`); its
-    parameters; and the guesses it sent. The runs the worker holds, and `exclude`, are never
-    reclaimed: the group commit claims in the statement that writes its own runs, and a row
-    must not be updated twice in one statement."""
-    text = query("claim_ctes").format(filters=_claim_filters(req), columns=_COLUMNS)
+    """The claim as CTEs ending in `k`, the claimed rows (PostgreSQL: `claim_sources` and
+    `claim_take`), then, once this worker guesses first steps, `ks`, the first steps it
+    started (`claim_prestart`); its parameters; and the guesses it sent. The runs the worker
+    holds, and `exclude`, are never reclaimed: the group commit claims in the statement that
+    writes its own runs, and a row must not be updated twice in one statement."""
+    sources, take = _claim_parts(req)
+    text = f"{sources}, k AS ({take})"
     params = _claim_params(req, now, exclude)
     guesses_json, guesses = first_steps.published()
     if guesses:
@@ -169,6 +170,13 @@ class Prestart:
         if step_id is None:
             return None
         return self.guesses[f"{run.task_name}@{run.version}"], int(step_id)
+
+
+def _claim_parts(req: ClaimRequest) -> tuple[str, str]:
+    filters = _claim_filters(req)
+    return query("claim_sources").format(filters=filters), query("claim_take").format(
+        columns=_COLUMNS
+    )
 
 
 def _claim_filters(req: ClaimRequest) -> str:
@@ -243,7 +251,11 @@ def claim_runs(
 
 def _claim_pg(req: ClaimRequest, now: datetime) -> list[Claimed]:
     """The plain claim on PostgreSQL: one statement, which also starts the first steps this
-    worker guesses (`Prestart`)."""
+    worker guesses (`Prestart`). Without guesses, its UPDATE ... RETURNING is the statement
+    itself (`claim_sql`)."""
+    if not first_steps.published()[1]:
+        sql, plain = claim_sql(req, now)
+        return claimed_from_rows(fetchall(sql, plain), req.worker_id)
     text, params, prestart = claim_ctes(req, now)
     rows = fetchall(f"WITH {text} {prestart.select}", params)
     step_ids = [row[-1] for row in rows]
@@ -251,8 +263,12 @@ def _claim_pg(req: ClaimRequest, now: datetime) -> list[Claimed]:
 
 
 def claim_sql(req: ClaimRequest, now: datetime) -> tuple[str, dict[str, Any]]:
-    """The plain claim statement on SQLite (not guarded by flow control) and its parameters."""
-    assert not is_postgres(), "PostgreSQL claims go through _claim_pg"
+    """The plain claim statement (not guarded by flow control) and its parameters."""
+    if is_postgres():
+        # The UPDATE is the statement itself, not a CTE read by a SELECT (which materialises
+        # its rows once more).
+        sources, take = _claim_parts(req)
+        return f"WITH {sources} {take}", _claim_params(req, now)
     sql = query("claim").format(filters=_claim_filters(req), columns=_COLUMNS)
     return sql, _claim_params(req, now)
 

@@ -3,8 +3,9 @@ completion. `steps.py` and `outcomes.py` build a `HotWrite` and hand it to the a
 `Writer`; every path ends here.
 
 PostgreSQL: `write_group` puts any number of writes (and, under a backlog, the claim of the
-runs that take over their slots) in one statement (queries/postgresql.sql); a group of one is a
-direct write. SQLite, which has no data-modifying CTEs: `_write_sqlite`,
+runs that take over their slots) in one statement; a lone start or completion is a scalar
+statement of its own (`_write_single`); both are built by hot_sql.py from one definition of
+each part in queries/postgresql.sql. SQLite, which has no data-modifying CTEs: `_write_sqlite`,
 the deferred completions first, then the write (queries/sqlite.sql).
 """
 
@@ -183,27 +184,16 @@ PARTS: tuple[hot_sql.Part, ...] = ("deferred", "starts", "completes")
 def _write_single(w: HotWrite) -> None:
     """A start or a completion alone (with the deferred completions it carries): its columns
     bound as parameters (hot_sql.single_statement), not through JSON rows."""
-    lease = w.lease
-    params: dict[str, Any] = {"run_id": lease.run_id, "token": lease.token}
+    params: dict[str, Any] = {}
     if len(w.deferred) == 1:
-        [c] = w.deferred
-        params.update(d_step_id=c.step_id, d_output=p_json(c.output), d_finished_at=c.finished_at)
+        params.update(hot_sql.bind("deferred", _deferred_row(w, w.deferred[0])))
     elif w.deferred:
         params["deferred"] = json_rows([_deferred_row(w, c) for c in w.deferred])
-    if w.kind == "start":
-        part: hot_sql.Part = "starts"
-        params.update(_start_row(w))
-        for column in ("output", "error", "wake_at", "finished_at"):
-            params.setdefault(column, None)
-        params["output"], params["error"] = p_json(params["output"]), p_json(params["error"])
-    else:
-        part = "completes"
-        params.update(_complete_row(w))
-        params["output"], params["progress"] = p_json(w.output), p_json(w.progress)
-        params["unreached"] = p_json(params["unreached"])
+    part: hot_sql.Part = "starts" if w.kind == "start" else "completes"
+    params.update(hot_sql.bind(part, _start_row(w) if part == "starts" else _complete_row(w)))
     rows = fetchall(hot_sql.single_statement(part, len(w.deferred)), params)
     if not rows:
-        w.error = LeaseLostError(f"run {lease.run_id}: lease lost")
+        w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")
     else:
         w.result = int(rows[0][0]) if part == "starts" else True
     _settle(w)

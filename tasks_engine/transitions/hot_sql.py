@@ -19,9 +19,9 @@ The fence and the columns being the same in both, a write alone and a group cann
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Any, Literal
 
-from ..sql import query
+from ..sql import p_json, query
 from .claims import CLAIM_COLUMNS
 
 Part = Literal["deferred", "starts", "completes"]
@@ -74,6 +74,15 @@ def param(part: Part, column: str) -> str:
     if column in FENCED or part != "deferred":
         return column
     return DEFERRED_PREFIX + column
+
+
+def bind(part: Part, row: dict[str, Any]) -> dict[str, Any]:
+    """A write alone's parameters for one row of `part`: every column of the part (one the row
+    leaves out is NULL), jsonb ones adapted."""
+    return {
+        param(part, name): p_json(row.get(name)) if sql_type == "jsonb" else row.get(name)
+        for name, sql_type in columns(part)
+    }
 
 
 def _bound_row(part: Part) -> str:
