@@ -4,6 +4,7 @@ thread's connection, log once per outage, back off."""
 from __future__ import annotations
 
 import contextlib
+import select
 from typing import Any
 
 from django.db import Error as DjangoDbError
@@ -38,3 +39,24 @@ class Outage:
             self.log.info("database reachable again", where=self.what)
         self.down = False
         self.backoff = 0.5
+
+
+def drop_if_cut() -> bool:
+    """Close this thread's connection if the server ended the session while it sat idle (a
+    restart, a failover, a pooler, `pg_terminate_backend`): the server's farewell, or the end
+    of the stream, is then waiting on the socket. The next statement connects afresh instead
+    of failing on the dead session and costing its run a back-off and a hand-back. One poll,
+    no round trip. PostgreSQL only; never inside a transaction."""
+    raw = connection.connection
+    if raw is None or connection.vendor != "postgresql" or connection.in_atomic_block:
+        return False
+    try:
+        poller = select.poll()
+        poller.register(raw.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
+        cut = bool(poller.poll(0)) or raw.closed
+    except (OSError, ValueError, DjangoDbError):
+        cut = True
+    if cut:
+        with contextlib.suppress(Exception):
+            connection.close()
+    return cut

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from . import clock, transitions
+from . import clock, first_steps, transitions
 from .attempt_handle import AttemptHandle
 from .exceptions import MaxStepAttemptsExceeded, NonDeterminismError, Suspend, TaskCanceledError
 from .history import Attempt, ReplayHistory, StepRecord
 from .serialization import rebuild_error
+from .states import StepKind
 
 if TYPE_CHECKING:
     from .context import TaskContext
@@ -38,6 +39,9 @@ class RunState:
     fatal: BaseException | None = None  # ends the run failed, whatever user code catches
     current_step: str = ""  # the step whose function runs now (the op ledger's step column)
     span: Any = None  # this claim's OpenTelemetry span (tracing.py), None when not tracing
+    fresh: bool = False  # the run's first claim, no history: its first step teaches first_steps
+    started: bool = False  # a step began in this pass (or the run ended without one)
+    prestarted: tuple[str, int] | None = None  # (name, step id) its claim started, unused yet
 
     @property
     def lease(self) -> transitions.Lease:
@@ -104,13 +108,36 @@ class StepBase:
         s.history.attempts_made += 1
 
     def _start(self, key: str, kind: str, attempt_no: int, **fields: Any) -> int:
-        """Record a step attempt; refused once cancel is requested (the run then ends)."""
+        """Record a step attempt; refused once cancel is requested (the run then ends). A
+        fresh run's first step may have been started by its claim (first_steps.py)."""
+        s = self._s
+        if s.fresh and not s.started:
+            s.started = True
+            plain = kind == StepKind.FUNCTION and attempt_no == 1 and not fields
+            step_id = self._first_start(key if plain else None)
+            if step_id is not None:
+                return step_id
         try:
             return transitions.start_step(
                 self._s.lease, key, kind, attempt_no, self._s.run_pass, **fields
             )
         except TaskCanceledError:
             self._canceled()
+
+    def _first_start(self, key: str | None) -> int | None:
+        """The run's first step begins (`key`; None: not a plain function step). Its attempt,
+        if the claim guessed it; a wrong guess is deleted and this workflow not guessed again
+        by this process; an unguessed one teaches first_steps."""
+        s, ctx = self._s, self._ctx
+        if s.prestarted is None:
+            first_steps.learn(ctx.task_name, ctx.version, key)
+            return None
+        (guessed, step_id), s.prestarted = s.prestarted, None
+        if guessed == key:
+            return step_id
+        first_steps.forget(ctx.task_name, ctx.version)
+        transitions.drop_prestarted_step(s.lease, step_id)
+        return None
 
     def _remember(self, key: str, kind: str, attempt: Attempt) -> None:
         self._s.history.remember(key, kind, attempt)

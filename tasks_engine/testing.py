@@ -97,7 +97,7 @@ def drain(
             fake.jump_to(wake)
             continue
         run, lease = claimed[0].run, claimed[0].lease
-        wf, ctx = executor.build_context(run, lease, threading.Event())
+        wf, ctx = executor.build_context(run, lease, threading.Event(), claimed[0].prestarted)
         outcomes.append(executor.execute(run, wf, ctx))
     return outcomes
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tasks_engine import clock
+from tasks_engine import clock, first_steps
 
 from .helpers import FakeClock, WorkerProcess
 
@@ -30,6 +30,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(
                 pytest.mark.skip(reason="runs on a throwaway PostgreSQL cluster of its own")
             )
+
+
+@pytest.fixture(autouse=True)
+def _no_first_step_guesses_carried_over() -> Iterator[None]:
+    """What one test's runs taught first_steps.py stays in that test."""
+    first_steps.reset()
+    yield
+    first_steps.reset()
 
 
 @pytest.fixture

@@ -83,7 +83,7 @@ def test_stale_lease_cannot_write_anything(fake_clock: FakeClock) -> None:
     with pytest.raises(LeaseLostError):
         transitions.fail_run(old, {"type": "x", "message": "y"})
     assert transitions.renew_leases([old], 30) == {}
-    assert set(transitions.renew_leases([new], 30)) == {new.run_id}
+    assert set(transitions.renew_leases([new], 30)) == {new.key}
     assert WorkflowRun.objects.get(pk=new.run_id).status == "running"
 
 
@@ -91,7 +91,7 @@ def test_expired_lease_not_taken_over_is_still_held(fake_clock: FakeClock) -> No
     tasks_engine.enqueue("b")
     [lease] = claim("w1", [("b", 1)], None, 1, 30)
     fake_clock.advance(120)  # expired, but nobody reclaimed it
-    assert set(transitions.renew_leases([lease], 30)) == {lease.run_id}
+    assert set(transitions.renew_leases([lease], 30)) == {lease.key}
     transitions.complete_run(lease, "late but fine", [])
     assert WorkflowRun.objects.get(pk=lease.run_id).status == "completed"
 
@@ -114,8 +114,8 @@ def test_reclaim_closes_interrupted_attempts_as_abandoned_and_counts_them(
 
 def test_step_interrupted_every_time_fails_the_run(fake_clock: FakeClock) -> None:
     res = tasks_engine.enqueue("flaky", {"fail_times": 0})
-    for _ in range(3):  # max_attempts=3: three crashes
-        [lease] = claim("w", [("flaky", 1)], None, 1, 30)
+    for i in range(3):  # max_attempts=3: three crashes (each restart is a new worker id)
+        [lease] = claim(f"w{i}", [("flaky", 1)], None, 1, 30)
         run = WorkflowRun.objects.get(pk=res.run_id)
         executor.build_context(run, lease, threading.Event())  # closes the previous attempt
         n = StepAttempt.objects.filter(run_id=res.run_id).count()
@@ -129,6 +129,29 @@ def test_step_interrupted_every_time_fails_the_run(fake_clock: FakeClock) -> Non
     assert (
         view.steps[-1].error["message"] == "step 'body' was interrupted 3 times without finishing"
     )
+
+
+def test_an_attempt_the_reclaiming_worker_itself_left_does_not_count(
+    fake_clock: FakeClock,
+) -> None:
+    """The same worker takes its run again after its lease expired in an outage: it is alive,
+    so the attempt it left was cut short by the outage, not by the step, and does not count.
+    Three such losses do not fail the step; another worker's reclaim does count."""
+    res = tasks_engine.enqueue("flaky", {"fail_times": 0})
+    for n in range(3):
+        [lease] = claim("w-alive", [("flaky", 1)], None, 1, 30)
+        run = WorkflowRun.objects.get(pk=res.run_id)
+        executor.build_context(run, lease, threading.Event())  # closes the previous attempt
+        transitions.start_step(lease, "body", "function", n + 1, 1)
+        fake_clock.advance(31)
+    [lease] = claim("w-other", [("flaky", 1)], None, 1, 30)
+    executor.build_context(WorkflowRun.objects.get(pk=res.run_id), lease, threading.Event())
+    steps = StepAttempt.objects.filter(run_id=res.run_id).order_by("attempt")
+    assert [(s.attempt, s.status, s.counted) for s in steps] == [
+        (1, "abandoned", False),
+        (2, "abandoned", False),
+        (3, "abandoned", True),
+    ]
 
 
 def test_graceful_handback_does_not_count(fake_clock: FakeClock) -> None:
@@ -156,10 +179,11 @@ def test_renewal_reports_cancel_and_deadline_only_when_set(fake_clock: FakeClock
     tasks_engine.cancel(canceled, "by hand")
     fake_clock.advance(10)
     renewed = transitions.renew_leases(list(leases.values()), 30)
-    assert renewed[plain] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
-    assert renewed[later] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
-    assert renewed[due] == transitions.Renewal(cancel_requested=False, deadline_passed=True)
-    assert renewed[canceled] == transitions.Renewal(cancel_requested=True, deadline_passed=False)
+    found = {run: renewed[lease.key] for run, lease in leases.items()}
+    assert found[plain] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
+    assert found[later] == transitions.Renewal(cancel_requested=False, deadline_passed=False)
+    assert found[due] == transitions.Renewal(cancel_requested=False, deadline_passed=True)
+    assert found[canceled] == transitions.Renewal(cancel_requested=True, deadline_passed=False)
     expiry = WorkflowRun.objects.get(pk=plain).available_at
     assert expiry == fake_clock.now() + timedelta(seconds=30)
 
@@ -172,4 +196,23 @@ def test_a_stale_lease_is_not_renewed_beside_the_fresh_one(fake_clock: FakeClock
     fake_clock.advance(31)
     [fresh] = claim("w", [("b", 1)], None, 1, 30)
     renewed = transitions.renew_leases([stale, fresh], 30)
-    assert renewed[fresh.run_id].token == fresh.token  # and not the stale lease's
+    assert set(renewed) == {fresh.key}  # and not the stale lease's
+
+
+def test_renewals_are_keyed_by_run_and_lease_token(fake_clock: FakeClock) -> None:
+    """A stale and a fresh lease of one run, renewed together (the worker whose lease expired
+    during an outage while its slot still executes, and the run's next attempt): the result
+    names each lease renewed by (run, token), so the stale one is never taken for the fresh
+    one, nor told what the fresh one was told."""
+    run_id = tasks_engine.enqueue("b").run_id
+    [stale] = claim("w", [("b", 1)], None, 1, 30)
+    fake_clock.advance(31)
+    [fresh] = claim("w", [("b", 1)], None, 1, 30)
+    tasks_engine.cancel(run_id, "by hand")
+    renewed = transitions.renew_leases([fresh, stale], 30)
+    assert stale.run_id == fresh.run_id and stale.key != fresh.key
+    assert renewed == {fresh.key: transitions.Renewal(cancel_requested=True, deadline_passed=False)}
+    assert stale.key not in renewed
+    # Alone, the stale lease renews nothing; the fresh one still renews.
+    assert transitions.renew_leases([stale], 30) == {}
+    assert set(transitions.renew_leases([fresh], 30)) == {fresh.key}

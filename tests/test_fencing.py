@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 
 def claim_ctx(task: str = "b"):
     [c] = transitions.claim_runs("w", [(task, 1)], None, 1, 30)
-    _, ctx = executor.build_context(c.run, c.lease, threading.Event())
+    _, ctx = executor.build_context(c.run, c.lease, threading.Event(), c.prestarted)
     return ctx
 
 

@@ -39,7 +39,7 @@ def claim(n: int = 10, queues: list[str] | None = None) -> list[transitions.Clai
 
 def finish(claimed: list[transitions.Claimed]) -> None:
     for c in claimed:
-        wf, ctx = executor.build_context(c.run, c.lease, threading.Event())
+        wf, ctx = executor.build_context(c.run, c.lease, threading.Event(), c.prestarted)
         executor.execute(c.run, wf, ctx)
 
 

@@ -32,7 +32,7 @@ def run(run_id: Any) -> WorkflowRun:
 
 def claim(task: str, worker: str = "w") -> tuple[transitions.Claimed, Any, Any]:
     [c] = transitions.claim_runs(worker, [(task, 1)], None, 1, 30)
-    wf, ctx = executor.build_context(c.run, c.lease, threading.Event())
+    wf, ctx = executor.build_context(c.run, c.lease, threading.Event(), c.prestarted)
     return c, wf, ctx
 
 

@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 
 import tasks_engine
 from tasks_engine import executor, transitions
+from tasks_engine.models import StepAttempt
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +36,9 @@ def run_once(task: str) -> tuple[int, int, str]:
     with CaptureQueriesContext(connection) as claim_q:
         [claimed] = transitions.claim_runs("w", [(task, 1)], None, 1, 30)
     with CaptureQueriesContext(connection) as exec_q:
-        wf, ctx = executor.build_context(claimed.run, claimed.lease, threading.Event())
+        wf, ctx = executor.build_context(
+            claimed.run, claimed.lease, threading.Event(), claimed.prestarted
+        )
         outcome = executor.execute(claimed.run, wf, ctx)
     return statements(claim_q), len(exec_q), outcome
 
@@ -72,3 +75,41 @@ def test_replayed_steps_cost_nothing_but_the_history_read(fake_clock) -> None:
     # close interrupted attempts + read history (replayed "before" costs nothing), finish
     # the nap, then "after" and the completion.
     assert (outcome, second) == ("completed", 2 + 1 + per_step() + 1 + 1)
+
+
+def test_a_lone_start_and_a_lone_completion_are_one_statement_each() -> None:
+    """Outside a group (in-process, or group commit off) a start, and a completion carrying
+    the last step's checkpoint, are one statement each; on PostgreSQL with their columns bound
+    as parameters (transitions/hot_sql.py), not through a group's JSON rows."""
+    run_id = tasks_engine.enqueue("bench_noop").run_id
+    [claimed] = transitions.claim_runs("w", [("bench_noop", 1)], None, 1, 30)
+    with CaptureQueriesContext(connection) as started:
+        step_id = transitions.start_step(claimed.lease, "noop", "function", 1, 1)
+    transitions.defer_step_completion(claimed.lease, step_id, {"n": 1})
+    with CaptureQueriesContext(connection) as completed:
+        transitions.complete_run(claimed.lease, {"done": True}, [])
+    assert (statements(started), statements(completed)) == (1, per_step())
+    if connection.vendor == "postgresql":
+        sent = [q["sql"] for q in [*started.captured_queries, *completed.captured_queries]]
+        assert not any("json_to_recordset" in sql for sql in sent)
+    run = tasks_engine.get_run(run_id)
+    assert (run.status, run.output) == ("completed", {"done": True})
+    assert [(s.status, s.output) for s in run.steps] == [("completed", {"n": 1})]
+
+
+def test_a_lone_write_carrying_several_checkpoints_writes_them_all() -> None:
+    """More than one deferred completion (a failed send left one queued): a write alone
+    carries them as rows, in its one statement."""
+    tasks_engine.enqueue("bench_noop")
+    [claimed] = transitions.claim_runs("w", [("bench_noop", 1)], None, 1, 30)
+    lease = claimed.lease
+    first = transitions.start_step(lease, "a", "function", 1, 1)
+    second = transitions.start_step(lease, "b", "function", 1, 1)
+    transitions.defer_step_completion(lease, first, 1)
+    transitions.defer_step_completion(lease, second, 2)
+    with CaptureQueriesContext(connection) as q:
+        transitions.start_step(lease, "c", "function", 1, 1)
+    assert statements(q) == (1 if connection.vendor == "postgresql" else 3)
+    assert lease.deferred.pending() == ()
+    outputs = dict(StepAttempt.objects.filter(run_id=lease.run_id).values_list("name", "output"))
+    assert outputs == {"a": 1, "b": 2, "c": None}

@@ -238,7 +238,7 @@ def test_a_child_that_finished_after_the_timeout_was_due_still_wins(
     tasks_engine.signal(child.pk, "never", None)
     claimed = transitions.claim_runs("w", [("never_finishing_child", 1)], None, 1, 30.0)
     run, lease = claimed[0].run, claimed[0].lease
-    wf, ctx = executor.build_context(run, lease, threading.Event())
+    wf, ctx = executor.build_context(run, lease, threading.Event(), claimed[0].prestarted)
     assert executor.execute(run, wf, ctx) == "completed"
     drain(fake_clock, horizon=5)
     assert tasks_engine.get_run(res.run_id).output == {"got": "finished"}

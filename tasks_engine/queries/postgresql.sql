@@ -1,54 +1,47 @@
+-- hot_fence --
+-- The fence of a hot write, defined once: the run's row (locked FOR SHARE, so a concurrent reclaim waits for the write or the write loses to it) still holds the attempt's lease token. {v}: the write's rows; {unless_canceled}: also refused once a cancel is requested.
+EXISTS (SELECT 1 FROM tasks_engine_workflowrun r
+        WHERE r.id = {v}.run_id AND r.lease_token = {v}.token{unless_canceled} FOR SHARE)
+
+-- hot_deferred_columns --
+-- A deferred step completion's row (`dv`). transitions/hot_sql.py binds these as parameters for a write alone, or as one JSON parameter of rows for a group.
+step_id bigint, output jsonb, finished_at timestamptz, run_id uuid, token uuid
+
 -- hot_deferred --
--- The deferred step completions a group carries (CTE `d`), fenced each on its own run's lease (the run's row, locked FOR SHARE, still holds the token). Rows travel as one JSON parameter per row set, so the text does not depend on the group's size; a row set from json_to_recordset has no statistics (the planner guesses 100 rows), so each join key is also spelled `= ANY(ARRAY(...))`, which keeps the lookup on the primary key.
-dv AS (
-    SELECT * FROM json_to_recordset(%(deferred)s::json)
-        AS t (step_id bigint, output jsonb, finished_at timestamptz, run_id uuid, token uuid)
-), d AS (
-    UPDATE tasks_engine_stepattempt s
-    SET status = 'completed', output = dv.output, finished_at = dv.finished_at
-    FROM dv
-    WHERE s.id = ANY(ARRAY(SELECT step_id FROM dv)) AND s.id = dv.step_id
-      AND s.status = 'running'
-      AND EXISTS (SELECT 1 FROM tasks_engine_workflowrun r
-                  WHERE r.id = dv.run_id AND r.lease_token = dv.token FOR SHARE)
-    RETURNING s.id, s.run_id, dv.token
-)
+-- The deferred step completions a write carries (CTE `d`), fenced each on its own run's lease. {lookup}: a group's rows come from json_to_recordset, which has no statistics (the planner guesses 100 rows), so each join key is also spelled `= ANY(ARRAY(...))`, which keeps the lookup on the primary key; a write alone needs none.
+UPDATE tasks_engine_stepattempt s
+SET status = 'completed', output = dv.output, finished_at = dv.finished_at
+FROM dv
+WHERE {lookup}s.id = dv.step_id AND s.status = 'running' AND {fence}
+RETURNING s.id, s.run_id, dv.token
+
+-- hot_starts_columns --
+-- A step start's row (`sv`).
+run_id uuid, name text, kind text, status text, attempt int, run_pass int, output jsonb, error jsonb, worker_id text, token uuid, wake_at timestamptz, started_at timestamptz, finished_at timestamptz
 
 -- hot_starts --
--- The step starts of a group (CTE `i`): a step's attempt, inserted while the attempt holds its run and no cancel is requested.
-sv AS (
-    SELECT * FROM json_to_recordset(%(starts)s::json)
-        AS t (run_id uuid, name text, kind text, status text, attempt int, run_pass int,
-              output jsonb, error jsonb, worker_id text, token uuid, wake_at timestamptz,
-              started_at timestamptz, finished_at timestamptz)
-), i AS (
-    INSERT INTO tasks_engine_stepattempt (run_id, name, kind, status, attempt, run_pass,
-        counted, output, error, worker_id, lease_token, wake_at, started_at, finished_at)
-    SELECT sv.run_id, sv.name, sv.kind, sv.status, sv.attempt, sv.run_pass, TRUE, sv.output,
-        sv.error, sv.worker_id, sv.token, sv.wake_at, sv.started_at, sv.finished_at
-    FROM sv
-    WHERE EXISTS (SELECT 1 FROM tasks_engine_workflowrun r
-                  WHERE r.id = sv.run_id AND r.lease_token = sv.token
-                    AND r.cancel_requested_at IS NULL FOR SHARE)
-    RETURNING id, run_id, lease_token
-)
+-- Step starts (CTE `i`): a step's attempt, inserted while the attempt holds its run and no cancel is requested.
+INSERT INTO tasks_engine_stepattempt (run_id, name, kind, status, attempt, run_pass,
+    counted, output, error, worker_id, lease_token, wake_at, started_at, finished_at)
+SELECT sv.run_id, sv.name, sv.kind, sv.status, sv.attempt, sv.run_pass, TRUE, sv.output,
+    sv.error, sv.worker_id, sv.token, sv.wake_at, sv.started_at, sv.finished_at
+FROM sv
+WHERE {fence}
+RETURNING id, run_id, lease_token
+
+-- hot_completes_columns --
+-- A run completion's row (`cv`).
+run_id uuid, token uuid, output jsonb, unreached jsonb, at timestamptz, progress jsonb
 
 -- hot_completes --
--- The run completions of a group (CTE `c`), each if its attempt still holds the run. {after} references the group's other parts, so their fences lock the run rows before this statement replaces them.
-cv AS (
-    SELECT * FROM json_to_recordset(%(completes)s::json)
-        AS t (run_id uuid, token uuid, output jsonb, unreached jsonb, at timestamptz,
-              progress jsonb)
-), c AS (
-    UPDATE tasks_engine_workflowrun r
-    SET status = 'completed', output = cv.output, unreached_steps = cv.unreached,
-        finished_at = cv.at, updated_at = cv.at, lease_token = NULL, available_at = NULL,
-        waiting_on = '', error = NULL, progress = COALESCE(cv.progress, r.progress)
-    FROM cv
-    WHERE r.id = ANY(ARRAY(SELECT run_id FROM cv)) AND r.id = cv.run_id
-      AND r.lease_token = cv.token{after}
-    RETURNING r.id, cv.token
-)
+-- Run completions (CTE `c`), each if its attempt still holds the run (the row it replaces is the fence). {lookup} as in hot_deferred; {after} references the write's other parts, so their fences lock the run rows before this statement replaces them.
+UPDATE tasks_engine_workflowrun r
+SET status = 'completed', output = cv.output, unreached_steps = cv.unreached,
+    finished_at = cv.at, updated_at = cv.at, lease_token = NULL, available_at = NULL,
+    waiting_on = '', error = NULL, progress = COALESCE(cv.progress, r.progress)
+FROM cv
+WHERE {lookup}r.id = cv.run_id AND r.lease_token = cv.token{after}
+RETURNING r.id, cv.token
 
 -- hot_started --
 -- What a group's starts got: ('i', step id, lease token, run id{pad}).
@@ -65,7 +58,7 @@ UNION ALL SELECT 'd', s.id, s.lease_token, s.run_id{pad}
     FROM tasks_engine_stepattempt s JOIN dv ON s.id = dv.step_id AND s.lease_token = dv.token
     WHERE s.id = ANY(ARRAY(SELECT step_id FROM dv)) AND s.status = 'completed'
 
--- claim_ctes --
+-- claim_sources --
 -- The runs a claim may take: expired leases first, then due timers, then pending by priority; each source reads its own partial index, so far-future sleepers and finished rows cost nothing. `not_these` (the runs the worker holds, and those the same statement writes) stay out of the expired source. {filters}: the worker's (name, version) pairs and queues.
 expired AS (
     SELECT id, 0 AS src, priority, available_at FROM tasks_engine_workflowrun
@@ -80,17 +73,35 @@ expired AS (
     SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
     WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
     ORDER BY priority DESC, available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
-), k AS (
-    UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = gen_random_uuid(),
-        worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
-        available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
-        updated_at = %(now)s
-    WHERE id IN (
-        SELECT id FROM (
-            SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
-        ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %(limit)s
-    )
-    RETURNING {columns}
+)
+
+-- claim_take --
+-- The claim's update of the runs it takes from `claim_sources`, returning {columns}: the statement itself for a plain claim, CTE `k` of a group that claims along (transitions/hot_sql.py).
+UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = gen_random_uuid(),
+    worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
+    available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
+    updated_at = %(now)s
+WHERE id IN (
+    SELECT id FROM (
+        SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
+    ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %(limit)s
+)
+RETURNING {columns}
+
+-- claim_prestart --
+-- The claim's start of each fresh run's first step, as this worker guessed it (first_steps.py), in CTE `ks` after the claim's `k`: the attempt StepBase._start would insert, written in the claim's commit. Only a run's first claim, with no step recorded, no cancel requested (the start fence's condition; the claim holds the row) and its deadline not passed. %(first_steps)s: {"name@version": step name}.
+ks AS (
+    INSERT INTO tasks_engine_stepattempt (run_id, name, kind, status, attempt, run_pass,
+        counted, worker_id, lease_token, started_at)
+    SELECT k.id, f.value, 'function', 'running', 1, 1, TRUE, k.worker_id, k.lease_token,
+        %(now)s
+    FROM k JOIN json_each_text(%(first_steps)s::json) AS f
+        ON f.key = k.task_name || '@' || k.version
+    WHERE k.attempts = 1 AND k.failures = 0 AND k.pass_offset = 0
+      AND k.cancel_requested_at IS NULL AND (k.deadline_at IS NULL OR k.deadline_at > %(now)s)
+      AND NOT EXISTS (SELECT 1 FROM tasks_engine_stepattempt s WHERE s.run_id = k.id)
+    ON CONFLICT DO NOTHING
+    RETURNING run_id, id
 )
 
 -- claim_filter_tasks --

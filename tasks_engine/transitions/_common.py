@@ -109,6 +109,9 @@ class Writer(Protocol):
         a write that fails is logged and its run replayed after its lease."""
 
 
+LeaseKey = tuple[uuid.UUID, uuid.UUID]  # (run id, lease token)
+
+
 @dataclass(frozen=True)
 class Lease:
     run_id: uuid.UUID
@@ -118,19 +121,27 @@ class Lease:
     # None: every hot write goes alone on the caller's connection.
     writer: Writer | None = field(default=None, compare=False)
 
+    @property
+    def key(self) -> LeaseKey:
+        """(run, lease token): what tells an attempt from another attempt of the same run."""
+        return (self.run_id, self.token)
+
 
 @dataclass(frozen=True)
 class Claimed:
     lease: Lease
     run: WorkflowRun  # the row as the claim left it: no second read needed
+    # The first step's attempt the claim started (first_steps.py): (step name, step id).
+    prestarted: tuple[str, int] | None = None
     at: float = field(default_factory=time.monotonic, compare=False)  # when claimed
 
 
 @dataclass(frozen=True)
 class Renewal:
+    """What renewing a lease found (`renew_leases`, keyed by `LeaseKey`)."""
+
     cancel_requested: bool
     deadline_passed: bool
-    token: uuid.UUID | None = field(default=None, compare=False)  # the lease renewed
 
 
 def _fence(*, unless_canceled: bool = False) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.base import ModelState
 
-from .. import clock, flow, notify
+from .. import clock, first_steps, flow, notify
 from ..models import WorkflowRun
 from ..sql import (
     Params,
@@ -28,7 +28,7 @@ from ..sql import (
     r_dt,
     r_uuid,
 )
-from ._common import RUN, Claimed, Lease, Renewal
+from ._common import RUN, Claimed, Lease, LeaseKey, Renewal
 
 
 def _filters(pairs: list[tuple[str, int]], queues: list[str] | None) -> tuple[str, list[Any]]:
@@ -137,13 +137,46 @@ class ClaimRequest:
 
 def claim_ctes(
     req: ClaimRequest, now: datetime, *, exclude: list[uuid.UUID] | None = None
-) -> tuple[str, dict[str, Any]]:
-    """The claim as CTEs ending in `k`, the claimed rows (PostgreSQL: `claim_ctes`), and its
-    parameters. The runs the worker holds, and `exclude`, are never reclaimed: the group
-    commit claims in the statement that writes its own runs, and a row must not be updated
-    twice in one statement."""
-    text = query("claim_ctes").format(filters=_claim_filters(req), columns=_COLUMNS)
-    return text, _claim_params(req, now, exclude)
+) -> tuple[str, dict[str, Any], Prestart]:
+    """The claim as CTEs ending in `k`, the claimed rows (PostgreSQL: `claim_sources` and
+    `claim_take`), then, once this worker guesses first steps, `ks`, the first steps it
+    started (`claim_prestart`); its parameters; and the guesses it sent. The runs the worker
+    holds, and `exclude`, are never reclaimed: the group commit claims in the statement that
+    writes its own runs, and a row must not be updated twice in one statement."""
+    sources, take = _claim_parts(req)
+    text = f"{sources}, k AS ({take})"
+    params = _claim_params(req, now, exclude)
+    guesses_json, guesses = first_steps.published()
+    if guesses:
+        text += ", " + query("claim_prestart")
+        params["first_steps"] = guesses_json
+    return text, params, Prestart(guesses)
+
+
+@dataclass(frozen=True)
+class Prestart:
+    """The first-step guesses a claim sent (first_steps.py); its `ks` CTE exists if any."""
+
+    guesses: dict[str, str]
+
+    @property
+    def select(self) -> str:
+        """The claimed rows, each followed by the id of the step attempt the claim started."""
+        if self.guesses:
+            return "SELECT k.*, ks.id FROM k LEFT JOIN ks ON ks.run_id = k.id"
+        return "SELECT k.*, NULL::bigint FROM k"
+
+    def of(self, run: WorkflowRun, step_id: int | None) -> tuple[str, int] | None:
+        if step_id is None:
+            return None
+        return self.guesses[f"{run.task_name}@{run.version}"], int(step_id)
+
+
+def _claim_parts(req: ClaimRequest) -> tuple[str, str]:
+    filters = _claim_filters(req)
+    return query("claim_sources").format(filters=filters), query("claim_take").format(
+        columns=_COLUMNS
+    )
 
 
 def _claim_filters(req: ClaimRequest) -> str:
@@ -215,15 +248,33 @@ def claim_runs(
 
         return claim_guarded(req)
     with _write_lock():  # SQLite: the lease starts once the write lock is held
-        sql, params = claim_sql(req, clock.now())
+        now = clock.now()
+        if is_postgres():
+            return _claim_pg(req, now)
+        sql, params = claim_sql(req, now)
         return returning_claimed(sql, params, worker_id)
+
+
+def _claim_pg(req: ClaimRequest, now: datetime) -> list[Claimed]:
+    """The plain claim on PostgreSQL: one statement, which also starts the first steps this
+    worker guesses (`Prestart`). Without guesses, its UPDATE ... RETURNING is the statement
+    itself (`claim_sql`)."""
+    if not first_steps.published()[1]:
+        sql, plain = claim_sql(req, now)
+        return claimed_from_rows(fetchall(sql, plain), req.worker_id)
+    text, params, prestart = claim_ctes(req, now)
+    rows = fetchall(f"WITH {text} {prestart.select}", params)
+    step_ids = [row[-1] for row in rows]
+    return claimed_from_rows([row[:-1] for row in rows], req.worker_id, prestart, step_ids)
 
 
 def claim_sql(req: ClaimRequest, now: datetime) -> tuple[str, dict[str, Any]]:
     """The plain claim statement (not guarded by flow control) and its parameters."""
     if is_postgres():
-        text, params = claim_ctes(req, now)
-        return f"WITH {text} SELECT * FROM k", params
+        # The UPDATE is the statement itself, not a CTE read by a SELECT (which materialises
+        # its rows once more).
+        sources, take = _claim_parts(req)
+        return f"WITH {sources} {take}", _claim_params(req, now)
     sql = query("claim").format(filters=_claim_filters(req), columns=_COLUMNS)
     return sql, _claim_params(req, now)
 
@@ -240,13 +291,29 @@ def _ids_json(ids: list[uuid.UUID]) -> str:
     return json.dumps([str(i) if is_postgres() else p_uuid(i) for i in ids])
 
 
-def claimed_from_rows(rows: list[tuple[Any, ...]], worker_id: str) -> list[Claimed]:
-    return _leases([_run_from_row(row) for row in rows], worker_id)
+def claimed_from_rows(
+    rows: list[tuple[Any, ...]],
+    worker_id: str,
+    prestart: Prestart | None = None,
+    step_ids: list[int | None] | None = None,
+) -> list[Claimed]:
+    runs = [_run_from_row(row) for row in rows]
+    if prestart is None or step_ids is None:
+        return _leases(runs, worker_id)
+    started = {r.pk: prestart.of(r, step_id) for r, step_id in zip(runs, step_ids, strict=True)}
+    return _leases(runs, worker_id, started)
 
 
-def _leases(runs: list[WorkflowRun], worker_id: str) -> list[Claimed]:
+def _leases(
+    runs: list[WorkflowRun],
+    worker_id: str,
+    started: dict[uuid.UUID, tuple[str, int] | None] | None = None,
+) -> list[Claimed]:
     runs.sort(key=lambda r: (-r.priority, r.created_at))
-    return [Claimed(Lease(r.pk, r_uuid(r.lease_token), worker_id), r) for r in runs]
+    return [
+        Claimed(Lease(r.pk, r_uuid(r.lease_token), worker_id), r, (started or {}).get(r.pk))
+        for r in runs
+    ]
 
 
 # What the executor needs of a claimed run; the claim returns it, so nothing is read twice.
@@ -306,9 +373,11 @@ def anything_due_before(
     return bool(fetchall(sql, params))
 
 
-def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, Renewal]:
-    """One statement renews every lease a worker holds (`renew_leases`). Runs missing from
-    the result are lost."""
+def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[LeaseKey, Renewal]:
+    """One statement renews every lease a worker holds (`renew_leases`). The result is keyed by
+    (run, lease token), as the leases are matched: a stale and a fresh lease of one run (a
+    worker whose lease expired during an outage while its slot still executes, and the run's
+    next attempt) are never confused. A lease missing from the result is lost."""
     if not leases:
         return {}
     if is_postgres():
@@ -320,8 +389,8 @@ def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[uuid.UUID, R
         until = p_dt(now + timedelta(seconds=lease_seconds))
         rows = fetchall(query("renew_leases"), {"leases": rows_json, "until": until})
     return {
-        r_uuid(rid): Renewal(
-            cancel is not None, deadline is not None and r_dt(deadline) <= now, r_uuid(token)
+        (r_uuid(rid), r_uuid(token)): Renewal(
+            cancel is not None, deadline is not None and r_dt(deadline) <= now
         )
         for rid, token, cancel, deadline in rows
     }

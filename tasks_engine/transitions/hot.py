@@ -3,8 +3,9 @@ completion. `steps.py` and `outcomes.py` build a `HotWrite` and hand it to the a
 `Writer`; every path ends here.
 
 PostgreSQL: `write_group` puts any number of writes (and, under a backlog, the claim of the
-runs that take over their slots) in one statement (queries/postgresql.sql); a group of one is a
-direct write. SQLite, which has no data-modifying CTEs: `_write_sqlite`,
+runs that take over their slots) in one statement; a lone start or completion is a scalar
+statement of its own (`_write_single`); both are built by hot_sql.py from one definition of
+each part in queries/postgresql.sql. SQLite, which has no data-modifying CTEs: `_write_sqlite`,
 the deferred completions first, then the write (queries/sqlite.sql).
 """
 
@@ -30,8 +31,9 @@ from ..sql import (
     query,
     r_uuid,
 )
+from . import hot_sql
 from ._common import Claimed, Completion, Lease, Writer
-from .claims import CLAIM_COLUMNS, ClaimRequest, claim_ctes, claimed_from_rows
+from .claims import ClaimRequest, claim_ctes, claimed_from_rows
 from .flow_claims import claim_guarded
 
 
@@ -109,13 +111,14 @@ def _settle(write: HotWrite) -> None:
         write.lease.deferred.settle(write.deferred)
 
 
-# -- PostgreSQL: any number of writes in one statement ------------------------------------------
+# -- PostgreSQL: one write, or any number in one statement --------------------------------------
 
 
 def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> list[Claimed]:
-    """Every write in one statement (`hot_deferred`, `hot_starts`, `hot_completes` in
-    queries/postgresql.sql, for the parts the group holds); fills each write's result or
-    error. A database error is raised (the caller decides what it means for the group).
+    """Every write in one statement (hot_sql.group_statement: the parts the group holds);
+    fills each write's result or error. A database error is raised (the caller decides what
+    it means for the group). A lone start or completion is a direct write
+    (`_write_single`).
 
     With `claim`, the same statement (and commit) claims the runs that take over the slots
     these completions free, and returns them: under a backlog a slot gets its next run without
@@ -125,116 +128,132 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
     if claim is not None and flow.guarded(claim.pairs, claim.queues):
         write_group(writes)
         return claim_after_group(claim)
+    if claim is None and len(writes) == 1 and writes[0].kind != "deferred":
+        _write_single(writes[0])
+        return []
     params = _rows(writes)
-    pad = ", NULL" * (len(CLAIM_COLUMNS) - 1) if claim is not None else ""
-    # Only the parts the group holds: at most eight statement texts, each prepared once.
-    ctes: list[str] = []
-    selects: list[str] = []
-    if "deferred" in params:
-        ctes.append(query("hot_deferred"))
-    if "starts" in params:
-        ctes.append(query("hot_starts"))
-        selects.append(query("hot_started"))
-    if "completes" in params:
-        after = "".join(
-            f" AND (SELECT count(*) FROM {cte}) >= 0"
-            for cte, part in (("d", "deferred"), ("i", "starts"))
-            if part in params
-        )
-        ctes.append(query("hot_completes").format(after=after))
-        selects.append(query("hot_completed"))
-    if "deferred" in params and any(w.kind == "deferred" for w in writes):
-        selects.append(query("hot_deferred_written"))
+    parts = tuple(part for part in PARTS if part in params)
+    claim_text, prestart = None, None
     if claim is not None:
-        claim_text, claim_params = claim_ctes(
+        claim_text, claim_params, prestart = claim_ctes(
             claim, clock.now(), exclude=[w.lease.run_id for w in writes]
         )
-        ctes.append(claim_text)
         params.update(claim_params)
-        # The claim's rows go first: UNION resolves the padding NULLs' types from them.
-        selects.insert(0, "SELECT 'k', NULL::bigint, NULL::uuid, k.* FROM k")
-    results = " UNION ALL ".join(selects).format(pad=pad)
-    rows = fetchall(f"WITH {', '.join(ctes)} {results}", params)
+    written = "deferred" in params and any(w.kind == "deferred" for w in writes)
+    statement = hot_sql.group_statement(
+        parts, written, claim_text, prestart is not None and bool(prestart.guesses)
+    )
+    rows = fetchall(statement, params)
     # Results are matched to writes by (run, lease token): a stale and a fresh lease of one
     # run may share a group, and only the fresh one's fence passes.
     started: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
     completed: set[tuple[uuid.UUID, uuid.UUID]] = set()
-    written: set[tuple[int, uuid.UUID]] = set()
+    done: set[tuple[int, uuid.UUID]] = set()
     claimed_rows: list[tuple[Any, ...]] = []
+    prestarted: list[int | None] = []
     for row in rows:
         tag, step_id, token, run_id = row[:4]
         if tag == "k":
             claimed_rows.append(row[3:])
+            prestarted.append(step_id)
         elif tag == "i":
             started[(r_uuid(run_id), r_uuid(token))] = int(step_id)
         elif tag == "c":
             completed.add((r_uuid(run_id), r_uuid(token)))
         else:
-            written.add((int(step_id), r_uuid(token)))
+            done.add((int(step_id), r_uuid(token)))
     for w in writes:
-        key = (w.lease.run_id, w.lease.token)
+        key = w.lease.key
         if w.kind == "start":
             w.result = started.get(key)
         elif w.kind == "complete":
             w.result = True if key in completed else None
         else:
-            w.result = True if {(c.step_id, key[1]) for c in w.deferred} <= written else None
+            w.result = True if {(c.step_id, key[1]) for c in w.deferred} <= done else None
         if w.result is None:
             w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")
         _settle(w)
-    return claimed_from_rows(claimed_rows, claim.worker_id) if claim is not None else []
+    if claim is None:
+        return []
+    return claimed_from_rows(claimed_rows, claim.worker_id, prestart, prestarted)
+
+
+PARTS: tuple[hot_sql.Part, ...] = ("deferred", "starts", "completes")
+
+
+def _write_single(w: HotWrite) -> None:
+    """A start or a completion alone (with the deferred completions it carries): its columns
+    bound as parameters (hot_sql.single_statement), not through JSON rows."""
+    params: dict[str, Any] = {}
+    if len(w.deferred) == 1:
+        params.update(hot_sql.bind("deferred", _deferred_row(w, w.deferred[0])))
+    elif w.deferred:
+        params["deferred"] = json_rows([_deferred_row(w, c) for c in w.deferred])
+    part: hot_sql.Part = "starts" if w.kind == "start" else "completes"
+    params.update(hot_sql.bind(part, _start_row(w) if part == "starts" else _complete_row(w)))
+    rows = fetchall(hot_sql.single_statement(part, len(w.deferred)), params)
+    if not rows:
+        w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")
+    else:
+        w.result = int(rows[0][0]) if part == "starts" else True
+    _settle(w)
+
+
+def _deferred_row(w: HotWrite, c: Completion) -> dict[str, Any]:
+    return {
+        "step_id": c.step_id,
+        "output": c.output,
+        "finished_at": c.finished_at,
+        "run_id": w.lease.run_id,
+        "token": w.lease.token,
+    }
+
+
+def _start_row(w: HotWrite) -> dict[str, Any]:
+    """A start's columns (hot_starts_columns); one it leaves out is NULL: a function step's
+    start sends none of output, error, wake_at and finished_at."""
+    row = {
+        "run_id": w.lease.run_id,
+        "name": w.name,
+        "kind": w.step_kind,
+        "status": w.status,
+        "attempt": w.attempt,
+        "run_pass": w.run_pass,
+        "worker_id": w.lease.worker_id,
+        "token": w.lease.token,
+        "started_at": w.at,
+    }
+    if w.status != "running":
+        row["finished_at"] = w.at
+    for column, value in (("output", w.output), ("error", w.step_error)):
+        if value is not None:
+            row[column] = value
+    if w.wake_at is not None:
+        row["wake_at"] = w.wake_at
+    return row
+
+
+def _complete_row(w: HotWrite) -> dict[str, Any]:
+    """A run completion's columns (hot_completes_columns)."""
+    return {
+        "run_id": w.lease.run_id,
+        "token": w.lease.token,
+        "output": w.output,
+        "unreached": list(w.unreached),
+        "at": w.at,
+        "progress": w.progress,
+    }
 
 
 def _rows(writes: list[HotWrite]) -> dict[str, Any]:
     """The row sets the group holds, one JSON parameter each."""
-    deferred: list[dict[str, Any]] = []
-    starts: list[dict[str, Any]] = []
-    completes: list[dict[str, Any]] = []
+    sets: dict[str, list[dict[str, Any]]] = {"deferred": [], "starts": [], "completes": []}
     for w in writes:
-        run_id, token = w.lease.run_id, w.lease.token
-        for c in w.deferred:
-            deferred.append(
-                {
-                    "step_id": c.step_id,
-                    "output": c.output,
-                    "finished_at": c.finished_at,
-                    "run_id": run_id,
-                    "token": token,
-                }
-            )
+        sets["deferred"].extend(_deferred_row(w, c) for c in w.deferred)
         if w.kind == "start":
-            row = {
-                "run_id": run_id,
-                "name": w.name,
-                "kind": w.step_kind,
-                "status": w.status,
-                "attempt": w.attempt,
-                "run_pass": w.run_pass,
-                "worker_id": w.lease.worker_id,
-                "token": token,
-                "started_at": w.at,
-            }
-            if w.status != "running":
-                row["finished_at"] = w.at
-            # A column a row leaves out is NULL: a function step's start sends none of these.
-            for column, value in (("output", w.output), ("error", w.step_error)):
-                if value is not None:
-                    row[column] = value
-            if w.wake_at is not None:
-                row["wake_at"] = w.wake_at
-            starts.append(row)
+            sets["starts"].append(_start_row(w))
         elif w.kind == "complete":
-            completes.append(
-                {
-                    "run_id": run_id,
-                    "token": token,
-                    "output": w.output,
-                    "unreached": list(w.unreached),
-                    "at": w.at,
-                    "progress": w.progress,
-                }
-            )
-    sets = {"deferred": deferred, "starts": starts, "completes": completes}
+            sets["completes"].append(_complete_row(w))
     return {name: json_rows(rows) for name, rows in sets.items() if rows}
 
 

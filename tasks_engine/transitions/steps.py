@@ -17,14 +17,27 @@ from .hot import HotWrite, writer_for
 
 @attempt_write
 def close_interrupted_attempts(lease: Lease) -> int:
-    """On reclaim: attempts a crashed holder left `running` become `abandoned` (and count)."""
+    """On reclaim: attempts an earlier holder left `running` become `abandoned`. They count
+    against the step's retries (a step that kills its worker must not loop) unless this very
+    worker left them: it is alive, so what cut them short was an outage that outlasted the
+    lease, never the step (a worker id is new on every process start, so a crashed and
+    restarted worker does count its attempts)."""
     sql = f"""
-        UPDATE {STEP} SET status = 'abandoned', counted = TRUE, finished_at = %s
+        UPDATE {STEP} SET status = 'abandoned', counted = (worker_id <> %s), finished_at = %s
         WHERE run_id = %s AND status = 'running' AND kind IN {WORK_KINDS}
           AND (lease_token IS NULL OR lease_token <> %s) AND {_fence()}
     """
     now = p_dt(clock.now())
-    return execute(sql, [now, p_uuid(lease.run_id), p_uuid(lease.token), *_fence_params(lease)])
+    params = [lease.worker_id, now, p_uuid(lease.run_id), p_uuid(lease.token)]
+    return execute(sql, [*params, *_fence_params(lease)])
+
+
+@attempt_write
+def drop_prestarted_step(lease: Lease, step_id: int) -> int:
+    """Delete the first step's attempt a claim started on a wrong guess (first_steps.py), still
+    `running` under this attempt's token: no body ever ran for it."""
+    sql = f"DELETE FROM {STEP} WHERE id = %s AND status = 'running' AND lease_token = %s"
+    return execute(sql, [step_id, p_uuid(lease.token)])
 
 
 @attempt_write

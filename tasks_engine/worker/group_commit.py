@@ -25,7 +25,7 @@ from django.db import connection
 
 from .. import transitions
 from ..exceptions import EngineUnavailable
-from ..outages import DB_ERRORS, Outage
+from ..outages import DB_ERRORS, Outage, drop_if_cut
 from .slots import SlotPool
 
 MAX_GROUP = 64
@@ -166,6 +166,7 @@ class GroupCommit(threading.Thread):
             claim = dataclasses.replace(self.claims, limit=limit, held=self.slots.held_ids())
         claimed: list[transitions.Claimed] = []
         try:
+            drop_if_cut()
             claimed = transitions.write_group(group, claim)
             outage.ok()
         except DB_ERRORS as exc:

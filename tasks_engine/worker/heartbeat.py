@@ -1,4 +1,9 @@
-"""One heartbeat thread renews every lease the worker holds and relays aborts to runs."""
+"""One heartbeat thread renews every lease the worker holds and relays aborts to runs.
+
+It works on the worker's slot pool (worker/slots.py), not on the worker: what it needs beyond
+the pool comes as narrow callbacks (`WorkerHooks`), so the import graph and mypy see every way
+it reaches back.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +11,10 @@ import contextlib
 import functools
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Any
 
 from django.db import connection
 
@@ -19,12 +26,9 @@ from ..exceptions import (
     TaskCanceledError,
 )
 from ..models import WorkflowRun
-from ..outages import DB_ERRORS, Outage
+from ..outages import DB_ERRORS, Outage, drop_if_cut
 from ..serialization import encode_error
-
-if TYPE_CHECKING:
-    from .loop import Worker
-    from .slots import Held
+from .slots import Held, SlotPool
 
 PROGRESS_FLUSH_SECONDS = 1.0
 DEFERRED_MAX_AGE = 0.5  # seconds a finished step may wait to ride on its run's next write
@@ -42,22 +46,42 @@ class _Kick(threading.Event):
         self._wake.set()
 
 
+@dataclass(frozen=True)
+class WorkerHooks:
+    """What the heartbeat needs of its worker beyond the slot pool."""
+
+    hand_back_stale: Callable[[float], None]  # prefetched runs that waited too long for a slot
+    write_off: Callable[[Held], None]  # a slot whose run ignores its abort: replace its thread
+    beat: Callable[[float], None]  # the worker's row (workers.py), when a beat is due
+
+
 class Heartbeat(threading.Thread):
-    def __init__(self, worker: Worker) -> None:
+    def __init__(
+        self,
+        slots: SlotPool,
+        hooks: WorkerHooks,
+        *,
+        lease_seconds: float,
+        heartbeat_seconds: float,
+        log: Any,
+    ) -> None:
         super().__init__(name="tasks-heartbeat", daemon=True)
-        self.worker = worker
+        self.slots = slots
+        self.hooks = hooks
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.log = log
         self.stop = threading.Event()
         self.wake = threading.Event()  # run the loop now (a kick, or a step timer armed)
         self.kick = _Kick(self.wake)  # renew now (a cancel NOTIFY arrived)
 
     def run(self) -> None:
-        w = self.worker
-        outage = Outage(w.log, "heartbeat")
-        next_renew = time.monotonic() + w.config.heartbeat_seconds
+        outage = Outage(self.log, "heartbeat")
+        next_renew = time.monotonic() + self.heartbeat_seconds
         try:
             while not self.stop.is_set():
                 self.wake.wait(
-                    min(PROGRESS_FLUSH_SECONDS, w.config.heartbeat_seconds, self.next_timer())
+                    min(PROGRESS_FLUSH_SECONDS, self.heartbeat_seconds, self.next_timer())
                 )
                 self.wake.clear()
                 kicked = self.kick.is_set()
@@ -65,84 +89,98 @@ class Heartbeat(threading.Thread):
                 self.abort_unrenewed()
                 self.fire_step_timeouts(time.monotonic())
                 try:
-                    w.hand_back_stale(time.monotonic())
+                    drop_if_cut()
+                    self.hooks.hand_back_stale(time.monotonic())
                     self.flush_progress()
                     self.write_off_stuck()
                     if kicked or time.monotonic() >= next_renew:
                         self.renew_once()
-                        next_renew = time.monotonic() + w.config.heartbeat_seconds
-                    w.registration.beat_if_due(time.monotonic())  # the worker row (workers.py)
+                        next_renew = time.monotonic() + self.heartbeat_seconds
+                    self.hooks.beat(time.monotonic())
                     sqlite_bounds.optimize_periodically(connection)  # SQLite: ANALYZE hourly
                     if connection.connection is not None:  # a statement really went through
                         outage.ok()
                 except DB_ERRORS as exc:
                     # Back off, but not past a heartbeat: leases must be renewed or given up.
-                    self.stop.wait(min(outage.failed(exc), w.config.heartbeat_seconds))
+                    self.stop.wait(min(outage.failed(exc), self.heartbeat_seconds))
         except BaseException as exc:  # the worker's watch (loop.py) stops the worker
-            w.log.exception("heartbeat crashed", error=str(exc))
+            self.log.exception("heartbeat crashed", error=str(exc))
         finally:
             connection.close()
+
+    # -- aborting runs ------------------------------------------------------------------------
+
+    def lose(self, held: Held, reason: BaseException) -> None:
+        held.lost = True
+        self.abort(held, reason)
+        held.ctx.logger.warning("lease lost; aborting the run", error=str(reason))
+
+    def abort(self, held: Held, reason: BaseException) -> None:
+        """Set the run's abort signal; if its step ignores it past the grace (a lease), the
+        run is written off (`write_off_stuck`)."""
+        if held.ctx.abort_signal.abort(reason) or held.abort_deadline is None:
+            held.abort_deadline = time.monotonic() + self.lease_seconds
 
     def abort_unrenewed(self) -> None:
         """A lease this worker could not renew for a whole lease period (the database is
         unreachable) may be another worker's by now: stop the step instead of running on."""
-        w = self.worker
         now = time.monotonic()
-        for h in w.slots.held():
-            if now - h.renewed_at > w.config.lease_seconds:
-                w.lose(
+        for h in self.slots.held():
+            if now - h.renewed_at > self.lease_seconds:
+                self.lose(
                     h,
                     LeaseLostError(
                         f"run {h.lease.run_id}: lease not renewed for "
-                        f"{now - h.renewed_at:.0f}s (lease {w.config.lease_seconds:g}s)"
+                        f"{now - h.renewed_at:.0f}s (lease {self.lease_seconds:g}s)"
                     ),
                 )
 
     def next_timer(self) -> float:
         """Seconds until the earliest step timeout of the runs held (the loop's wait)."""
-        deadlines = [t.deadline for h in self.worker.slots.held() if (t := h.handle.timer)]
+        deadlines = [t.deadline for h in self.slots.held() if (t := h.handle.timer)]
         return max(0.01, min(deadlines) - time.monotonic()) if deadlines else PROGRESS_FLUSH_SECONDS
 
     def fire_step_timeouts(self, now: float) -> None:
         """Abort every step that ran past its timeout (in memory: works during an outage)."""
-        w = self.worker
-        for h in w.slots.held():
+        for h in self.slots.held():
             timer = h.handle.timer
             if timer is not None:
-                timer.fire(now, functools.partial(w.abort, h))
+                timer.fire(now, functools.partial(self.abort, h))
 
-    def renew_once(self) -> dict:
-        w = self.worker
-        held = w.slots.held()
+    def renew_once(self) -> dict[transitions.LeaseKey, transitions.Renewal]:
+        """Renew every lease held; each attempt is told what its own lease's renewal found
+        (matched by (run, lease token): a stale attempt of a run is never told the fresh
+        one's)."""
+        held = self.slots.held()
         if not held:
             return {}
         sent = time.monotonic()
-        renewed = transitions.renew_leases([h.lease for h in held], w.config.lease_seconds)
+        renewed = transitions.renew_leases([h.lease for h in held], self.lease_seconds)
         for h in held:
-            r = renewed.get(h.lease.run_id)
-            if r is not None and r.token != h.lease.token:
-                r = None  # the run's fresh lease was renewed, not this stale one
-            if r is not None:
-                h.renewed_at = sent
+            r = renewed.get(h.lease.key)
             if r is None:
-                w.lose(h, LeaseLostError(f"run {h.lease.run_id}: lease lost"))
-            elif r.cancel_requested:
+                self.lose(h, LeaseLostError(f"run {h.lease.run_id}: lease lost"))
+                continue
+            h.renewed_at = sent
+            if r.cancel_requested:
                 reason = (
                     WorkflowRun.objects.filter(pk=h.lease.run_id)
                     .values_list("cancel_reason", flat=True)
                     .first()
                 )
                 h.handle.request_cancel()
-                w.abort(h, TaskCanceledError(reason or "canceled"))
+                self.abort(h, TaskCanceledError(reason or "canceled"))
             elif r.deadline_passed:
-                w.abort(h, DeadlineExceededError("deadline passed"))
+                self.abort(h, DeadlineExceededError("deadline passed"))
         return renewed
+
+    # -- writing ------------------------------------------------------------------------------
 
     def write_off_stuck(self) -> None:
         """End runs whose step ignored its abort past the grace, so the run does not stay
         `running` forever and the worker keeps its capacity."""
         now = time.monotonic()
-        for h in self.worker.slots.stuck(now):
+        for h in self.slots.stuck(now):
             reason = h.ctx.abort_signal.reason
             has_parent = h.handle.has_parent
             try:
@@ -154,7 +192,7 @@ class Heartbeat(threading.Thread):
                     self.write_off_timed_out(h, reason)
             except LeaseLostError:
                 pass
-            self.worker.write_off(h)
+            self.hooks.write_off(h)
 
     def write_off_timed_out(self, h: Held, reason: StepTimeoutError) -> None:
         """The step ignored its timeout: record its attempt failed and requeue the run, which
@@ -169,7 +207,7 @@ class Heartbeat(threading.Thread):
         h.ctx.logger.warning("step ignored its timeout; attempt written off", step=timer.key)
 
     def flush_progress(self) -> None:
-        for h in self.worker.slots.held():
+        for h in self.slots.held():
             # A refusal means the lease is gone: the renewal below finds that and aborts the run.
             with contextlib.suppress(LeaseLostError):
                 transitions.flush_deferred(h.lease, older_than=DEFERRED_MAX_AGE)

@@ -31,11 +31,11 @@ from ..exceptions import LeaseLostError, WorkerStopping
 from ..leader import Leader
 from ..logs import get_logger
 from ..notify import Listener, listening_possible
-from ..outages import DB_ERRORS, Outage
+from ..outages import DB_ERRORS, Outage, drop_if_cut
 from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, WorkerHooks
 from .slots import Held, SlotPool
 
 BURST_HORIZON = timedelta(seconds=60)
@@ -74,8 +74,14 @@ class Worker:
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
         self._signals = 0
-        self.heartbeat = Heartbeat(self)
         self.registration = Registration(self)
+        self.heartbeat = Heartbeat(
+            self.slots,
+            WorkerHooks(self.hand_back_stale, self.write_off, self.registration.beat_if_due),
+            lease_seconds=config.lease_seconds,
+            heartbeat_seconds=config.heartbeat_seconds,
+            log=self.log,
+        )
         self.leader = Leader(self)
         self._batch = max(1, config.concurrency // 2)
         self.group: GroupCommit | None = None
@@ -111,6 +117,7 @@ class Worker:
                 continue
             claimed: list[transitions.Claimed] = []
             try:
+                drop_if_cut()
                 flow.refresh()
                 claimed = transitions.claim_runs(
                     self.id,
@@ -179,6 +186,7 @@ class Worker:
                 break
             lease = item.lease
             try:
+                drop_if_cut()
                 self._execute(item)
                 outage.ok()
             except DB_ERRORS as exc:
@@ -205,7 +213,7 @@ class Worker:
         run, lease = item.run, item.lease
         if self.group is not None:
             lease = dataclasses.replace(lease, writer=self.group)
-        prepared = executor.prepare(run, lease, self.draining)
+        prepared = executor.prepare(run, lease, self.draining, item.prestarted)
         wf, ctx, handle = prepared.workflow, prepared.ctx, prepared.handle
         handle.on_timer_armed(self.heartbeat.wake.set)  # it sleeps until the earliest timer
         self.slots.hold(Held(lease, ctx, handle, renewed_at=item.at))
@@ -217,7 +225,7 @@ class Worker:
         except LeaseLostError as exc:
             ctx.logger.warning("lease lost; dropping the run", error=str(exc))
 
-    # -- shared state for the heartbeat -------------------------------------------------------
+    # -- slots: what the heartbeat and the worker row call back for -----------------------------
 
     def slots_busy(self) -> int:
         """Slots executing, queued for or reserving a run (the tasks_worker_slots_busy gauge)."""
@@ -225,16 +233,6 @@ class Worker:
 
     def held(self) -> list[Held]:
         return self.slots.held()
-
-    def lose(self, held: Held, reason: BaseException) -> None:
-        held.lost = True
-        self.abort(held, reason)
-        held.ctx.logger.warning("lease lost; aborting the run", error=str(reason))
-
-    def abort(self, held: Held, reason: BaseException) -> None:
-        """Set the run's abort signal; if its step ignores it past the grace, write it off."""
-        if held.ctx.abort_signal.abort(reason) or held.abort_deadline is None:
-            held.abort_deadline = time.monotonic() + self.config.lease_seconds
 
     def write_off(self, held: Held) -> None:
         """The run's step ignores its abort: stop waiting for the thread and give its slot to a

@@ -22,7 +22,7 @@ from .. import metrics, transitions
 from ..attempt_handle import AttemptHandle
 from ..context import TaskContext
 
-Key = tuple[uuid.UUID, uuid.UUID]  # (run id, lease token)
+Key = transitions.LeaseKey  # (run id, lease token)
 
 
 @dataclass
@@ -34,10 +34,6 @@ class Held:
     lost: bool = False
     abort_deadline: float | None = None  # monotonic time after which the run is written off
     handed_over: bool = False  # its last write took the slot along (the group frees it)
-
-
-def key(lease: transitions.Lease) -> Key:
-    return (lease.run_id, lease.token)
 
 
 class SlotPool:
@@ -121,13 +117,13 @@ class SlotPool:
 
     def hold(self, held: Held) -> None:
         with self._lock:
-            self._held[key(held.lease)] = held
+            self._held[held.lease.key] = held
 
     def hand_over(self, lease: transitions.Lease) -> bool:
         """The run's last write takes its slot along (the group's `after_group` frees it).
         False: the run no longer has a slot (it was written off), and nothing is handed."""
         with self._lock:
-            held = self._held.get(key(lease))
+            held = self._held.get(lease.key)
             if held is not None:
                 held.handed_over = True
             return held is not None
@@ -135,7 +131,7 @@ class SlotPool:
     def release(self, lease: transitions.Lease) -> bool:
         """The slot's run ended. Returns whether this slot thread retires (a replacement took
         its slot when its run was written off)."""
-        k = key(lease)
+        k = lease.key
         with self._lock:
             held = self._held.pop(k, None)
             handed_over = held is not None and held.handed_over
@@ -150,7 +146,7 @@ class SlotPool:
     def write_off(self, held: Held) -> bool:
         """Stop counting a slot whose run ignores its abort; the caller starts a replacement
         thread. False: the run ended meanwhile."""
-        k = key(held.lease)
+        k = held.lease.key
         with self._lock:
             if self._held.get(k) is not held:
                 return False

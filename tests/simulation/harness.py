@@ -196,7 +196,7 @@ class Attempt:
 
     def _execute(self) -> str:
         run = self.claimed.run
-        prepared = executor.prepare(run, self.lease, self.draining)
+        prepared = executor.prepare(run, self.lease, self.draining, self.claimed.prestarted)
         self.ctx, self.handle = prepared.ctx, prepared.handle
         return executor.execute(run, prepared.workflow, prepared.ctx)
 

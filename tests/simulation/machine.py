@@ -72,7 +72,7 @@ from hypothesis.stateful import (
 )
 
 import tasks_engine
-from tasks_engine import transitions
+from tasks_engine import first_steps, transitions
 from tasks_engine.exceptions import LeaseLostError, TaskCanceledError, WorkerStopping
 from tasks_engine.models import WorkflowRun
 
@@ -219,6 +219,7 @@ class EngineSimulation(RuleBasedStateMachine):
         super().__init__()
         self.env = env()
         reset_tables()
+        first_steps.reset()  # each example learns first steps (claims start them) on its own
         self.env.clock.reset()
         self.log = harness.reset_log()
         self.workers = [SimWorker(i) for i in range(WORKERS)]
@@ -294,8 +295,8 @@ class EngineSimulation(RuleBasedStateMachine):
         renewed = transitions.renew_leases([a.lease for a in held], LEASE_SECONDS)
         for attempt in held:
             assert attempt.ctx is not None
-            renewal = renewed.get(attempt.run_id)
-            if renewal is None or renewal.token not in (None, attempt.token):
+            renewal = renewed.get(attempt.lease.key)
+            if renewal is None:
                 attempt.lost = True
                 attempt.ctx.abort_signal.abort(LeaseLostError(f"run {attempt.run_id}: lost"))
             elif renewal.cancel_requested:

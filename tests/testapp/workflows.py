@@ -190,3 +190,22 @@ def crasher(ctx: TaskContext) -> str:
 
 
 from . import process_workflows  # noqa: E402, F401 - workflows of the process tests
+
+
+class FirstStep(BaseModel):
+    first: str = "a"  # a step's name, "sleep" for a durable sleep, "" for no step at all
+
+
+@workflow(name="first_step_varies", input=FirstStep)
+def first_step_varies(ctx: TaskContext) -> dict:
+    """Begins with the step its input names, a sleep, or no step: first_steps.py's guess of its
+    first step can be wrong."""
+    first = ctx.input.first
+    if not first:
+        return {"steps": 0}
+    if first == "sleep":
+        ctx.step.sleep("nap", 0)
+    else:
+        ctx.step.run(first, lambda: first)
+    ctx.step.run("last", lambda: "last")
+    return {"steps": 2}
