@@ -157,13 +157,21 @@ class WorkflowRun(models.Model):
 class QueueClaim(models.Model):
     """When a claim of a rate-limited queue's run started: the sliding window's log. The claim
     that adds rows also deletes those older than the window, so a queue keeps at most its
-    rate's N rows."""
+    rate's N rows (and a few that left the window since the last claim)."""
 
     queue = models.CharField(max_length=100)
     claimed_at = models.DateTimeField()
+    # The queue's claims numbered 1, 2, ... with times that never go back: the rows in the
+    # window are the last ones, counted as the newest's number less the oldest's (two probes).
+    seq = models.BigIntegerField(default=0)
 
     class Meta:
-        indexes = [models.Index(fields=["queue", "claimed_at"], name="queue_claim_window")]
+        indexes = [
+            models.Index(fields=["queue", "claimed_at", "seq"], name="queue_claim_window_seq")
+        ]
+        constraints = [
+            models.UniqueConstraint(fields=["queue", "seq"], name="queue_claim_seq_unique")
+        ]
 
     def __str__(self) -> str:
         return f"{self.queue} at {self.claimed_at}"

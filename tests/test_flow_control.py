@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from django.core import checks
 from django.db import connection
 
 import tasks_engine
-from tasks_engine import executor, flow, transitions
+from tasks_engine import clock, executor, flow, transitions
 from tasks_engine.checks import check_settings
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import workflow
@@ -261,3 +262,25 @@ def test_a_dead_workers_run_keeps_its_place_until_its_retaken_attempt_ends(
     finish([retaken])
     [nxt] = transitions.claim_runs("alive", FLOW, None, 5, 10.0)
     assert nxt.run.pk != held.run.pk
+
+
+def test_a_rate_limits_log_never_goes_back_in_time(
+    settings: Any, fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker whose clock is behind records the latest time the log holds, so the rows in a
+    window are always the queue's last ones (counted by their sequence numbers)."""
+    limit_queues(settings, {"flow-io": {"rate_limit": "2/m"}})
+    for _ in range(6):
+        tasks_engine.enqueue("flow-plain", {})
+    fake_clock.advance(60)  # due for the worker behind too
+    assert len(claim(1)) == 1
+    with monkeypatch.context() as behind:  # another worker, half a minute behind
+        behind.setattr(clock, "now", lambda: fake_clock.now() - timedelta(seconds=30))
+        assert len(claim(1)) == 1
+    rows = list(QueueClaim.objects.filter(queue="flow-io").order_by("seq"))
+    assert [r.seq for r in rows] == [1, 2] and rows[0].claimed_at == rows[1].claimed_at
+    fake_clock.advance(59)
+    assert claim() == []  # both still inside the minute that ends now
+    fake_clock.advance(2)
+    assert len(claim()) == 2
+    assert [r.seq for r in QueueClaim.objects.filter(queue="flow-io").order_by("seq")] == [3, 4]

@@ -124,14 +124,20 @@ SELECT COUNT(*) FROM tasks_engine_workflowrun WHERE status = 'running' AND queue
 -- A rate-limited queue's claim log: the claims that left the window ending now.
 DELETE FROM tasks_engine_queueclaim WHERE queue = %(queue)s AND claimed_at <= %(since)s
 
--- flow_log_count --
--- The claims of a queue in the window (its log holds no others once pruned).
-SELECT COUNT(*) FROM tasks_engine_queueclaim WHERE queue = %(queue)s
+-- flow_log_last --
+-- A queue's newest log row: its sequence number and time.
+SELECT seq, claimed_at FROM tasks_engine_queueclaim WHERE queue = %(queue)s
+ORDER BY seq DESC LIMIT 1
+
+-- flow_log_oldest --
+-- The sequence number of the queue's oldest claim inside the window (times never go back along the sequence, so the window's rows are the last ones).
+SELECT seq FROM tasks_engine_queueclaim WHERE queue = %(queue)s AND claimed_at > %(since)s
+ORDER BY claimed_at, seq LIMIT 1
 
 -- flow_log_add --
--- One log row per admitted claim (a JSON array of their queues).
-INSERT INTO tasks_engine_queueclaim (queue, claimed_at)
-SELECT value, %(at)s FROM json_each(%(queues)s)
+-- One log row per admitted claim (a JSON array of [queue, sequence number]), at one time.
+INSERT INTO tasks_engine_queueclaim (queue, seq, claimed_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), %(at)s FROM json_each(%(rows)s)
 
 -- flow_candidates_part --
 -- One source of a guarded claim's candidates ({i} numbers its parameters; {extra} its own condition; {order} its index's order): due runs of one status, at most %(n{i})s.

@@ -65,7 +65,9 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
         now = clock.now()  # the lease starts once the write lock is held
         params = _claim_params(req, now)
         keys = dict(_candidate_keys(req, params)[: req.limit])
-        queue_room = {q: _queue_room(q, lim, now) for q, lim in limited.items()}
+        rooms = {q: _queue_room(q, lim, now) for q, lim in limited.items()}
+        queue_room = {q: room for q, (room, _log) in rooms.items()}
+        logs = {q: log for q, (_room, log) in rooms.items() if log is not None}
         key_room = _key_room(keys)
         candidates = _candidates(req, params, limited, queue_room, key_room)
         chosen = _admit(candidates, queue_room, key_room, req.limit)
@@ -74,8 +76,7 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
         sql = query("flow_claim_update").format(columns=_COLUMNS)
         ids = json.dumps([p_uuid(c.id) for c in chosen])
         claimed = returning_claimed(sql, {**params, "ids": ids}, req.worker_id)
-        rated = {q for q, lim in limited.items() if lim.rate is not None}
-        _log_claims([c for c in chosen if c.src and c.queue in rated], now)
+        _log_claims([c for c in chosen if c.src], logs)
     return claimed
 
 
@@ -106,26 +107,40 @@ def _key_room(keys: dict[str, int]) -> dict[str, int]:
 # -- queues -----------------------------------------------------------------------------------
 
 
-def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> int:
+def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _Log | None]:
     """How many more of the queue's runs may start now: its concurrency less its running
-    runs, and its rate less the claims logged in the window ending now (a sliding window)."""
+    runs, and its rate less the claims logged in the window ending now (a sliding window);
+    and, for a rate-limited queue, where its log stands."""
     room = BIG
     if limits.concurrency is not None:
         (n,) = fetchall(query("flow_queue_running"), {"queue": queue})[0]
         room = limits.concurrency - int(n)
-    if limits.rate is not None:
-        count, window = limits.rate
-        since = p_dt(now - timedelta(seconds=window))
-        execute(query("flow_log_prune"), {"queue": queue, "since": since})
-        (used,) = fetchall(query("flow_log_count"), {"queue": queue})[0]
-        room = min(room, count - int(used))
-    return room
+    if limits.rate is None:
+        return room, None
+    count, window = limits.rate
+    since = p_dt(now - timedelta(seconds=window))
+    last = fetchall(query("flow_log_last"), {"queue": queue})
+    oldest = fetchall(query("flow_log_oldest"), {"queue": queue, "since": since})
+    used = int(last[0][0]) - int(oldest[0][0]) + 1 if last and oldest else 0
+    execute(query("flow_log_prune"), {"queue": queue, "since": since})
+    # Times never go back along a queue's log (a worker whose clock is behind records the
+    # latest), so the rows in a window are always the last ones.
+    at = max(now, r_dt(last[0][1])) if last else now
+    return min(room, count - used), _Log(int(last[0][0]) if last else 0, at)
 
 
-def _log_claims(chosen: list[Candidate], now: datetime) -> None:
-    if chosen:
-        queues = json.dumps([c.queue for c in chosen])
-        execute(query("flow_log_add"), {"queues": queues, "at": p_dt(now)})
+@dataclass(frozen=True)
+class _Log:
+    seq: int  # the queue's newest log row's sequence number (0: none)
+    at: datetime  # the time its next rows record
+
+
+def _log_claims(chosen: list[Candidate], logs: dict[str, _Log]) -> None:
+    for q, log in logs.items():
+        n = sum(1 for c in chosen if c.queue == q)
+        if n:
+            rows = json.dumps([[q, log.seq + i] for i in range(1, n + 1)])
+            execute(query("flow_log_add"), {"rows": rows, "at": p_dt(log.at)})
 
 
 # -- candidates -------------------------------------------------------------------------------

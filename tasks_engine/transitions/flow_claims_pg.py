@@ -5,7 +5,8 @@ implicit transaction (docs/FLOW_CONTROL.md, "How the claim enforces it").
    for, in name order), then the keys with a claimable run and room, best first, each tried
    with `pg_try_advisory_xact_lock` until the claim's size is reached; the keys it got go to
    the second statement in a transaction-local setting (`tasks_engine.flow_keys`).
-2. The claim: running runs per locked key and per limited queue, and the rate log, counted;
+2. The claim: running runs per locked key and per limited queue, and the rate log (by its
+   sequence numbers), counted;
    candidates from each source's partial index, at most as many per key or queue as have
    room (the found runs of the locked keys looked up one by one on the primary key: as
    `id = ANY(...)` the generic plan could walk the status index over every pending run);
@@ -256,9 +257,16 @@ def _claim_statement(filt: str, rated: int) -> str:
         * rated
     )
     pruned = f"), pruned AS (DELETE FROM {CLAIMS} WHERE id IN ({old})" if rated else ""
+    # Each log row has its queue's next sequence number, and a time never earlier than the
+    # row before it (a worker whose clock is behind records the latest): the rows in the
+    # window are the queue's last ones, and their number the difference of two sequence
+    # numbers, each one index probe (the newest row; the oldest inside the window, past the
+    # few that left it since the last claim, which this statement prunes).
     logged = (
-        f", logged AS (INSERT INTO {CLAIMS} (queue, claimed_at)"
-        " SELECT a.queue, %s FROM admitted a JOIN queues ON queues.q = a.queue"
+        f", logged AS (INSERT INTO {CLAIMS} (queue, claimed_at, seq)"
+        " SELECT a.queue, greatest(%s, queues.last_at), coalesce(queues.last_seq, 0)"
+        " + row_number() OVER (PARTITION BY a.queue ORDER BY a.id)"
+        " FROM admitted a JOIN queues ON queues.q = a.queue"
         " WHERE queues.rated AND a.src > 0)"
         if rated
         else ""
@@ -270,13 +278,19 @@ def _claim_statement(filt: str, rated: int) -> str:
                                  WHERE r.status = 'running' AND r.concurrency_key = j.k) AS room
             FROM json_to_recordset(current_setting('{KEYS_SETTING}')::json) AS j(k text, lim int)
         ), queues AS MATERIALIZED (
-            SELECT j.q, j.rate IS NOT NULL AS rated, j.since, least(
+            SELECT j.q, j.rate IS NOT NULL AS rated, j.since, n.seq AS last_seq,
+                n.claimed_at AS last_at, least(
                 CASE WHEN j.conc IS NULL THEN {BIG} ELSE j.conc - (SELECT count(*) FROM {RUN} r
                     WHERE r.status = 'running' AND r.queue = j.q) END,
-                CASE WHEN j.rate IS NULL THEN {BIG} ELSE j.rate - (SELECT count(*) FROM {CLAIMS} c
-                    WHERE c.queue = j.q AND c.claimed_at > j.since) END
+                CASE WHEN j.rate IS NULL THEN {BIG} ELSE j.rate - coalesce(n.seq + 1 - (
+                    SELECT c.seq FROM {CLAIMS} c WHERE c.queue = j.q AND c.claimed_at > j.since
+                    ORDER BY c.queue, c.claimed_at, c.seq LIMIT 1), 0) END
             ) AS room
             FROM json_to_recordset(%s::json) AS j(q text, conc int, rate int, since timestamptz)
+            LEFT JOIN LATERAL (
+                SELECT c.seq, c.claimed_at FROM {CLAIMS} c WHERE j.rate IS NOT NULL
+                AND c.queue = j.q ORDER BY c.queue, c.seq DESC LIMIT 1
+            ) AS n ON true
 {pruned}
         ), candidates AS (
             SELECT * FROM ({source("running", 0, not_ours, "%s")}) AS expired
