@@ -7,7 +7,9 @@ implicit transaction (docs/FLOW_CONTROL.md, "How the claim enforces it").
    the second statement in a transaction-local setting (`tasks_engine.flow_keys`).
 2. The claim: running runs per locked key and per limited queue, and the rate log, counted;
    candidates from each source's partial index, at most as many per key or queue as have
-   room; admitted best first while the key and the queue have room; the update, the rate
+   room (the found runs of the locked keys looked up one by one on the primary key: as
+   `id = ANY(...)` the generic plan could walk the status index over every pending run);
+   admitted best first while the key and the queue have room; the update, the rate
    log's new rows and the pruning of its old ones, all in this one statement.
 
 Under READ COMMITTED each statement takes its own snapshot when it starts: the second starts
@@ -283,11 +285,11 @@ def _claim_statement(filt: str, rated: int) -> str:
             UNION ALL SELECT x.* FROM queues CROSS JOIN LATERAL (
                 {source("pending", 2, per_queue, "least(queues.room, %s)")}) AS x
                 WHERE queues.room > 0
-            UNION ALL SELECT * FROM (
+            UNION ALL SELECT keyed.* FROM unnest(current_setting('{RUNS_SETTING}')::uuid[]) AS f(id)
+            CROSS JOIN LATERAL (
                 SELECT id, CASE WHEN status = 'waiting' THEN 1 ELSE 2 END AS src, priority,
                     available_at, ctid AS tid, queue, concurrency_key AS k FROM {RUN}
-                WHERE id = ANY(current_setting('{RUNS_SETTING}')::uuid[])
-                AND status IN ('pending', 'waiting') AND available_at <= %s
+                WHERE id = f.id AND status IN ('pending', 'waiting') AND available_at <= %s
                 AND concurrency_key IN (SELECT k FROM keys WHERE room > 0) {lock}
             ) AS keyed
         ), key_ok AS (
