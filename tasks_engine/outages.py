@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import select
+import threading
+import time
 from typing import Any
 
 from django.db import Error as DjangoDbError
@@ -41,12 +43,21 @@ class Outage:
         self.backoff = 0.5
 
 
+CUT_CHECK_SECONDS = 0.1  # a thread busier than this meets a cut on its next statement anyway
+_last_check = threading.local()
+
+
 def drop_if_cut() -> bool:
     """Close this thread's connection if the server ended the session while it sat idle (a
     restart, a failover, a pooler, `pg_terminate_backend`): the server's farewell, or the end
     of the stream, is then waiting on the socket. The next statement connects afresh instead
     of failing on the dead session and costing its run a back-off and a hand-back. One poll,
-    no round trip. PostgreSQL only; never inside a transaction."""
+    no round trip, and at most every CUT_CHECK_SECONDS per thread (under load a run's check
+    cost more than the rest of its Python). PostgreSQL only; never inside a transaction."""
+    now = time.monotonic()
+    if now - getattr(_last_check, "at", 0.0) < CUT_CHECK_SECONDS:
+        return False
+    _last_check.at = now
     raw = connection.connection
     if raw is None or connection.vendor != "postgresql" or connection.in_atomic_block:
         return False

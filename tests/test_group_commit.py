@@ -3,15 +3,20 @@ statement; each write keeps its own fence."""
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 import tasks_engine
 from tasks_engine import LeaseLostError, clock, transitions
 from tasks_engine.models import StepAttempt, WorkflowRun
+from tasks_engine.transitions import hot, hot_sql
+from tasks_engine.worker.group_commit import GroupCommit
+from tasks_engine.worker.slots import SlotPool
 from tests.helpers import FakeClock
 
 pytestmark = pytest.mark.django_db
@@ -182,3 +187,45 @@ def test_a_lone_deferred_completion_shares_a_group_with_other_kinds() -> None:
     again = transitions.HotWrite("deferred", flushed.lease, done, clock.now())
     transitions.write_group([again, start(starting, "second")])  # sent twice: harmless
     assert (again.result, again.error) == (True, None)
+
+
+def test_a_group_fences_each_deferred_completion_once() -> None:
+    """The fence of a group's deferred completions is looked up once per completion, not once
+    per pair of completions and attempts (it was the inner side of the UPDATE's join: 289
+    lookups of the run table for a group of 17)."""
+    n = 12
+    for _ in range(n):
+        tasks_engine.enqueue("bench_noop")
+    runs = claim(n)
+    starts = [start(c) for c in runs]
+    transitions.write_group(starts)
+    writes = [
+        transitions.HotWrite(
+            "deferred", c.lease, (transitions.Completion(w.result, {}, clock.now()),), clock.now()
+        )
+        for c, w in zip(runs, starts, strict=True)
+    ]
+    sql = hot_sql.group_statement(("deferred",), True, None)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", hot._rows(writes))
+        plan = json.dumps(cur.fetchone()[0])
+        transaction.set_rollback(True)
+    # Each LockRows node of the fence reports its loops; none may have run n * n times.
+    loops = [
+        int(x) for x in re.findall(r'"Node Type": "LockRows"[^}]*?"Actual Loops": (\d+)', plan)
+    ]
+    assert loops and max(loops) <= n, loops
+
+
+def test_the_group_writer_plans_without_sequential_scans() -> None:
+    """Its session runs only the hot statements, each a primary-key or partial-index lookup; a
+    generic plan made while the step table was young scanned all of it (bench/PROFILE.md)."""
+    writer = GroupCommit(SlotPool(1, 0), transitions.ClaimRequest("w", PAIRS, None, 0, 30), None)
+    try:
+        writer._tune_session()
+        with connection.cursor() as cur:
+            cur.execute("SHOW enable_seqscan")
+            assert cur.fetchone() == ("off",)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET enable_seqscan")

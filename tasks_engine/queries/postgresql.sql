@@ -8,12 +8,16 @@ EXISTS (SELECT 1 FROM tasks_engine_workflowrun r
 step_id bigint, output jsonb, finished_at timestamptz, run_id uuid, token uuid
 
 -- hot_deferred --
--- The deferred step completions a write carries (CTE `d`), fenced each on its own run's lease. {lookup}: a group's rows come from json_to_recordset, which has no statistics (the planner guesses 100 rows), so each join key is also spelled `= ANY(ARRAY(...))`, which keeps the lookup on the primary key; a write alone needs none.
+-- The deferred step completions a write carries (CTE `d`), fenced each on its own run's lease. {lookup}: a group's rows come from json_to_recordset, which has no statistics (the planner guesses 100 rows), so each join key is also spelled `= ANY(ARRAY(...))`, which keeps the lookup on the primary key; a write alone needs none. {rows}: a group's rows already fenced (`hot_deferred_fenced`, {fence} empty), a write alone's `dv` ({fence} its fence).
 UPDATE tasks_engine_stepattempt s
 SET status = 'completed', output = dv.output, finished_at = dv.finished_at
-FROM dv
-WHERE {lookup}s.id = dv.step_id AND s.status = 'running' AND {fence}
+FROM {rows} AS dv
+WHERE {lookup}s.id = dv.step_id AND s.status = 'running'{fence}
 RETURNING s.id, s.run_id, dv.token
+
+-- hot_deferred_fenced --
+-- A group's deferred completions whose runs' leases hold (CTE `fdv`), fenced once per row: as the inner side of the UPDATE's join, a fence in its WHERE was evaluated once per pair of rows (289 lookups for a group of 17, measured).
+fdv AS MATERIALIZED (SELECT * FROM dv WHERE {fence})
 
 -- hot_starts_columns --
 -- A step start's row (`sv`).

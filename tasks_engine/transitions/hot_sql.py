@@ -58,10 +58,16 @@ def _body(part: Part, *, group: bool, after: str = "") -> str:
     """The part's statement over its rows (a CTE of a group, or the statement alone)."""
     lookup = LOOKUP.get(part, "") if group else ""
     if part == "deferred":
-        return query("hot_deferred").format(lookup=lookup, fence=fence("dv"))
+        if group:
+            return query("hot_deferred").format(lookup=lookup, rows="fdv", fence="")
+        return query("hot_deferred").format(lookup="", rows="dv", fence=" AND " + fence("dv"))
     if part == "starts":
         return query("hot_starts").format(fence=fence("sv", unless_canceled=True))
     return query("hot_completes").format(lookup=lookup, after=after)
+
+
+def _fenced_deferred() -> str:
+    return query("hot_deferred_fenced").format(fence=fence("dv"))
 
 
 def _json_rows(part: Part) -> str:
@@ -111,6 +117,8 @@ def group_statement(
     selects: list[str] = []
     for part in parts:
         ctes.append(_json_rows(part))
+        if part == "deferred":
+            ctes.append(_fenced_deferred())
         after = _after(parts) if part == "completes" else ""
         ctes.append(f"{RESULTS[part]} AS ({_body(part, group=True, after=after)})")
     if "starts" in parts:
@@ -147,6 +155,8 @@ def single_statement(part: Part, deferred: int) -> str:
     if deferred:
         alone = deferred == 1
         ctes.append(_bound_row("deferred") if alone else _json_rows("deferred"))
+        if not alone:
+            ctes.append(_fenced_deferred())
         ctes.append(f"d AS ({_body('deferred', group=not alone)})")
     ctes.append(_bound_row(part))
     after = _after(("deferred",)) if deferred and part == "completes" else ""
