@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from . import clock, first_steps, metrics, tracing, transitions
+from . import clock, metrics, tracing, transitions
 from .attempt_handle import AttemptHandle
 from .conf import engine_settings
 from .context import TaskContext
@@ -130,7 +130,7 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         return _after_exception(run, wf, ctx, exc)
     if ctx.abort_signal.aborted or state.fatal is not None:
         return _after_exception(run, wf, ctx, state.fatal or ctx.abort_signal.reason)
-    first_steps_unused(ctx)
+    state.first_step_begins(ctx.task_name, ctx.version, None)  # ends without one
     unreached = state.history.unreached()
     progress = handle.take_dirty_progress()
     transitions.complete_run(
@@ -154,7 +154,7 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
     if isinstance(reason, LeaseLostError) or isinstance(exc, LeaseLostError):
         ctx.logger.warning("lease lost; dropping the run", error=str(reason or exc))
         return "lease-lost"
-    first_steps_unused(ctx)
+    state.first_step_begins(ctx.task_name, ctx.version, None)  # ends without one
     if isinstance(reason, TaskCanceledError) or (
         handle.cancel_requested and isinstance(exc, TaskCanceledError)
     ):
@@ -184,16 +184,3 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
     transitions.fail_run(lease, error, has_parent=handle.has_parent)
     ctx.logger.error("run failed", error=error["type"], message=error["message"])
     return "failed"
-
-
-def first_steps_unused(ctx: TaskContext) -> None:
-    """The run ends without having begun any step: the first step its claim started for it
-    (a wrong guess) is deleted before the run's outcome is written, and a fresh run without
-    steps teaches first_steps not to guess this workflow."""
-    state = ctx._state
-    if state.fresh and not state.started:
-        state.started = True
-        first_steps.forget(ctx.task_name, ctx.version)
-    if state.prestarted is not None:
-        step_id, state.prestarted = state.prestarted[1], None
-        transitions.drop_prestarted_step(state.lease, step_id)

@@ -24,12 +24,13 @@ _unpredictable: set[str] = set()
 _published: tuple[str, dict[str, str]] = ("{}", {})  # the claim's parameter, and its dict
 
 
-def _key(task: str, version: int) -> str:
+def key(task: str, version: int) -> str:
+    """A workflow's key in the guesses (and in the claim's JSON parameter)."""
     return f"{task}@{version}"
 
 
 def guess(task: str, version: int) -> str | None:
-    return _first.get(_key(task, version))
+    return _first.get(key(task, version))
 
 
 def published() -> tuple[str, dict[str, str]]:
@@ -41,15 +42,15 @@ def published() -> tuple[str, dict[str, str]]:
 def learn(task: str, version: int, first_step: str | None) -> None:
     """A fresh run of the workflow began with function step `first_step` (None: with anything
     else, which is not guessed)."""
-    key = _key(task, version)
-    if _first.get(key) == first_step or key in _unpredictable:
+    name = key(task, version)
+    if _first.get(name) == first_step or name in _unpredictable:
         return
     with _lock:
         if first_step is None:
-            _unpredictable.add(key)
-            _first.pop(key, None)
+            _unpredictable.add(name)
+            _first.pop(name, None)
         else:
-            _first[key] = first_step
+            _first[name] = first_step
         _publish()
 
 

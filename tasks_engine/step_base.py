@@ -47,6 +47,25 @@ class RunState:
     def lease(self) -> transitions.Lease:
         return self.handle.lease
 
+    def first_step_begins(self, task: str, version: int, key: str | None) -> int | None:
+        """A fresh run's first step begins (`key`; None: anything but a plain function step,
+        or the run ends without any step); later calls do nothing. Returns the attempt its
+        claim started if the claim guessed `key` (first_steps.py); a wrong guess is deleted
+        and this workflow not guessed again by this process; an unguessed start teaches
+        first_steps."""
+        if not self.fresh or self.started:
+            return None
+        self.started = True
+        if self.prestarted is None:
+            first_steps.learn(task, version, key)
+            return None
+        (guessed, step_id), self.prestarted = self.prestarted, None
+        if guessed == key:
+            return step_id
+        first_steps.forget(task, version)
+        transitions.drop_prestarted_step(self.lease, step_id)
+        return None
+
     @property
     def run_pass(self) -> int:
         return self.history.run_pass
@@ -110,34 +129,17 @@ class StepBase:
     def _start(self, key: str, kind: str, attempt_no: int, **fields: Any) -> int:
         """Record a step attempt; refused once cancel is requested (the run then ends). A
         fresh run's first step may have been started by its claim (first_steps.py)."""
-        s = self._s
-        if s.fresh and not s.started:
-            s.started = True
-            plain = kind == StepKind.FUNCTION and attempt_no == 1 and not fields
-            step_id = self._first_start(key if plain else None)
-            if step_id is not None:
-                return step_id
+        plain = kind == StepKind.FUNCTION and attempt_no == 1 and not fields
+        ctx = self._ctx
+        step_id = self._s.first_step_begins(ctx.task_name, ctx.version, key if plain else None)
+        if step_id is not None:
+            return step_id
         try:
             return transitions.start_step(
                 self._s.lease, key, kind, attempt_no, self._s.run_pass, **fields
             )
         except TaskCanceledError:
             self._canceled()
-
-    def _first_start(self, key: str | None) -> int | None:
-        """The run's first step begins (`key`; None: not a plain function step). Its attempt,
-        if the claim guessed it; a wrong guess is deleted and this workflow not guessed again
-        by this process; an unguessed one teaches first_steps."""
-        s, ctx = self._s, self._ctx
-        if s.prestarted is None:
-            first_steps.learn(ctx.task_name, ctx.version, key)
-            return None
-        (guessed, step_id), s.prestarted = s.prestarted, None
-        if guessed == key:
-            return step_id
-        first_steps.forget(ctx.task_name, ctx.version)
-        transitions.drop_prestarted_step(s.lease, step_id)
-        return None
 
     def _remember(self, key: str, kind: str, attempt: Attempt) -> None:
         self._s.history.remember(key, kind, attempt)

@@ -162,14 +162,21 @@ class Prestart:
     @property
     def select(self) -> str:
         """The claimed rows, each followed by the id of the step attempt the claim started."""
-        if self.guesses:
-            return "SELECT k.*, ks.id FROM k LEFT JOIN ks ON ks.run_id = k.id"
-        return "SELECT k.*, NULL::bigint FROM k"
+        started, join = prestarted_sql(bool(self.guesses))
+        return f"SELECT k.*, {started} FROM k{join}"
 
     def of(self, run: WorkflowRun, step_id: int | None) -> tuple[str, int] | None:
         if step_id is None:
             return None
-        return self.guesses[f"{run.task_name}@{run.version}"], int(step_id)
+        return self.guesses[first_steps.key(run.task_name, run.version)], int(step_id)
+
+
+def prestarted_sql(prestart: bool) -> tuple[str, str]:
+    """The column of a claimed row `k` that holds the id of the step attempt its claim started
+    (`ks`, NULL without guesses), and the join it needs."""
+    if prestart:
+        return "ks.id", " LEFT JOIN ks ON ks.run_id = k.id"
+    return "NULL::bigint", ""
 
 
 def _claim_parts(req: ClaimRequest) -> tuple[str, str]:

@@ -22,7 +22,7 @@ import functools
 from typing import Any, Literal
 
 from ..sql import p_json, query
-from .claims import CLAIM_COLUMNS
+from .claims import CLAIM_COLUMNS, prestarted_sql
 
 Part = Literal["deferred", "starts", "completes"]
 Columns = tuple[tuple[str, str], ...]  # (name, SQL type)
@@ -132,14 +132,7 @@ def group_statement(
         pad = ", NULL" * (len(CLAIM_COLUMNS) - 1)
         ctes.append(claim)
         # The claim's rows go first: UNION resolves the padding NULLs' types from them.
-        started, join = (
-            ("ks.id", " LEFT JOIN ks ON ks.run_id = k.id")
-            if prestart
-            else (
-                "NULL::bigint",
-                "",
-            )
-        )
+        started, join = prestarted_sql(prestart)
         selects.insert(0, f"SELECT 'k', {started}, NULL::uuid, k.* FROM k{join}")
     results = " UNION ALL ".join(selects).format(pad=pad)
     return f"WITH {', '.join(ctes)} {results}"
