@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -28,29 +29,45 @@ def running_by(field: str) -> dict[Any, int]:
     return {r[field]: r["n"] for r in rows}
 
 
-def claim_together(rounds: int, then: Any = None) -> list[BaseException]:
-    barrier = threading.Barrier(THREADS)
+def in_threads(
+    body: Callable[[int], None],
+    n: int,
+    timeout: float,
+    barrier: threading.Barrier | None = None,
+) -> list[BaseException]:
+    """Run body(0), ..., body(n - 1) at once, each on a thread (and connection) of its own;
+    what they raised. A failing thread aborts `barrier`, so the others do not wait for it."""
     errors: list[BaseException] = []
 
-    def claimer(i: int) -> None:
+    def run(i: int) -> None:
         try:
-            for _ in range(rounds):
-                barrier.wait(timeout=60)
-                got = transitions.claim_runs(f"w{i}", FLOW, None, 3, 600.0)
-                if then is not None:
-                    then(got)
+            body(i)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
-            barrier.abort()
+            if barrier is not None:
+                barrier.abort()
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(THREADS)]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(120)
+        t.join(timeout)
     return errors
+
+
+def claim_together(rounds: int, then: Any = None) -> list[BaseException]:
+    barrier = threading.Barrier(THREADS)
+
+    def claimer(i: int) -> None:
+        for _ in range(rounds):
+            barrier.wait(timeout=60)
+            got = transitions.claim_runs(f"w{i}", FLOW, None, 3, 600.0)
+            if then is not None:
+                then(got)
+
+    return in_threads(claimer, THREADS, 120, barrier)
 
 
 def test_simultaneous_claims_never_over_admit(settings: Any) -> None:
@@ -120,36 +137,26 @@ def test_many_claimers_each_on_its_own_connection_never_over_admit(
     total = WorkflowRun.objects.count()
     spans: list[tuple[float, float, Any, str]] = []
     lock = threading.Lock()
-    errors: list[BaseException] = []
     start = threading.Barrier(12)
 
     def claimer(i: int) -> None:
-        try:
-            start.wait(timeout=60)
+        start.wait(timeout=60)
+        idle = 0
+        while idle < 20:
+            got = transitions.claim_runs(f"w{i}", FLOW, None, 2, 600.0)
+            if not got:
+                idle += 1
+                time.sleep(0.005)
+                continue
             idle = 0
-            while idle < 20:
-                got = transitions.claim_runs(f"w{i}", FLOW, None, 2, 600.0)
-                if not got:
-                    idle += 1
-                    time.sleep(0.005)
-                    continue
-                idle = 0
-                began = time.monotonic()
-                time.sleep(0.002)
-                ended = time.monotonic()
-                with lock:
-                    spans.extend((began, ended, c.run.concurrency_key, c.run.queue) for c in got)
-                finish(got)
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-        finally:
-            connection.close()
+            began = time.monotonic()
+            time.sleep(0.002)
+            ended = time.monotonic()
+            with lock:
+                spans.extend((began, ended, c.run.concurrency_key, c.run.queue) for c in got)
+            finish(got)
 
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
+    errors = in_threads(claimer, 12, 180)
     assert errors == []
     assert len(spans) == total
     assert WorkflowRun.objects.exclude(status="completed").count() == 0
@@ -185,7 +192,6 @@ def test_random_claims_and_exits_never_over_admit(settings: Any) -> None:
     for i in range(16):
         tasks_engine.enqueue("flow-plain", {}, concurrency_key="io-key" if i % 2 else None)
     violations: list[Any] = []
-    errors: list[BaseException] = []
     start = threading.Barrier(12)
 
     def end(c: transitions.Claimed, how: int) -> None:
@@ -203,33 +209,24 @@ def test_random_claims_and_exits_never_over_admit(settings: Any) -> None:
 
     def claimer(i: int) -> None:
         rng = random.Random(i)
-        try:
-            start.wait(timeout=60)
+        start.wait(timeout=60)
+        idle = 0
+        while idle < 30:
+            got = transitions.claim_runs(f"w{i}", FLOW, None, rng.randint(1, 4), 600.0)
+            by_key, by_queue = running_by("concurrency_key"), running_by("queue")
+            if by_queue.get("flow-io", 0) > 3 or any(
+                n > (2 if k == "pair" else 1) for k, n in by_key.items() if k
+            ):
+                violations.append((by_key, by_queue))
+            if not got:
+                idle += 1
+                time.sleep(0.003)
+                continue
             idle = 0
-            while idle < 30:
-                got = transitions.claim_runs(f"w{i}", FLOW, None, rng.randint(1, 4), 600.0)
-                by_key, by_queue = running_by("concurrency_key"), running_by("queue")
-                if by_queue.get("flow-io", 0) > 3 or any(
-                    n > (2 if k == "pair" else 1) for k, n in by_key.items() if k
-                ):
-                    violations.append((by_key, by_queue))
-                if not got:
-                    idle += 1
-                    time.sleep(0.003)
-                    continue
-                idle = 0
-                time.sleep(rng.random() / 500)
-                for c in got:
-                    end(c, rng.choice([0, 0, 1, 2, 3, 4]))
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
-        finally:
-            connection.close()
+            time.sleep(rng.random() / 500)
+            for c in got:
+                end(c, rng.choice([0, 0, 1, 2, 3, 4]))
 
-    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(12)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
+    errors = in_threads(claimer, 12, 240)
     assert errors == [] and violations == []
     assert not WorkflowRun.objects.filter(status__in=["pending", "running"]).exists()
