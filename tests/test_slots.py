@@ -16,6 +16,10 @@ def held(lease: transitions.Lease) -> Held:
     return Held(lease, NO_CTX, NO_CTX, renewed_at=0.0)
 
 
+def claimed() -> transitions.Claimed:
+    return transitions.Claimed(transitions.Lease(uuid.uuid4(), uuid.uuid4(), "w"), NO_CTX)
+
+
 def test_a_stale_and_a_fresh_attempt_of_one_run_are_held_apart() -> None:
     run = uuid.uuid4()
     stale = transitions.Lease(run, uuid.uuid4(), "w")
@@ -54,3 +58,16 @@ def test_a_written_off_run_hands_over_nothing() -> None:
     assert not pool.hand_over(lease)  # its completion, when it comes, is written at once
     assert pool.release(lease) is True  # the stuck thread retires
     assert pool.busy() == 0
+
+
+def test_prefetched_runs_count_as_yet_to_write_only_while_a_slot_thread_is_idle() -> None:
+    pool = SlotPool(concurrency=2, prefetch=2)
+    assert pool.reserve(2) == 2
+    a, b = (transitions.Lease(uuid.uuid4(), uuid.uuid4(), "w") for _ in range(2))
+    pool.hold(held(a))
+    pool.fill([claimed(), claimed()], 2)  # two prefetched runs, one idle slot thread
+    assert pool.yet_to_write() == 2  # the run held, and the one queued run a thread takes up
+    pool.hold(held(b))
+    assert pool.yet_to_write() == 2  # every thread holds a run: the queue waits for a group
+    pool.stop_threads(2)
+    assert pool.yet_to_write() == 2  # a stop is not a run

@@ -126,8 +126,10 @@ class GroupCommit(threading.Thread):
                 self.slots.after_group([], 0, 1)  # the slot it took along is free again
 
     def _gather(self) -> list[Queued]:
-        """The next group: every write queued now, and those that slots still running user code
-        send within GATHER_SECONDS (a run whose slot waits in this group sends nothing more)."""
+        """The next group: every write queued now, and those sent within GATHER_SECONDS by
+        slots still running user code and by prefetched runs an idle slot thread starts (a run
+        whose slot waits in this group sends nothing more). Counting the prefetched runs puts a
+        claimed run's first write into the group after its claim, not the one after that."""
         first = self._queue.get()
         if first is None:
             return []
@@ -146,7 +148,7 @@ class GroupCommit(threading.Thread):
                 continue
             waiting = sum(1 for _, done in group if done is not None)
             remaining = deadline - time.monotonic()
-            if waiting >= self.slots.executing() or remaining <= 0:
+            if waiting >= self.slots.yet_to_write() or remaining <= 0:
                 break
             try:
                 queued = self._queue.get(timeout=remaining)

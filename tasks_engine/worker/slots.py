@@ -169,6 +169,16 @@ class SlotPool:
         """Runs in slots right now (each sends its writes to the group writer)."""
         return len(self._held)
 
+    def yet_to_write(self) -> int:
+        """Runs that will send a write to the group writer without waiting for a group: those
+        in slots, and the queued runs that an idle slot thread takes up now (a slot whose run's
+        last write took the slot along is idle at once, and its next run's first write can
+        join the same group)."""
+        with self._lock:
+            queued = sum(1 for c in self._queued if c is not None)
+            idle_threads = max(0, self.concurrency - len(self._held))
+            return len(self._held) + min(queued, idle_threads)
+
     def held(self) -> list[Held]:
         with self._lock:
             return [h for h in self._held.values() if not h.lost]
