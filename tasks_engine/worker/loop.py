@@ -53,7 +53,7 @@ class WorkerConfig:
     poll_interval: float = 1.0
     grace_seconds: float = 30.0
     burst: bool = False
-    prefetch: int | None = None  # None: concurrency // 2
+    prefetch: int | None = None  # None: the concurrency
 
 
 class Worker:
@@ -69,7 +69,7 @@ class Worker:
         # frees: a completing slot then starts its next run in the same group as its
         # completion, instead of one group later. Handed back if not started within
         # PREFETCH_MAX_AGE.
-        prefetch = config.concurrency // 2 if config.prefetch is None else config.prefetch
+        prefetch = config.concurrency if config.prefetch is None else config.prefetch
         self.slots = SlotPool(config.concurrency, prefetch)
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []

@@ -53,7 +53,7 @@ class Command(OneLineErrors, BaseCommand):
             default=None,
             metavar="N",
             help="runs claimed ahead, under a backlog, for slots about to free; handed back "
-            "after 1 s unstarted (default: concurrency / 2; 0 for long steps)",
+            "after 1 s unstarted (default: the concurrency; 0 for long steps)",
         )
         parser.add_argument(
             "--queue",
