@@ -217,6 +217,70 @@ def test_a_group_fences_each_deferred_completion_once() -> None:
     assert loops and max(loops) <= n, loops
 
 
+def test_a_completion_writes_its_deferred_steps_if_and_only_if_it_is_written() -> None:
+    """A group's completions carry their runs' finished steps, gated on the completion itself
+    (hot_deferred_gated): a run whose lease was lost gets neither its step nor its outcome,
+    its neighbours both; a stale attempt's step, sent beside the fresh attempt's completion of
+    the same run, is refused."""
+    for _ in range(3):
+        tasks_engine.enqueue("bench_noop")
+    ok, lost, other = claim(3)
+    starts = [start(c) for c in (ok, lost, other)]
+    transitions.write_group(starts)
+    WorkflowRun.objects.filter(pk=lost.lease.run_id).update(lease_token=None, status="pending")
+    stale = transitions.Lease(other.lease.run_id, lost.lease.token, "w")  # not other's token
+    writes = [
+        complete(ok, (transitions.Completion(starts[0].result, {"n": 1}, clock.now()),)),
+        complete(lost, (transitions.Completion(starts[1].result, {"n": 2}, clock.now()),)),
+        transitions.HotWrite(
+            "deferred",
+            stale,
+            (transitions.Completion(starts[2].result, {"n": 3}, clock.now()),),
+            clock.now(),
+        ),
+        complete(other),
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        transitions.write_group(writes)
+    assert len(queries) == 1
+    assert [w.result for w in writes] == [True, None, None, True]
+    assert isinstance(writes[1].error, LeaseLostError)
+    assert isinstance(writes[2].error, LeaseLostError)
+    steps = {s.run_id: (s.status, s.output) for s in StepAttempt.objects.all()}
+    assert steps[ok.lease.run_id] == ("completed", {"n": 1})
+    assert steps[lost.lease.run_id] == ("running", None)
+    assert steps[other.lease.run_id] == ("running", None)
+    assert WorkflowRun.objects.get(pk=lost.lease.run_id).status == "pending"
+    assert WorkflowRun.objects.get(pk=other.lease.run_id).status == "completed"
+
+
+def test_completing_runs_lock_no_run_row_for_their_deferred_steps() -> None:
+    """The deferred steps of runs completing in the group need no fence of their own: the
+    completion's UPDATE holds the run row on the same lease token. Only deferred steps of runs
+    not completing in the group lock their run's row (one LockRows loop each)."""
+    n = 6
+    for _ in range(n + 1):
+        tasks_engine.enqueue("bench_noop")
+    runs = claim(n + 1)
+    starts = [start(c) for c in runs]
+    transitions.write_group(starts)
+    writes = [
+        complete(c, (transitions.Completion(w.result, {}, clock.now()),))
+        for c, w in zip(runs[:n], starts, strict=False)
+    ]
+    flushed = (transitions.Completion(starts[n].result, {}, clock.now()),)
+    writes.append(transitions.HotWrite("deferred", runs[n].lease, flushed, clock.now()))
+    sql = hot_sql.group_statement(("deferred", "completes"), True, None)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", hot._rows(writes))
+        plan = json.dumps(cur.fetchone()[0])
+        transaction.set_rollback(True)
+    loops = [
+        int(x) for x in re.findall(r'"Node Type": "LockRows"[^}]*?"Actual Loops": (\d+)', plan)
+    ]
+    assert loops == [1], loops  # the one flushed step's fence; none for the six completions
+
+
 def test_the_group_writer_plans_without_sequential_scans() -> None:
     """Its session runs only the hot statements, each a primary-key or partial-index lookup; a
     generic plan made while the step table was young scanned all of it (bench/PROFILE.md)."""

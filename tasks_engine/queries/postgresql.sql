@@ -19,6 +19,18 @@ RETURNING s.id, s.run_id, dv.token
 -- A group's deferred completions whose runs' leases hold (CTE `fdv`), fenced once per row: as the inner side of the UPDATE's join, a fence in its WHERE was evaluated once per pair of rows (289 lookups for a group of 17, measured).
 fdv AS MATERIALIZED (SELECT * FROM dv WHERE {fence})
 
+-- hot_deferred_gated --
+-- A group's deferred completions whose runs' leases hold (CTE `fdv`) when the group also completes runs (CTE `c`, before this): a completion's deferred steps are written if and only if the completion was (its UPDATE holds the run row, on the same lease token), with no fence of their own (a lock on the run row and its WAL record each, 15 % of a group's execution); the others are fenced once per row, as in hot_deferred_fenced (after the test that leaves the completions' out: OFFSET 0 keeps the planner from evaluating the fence first).
+fdv AS MATERIALIZED (
+    SELECT dv.* FROM dv JOIN c ON c.id = dv.run_id AND c.token = dv.token
+    UNION ALL
+    SELECT * FROM (
+        SELECT * FROM dv
+        WHERE NOT EXISTS (SELECT 1 FROM cv WHERE cv.run_id = dv.run_id AND cv.token = dv.token)
+        OFFSET 0
+    ) AS alone WHERE {fence}
+)
+
 -- hot_starts_columns --
 -- A step start's row (`sv`).
 run_id uuid, name text, kind text, status text, attempt int, run_pass int, output jsonb, error jsonb, worker_id text, token uuid, wake_at timestamptz, started_at timestamptz, finished_at timestamptz
@@ -38,7 +50,7 @@ RETURNING id, run_id, lease_token
 run_id uuid, token uuid, output jsonb, unreached jsonb, at timestamptz, progress jsonb
 
 -- hot_completes --
--- Run completions (CTE `c`), each if its attempt still holds the run (the row it replaces is the fence). {lookup} as in hot_deferred; {after} references the write's other parts, so their fences lock the run rows before this statement replaces them.
+-- Run completions (CTE `c`), each if its attempt still holds the run (the row it replaces is the fence). {lookup} as in hot_deferred; {after} references the write's other fenced parts, so their fences lock the run rows before this statement replaces them (a group's deferred completions come after it instead: hot_deferred_gated).
 UPDATE tasks_engine_workflowrun r
 SET status = 'completed', output = cv.output, unreached_steps = cv.unreached,
     finished_at = cv.at, updated_at = cv.at, lease_token = NULL, available_at = NULL,

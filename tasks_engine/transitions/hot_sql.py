@@ -66,7 +66,9 @@ def _body(part: Part, *, group: bool, after: str = "") -> str:
     return query("hot_completes").format(lookup=lookup, after=after)
 
 
-def _fenced_deferred() -> str:
+def _fenced_deferred(*, gated: bool = False) -> str:
+    if gated:
+        return query("hot_deferred_gated").format(fence=fence("alone"))
     return query("hot_deferred_fenced").format(fence=fence("dv"))
 
 
@@ -113,14 +115,21 @@ def group_statement(
     `claim` (ending in `k`, then `ks` with `prestart`: claims.Prestart), ('i', step id, token,
     run id) per start, ('c', NULL, token, run id) per completion, ('d', step id, token, run
     id) per deferred completion written (with `deferred_written`)."""
-    ctes: list[str] = []
+    ctes = [_json_rows(part) for part in parts]
+    # With completions in the group, its deferred completions follow them (and are gated on
+    # them: hot_deferred_gated); the starts' fences lock their runs' rows before them.
+    gated = "deferred" in parts and "completes" in parts
+    deferred = [_fenced_deferred(gated=gated), f"d AS ({_body('deferred', group=True)})"]
+    if "deferred" in parts and not gated:
+        ctes += deferred
+    if "starts" in parts:
+        ctes.append(f"i AS ({_body('starts', group=True)})")
+    if "completes" in parts:
+        after = _after(tuple(p for p in parts if p == "starts"))
+        ctes.append(f"c AS ({_body('completes', group=True, after=after)})")
+    if gated:
+        ctes += deferred
     selects: list[str] = []
-    for part in parts:
-        ctes.append(_json_rows(part))
-        if part == "deferred":
-            ctes.append(_fenced_deferred())
-        after = _after(parts) if part == "completes" else ""
-        ctes.append(f"{RESULTS[part]} AS ({_body(part, group=True, after=after)})")
     if "starts" in parts:
         selects.append(query("hot_started"))
     if "completes" in parts:
