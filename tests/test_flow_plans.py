@@ -28,9 +28,9 @@ def postgres_only(is_postgres: bool) -> None:
         pytest.skip("the plans of the PostgreSQL claim; SQLite claims under BEGIN IMMEDIATE")
 
 
-def hold_back(held: int) -> None:
+def hold_back(held: int, *, analyze: bool = True) -> None:
     """Key disk:hot full (one run running) and `held` more of its runs pending, ahead of
-    every other run in claim order."""
+    every other run in claim order (`analyze`: and the statistics brought up to date)."""
     tasks_engine.enqueue("flow-disk", {"disk": "hot"})
     [running] = transitions.claim_runs("holder", FLOW, None, 1, 600.0)
     assert running.run.concurrency_key == "disk:hot"
@@ -45,7 +45,8 @@ def hold_back(held: int) -> None:
             " now(), now() FROM generate_series(1, %s)",
             [held],
         )
-        cur.execute(f"ANALYZE {RUN}")
+        if analyze:
+            cur.execute(f"ANALYZE {RUN}")
 
 
 def rows_read(plan: dict[str, Any]) -> int:
@@ -104,6 +105,26 @@ def test_held_back_runs_cost_a_claim_of_other_keys_a_bounded_read(
     limit_queues(settings, {"default": {"concurrency": 64}})
     hold_back(HELD)
     for disk in "abcd":
+        tasks_engine.enqueue("flow-disk", {"disk": disk})
+    locking, claiming = explain_claim(None)
+    assert locking < 100 and claiming < 100, (locking, claiming)
+
+
+def test_a_plan_made_while_the_table_was_small_stays_bounded_as_it_fills(
+    settings: Any, postgres_only: None
+) -> None:
+    """The worker's generic plans are made once per connection, often while the runs table is
+    small, and the statistics lag behind a backlog: the locked keys' found runs looked up as
+    `id = ANY(setting)` then walked the status index over every pending run (6fca861); looked
+    up one by one on the primary key, they cost a bounded read whatever the table became."""
+    limit_queues(settings, {"default": {"concurrency": 64}})
+    tasks_engine.enqueue("flow-disk", {"disk": "a"})
+    flow.note_keyed()
+    with connection.cursor() as cur:
+        cur.execute(f"ANALYZE {RUN}")  # a small table, as a young worker's plans see it
+    assert len(transitions.claim_runs("w", FLOW, None, 1, 600.0)) == 1  # plans made here
+    hold_back(HELD, analyze=False)
+    for disk in "cd":
         tasks_engine.enqueue("flow-disk", {"disk": disk})
     locking, claiming = explain_claim(None)
     assert locking < 100 and claiming < 100, (locking, claiming)

@@ -1,5 +1,6 @@
-"""The guarded claim on PostgreSQL: two statements sent together, one round trip, one
-implicit transaction (docs/FLOW_CONTROL.md, "How the claim enforces it").
+"""The guarded claim on PostgreSQL: two statements sent together, after one that sets the
+planner's settings for the transaction (PLANNED), one round trip, one implicit transaction
+(docs/FLOW_CONTROL.md, "How the claim enforces it").
 
 1. The locks: a transaction-level advisory lock per limited queue the worker serves (waited
    for, in name order), then the keys with a claimable run and room, best first, each tried
@@ -51,8 +52,8 @@ CLAIMS = QueueClaim._meta.db_table
 QUEUE_LOCK = 0x7E51
 KEY_LOCK = 0x7E52
 BIG = 1 << 30
-# The claim statement is planned (once per connection: a prepared generic plan) in the
-# transaction the locking statement opened, with these off: each of its parts has an index
+# Both statements are planned (once per connection: prepared generic plans) in the
+# transaction PLANNED opened, with these off: each of its parts has an index
 # that serves it in order, but the estimates for the small partial indexes (rows=1) choose
 # bitmap or sequential scans, which visit every dead entry the claims leave between vacuums
 # (measured: 0.36 ms against 0.63 to 0.84 ms a claim).
@@ -62,6 +63,11 @@ PLANNER = (
     "set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),"
     " set_config('jit', 'off', true)"
 )
+# Set by a statement of their own, sent first: the locking statement planned with the defaults
+# (its generic plan made while the runs table was small, or its statistics behind a backlog)
+# scanned the whole table for its keyed runs (18,024 rows read with 3,000 runs of one full key
+# pending; test_flow_plans.py).
+PLANNED = f"SELECT {PLANNER}"
 # What the locking statement hands to the claim statement: the keys it locked, with their
 # limits, and the runs of those keys it found (their candidates).
 KEYS_SETTING = "tasks_engine.flow_keys"
@@ -129,8 +135,9 @@ def _text_array(values: tuple[str, ...]) -> str:
 
 
 def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tuple[Any, ...]]:
-    """Both statements in one round trip; outside a transaction they form one implicit
-    transaction, committed after the second (the advisory locks are held until then)."""
+    """Both statements (after PLANNED) in one round trip; outside a transaction they form one
+    implicit transaction, committed after the second (the advisory locks are held until
+    then)."""
     import psycopg
 
     connection.ensure_connection()
@@ -139,12 +146,15 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
     start = time.monotonic()
     with connection.wrap_database_errors, psycopg.Cursor(raw) as c1, psycopg.Cursor(raw) as c2:
         with raw.pipeline():  # its end sends the one Sync and reads both results
+            c1.execute(PLANNED, prepare=prepare)
             c1.execute(first, p1, prepare=prepare)
             c2.execute(second, p2, prepare=prepare)
         rows = c2.fetchall()
     if connection.queries_logged:
         took = f"{time.monotonic() - start:.3f}"
-        connection.queries_log.extend([{"sql": first, "time": took}, {"sql": second, "time": took}])
+        connection.queries_log.extend(
+            [{"sql": sql, "time": took} for sql in (PLANNED, first, second)]
+        )
     return rows
 
 
@@ -214,7 +224,7 @@ def _lock_statement(filt: str) -> str:
             SELECT k, lim FROM ordered
             WHERE pg_try_advisory_xact_lock({KEY_LOCK}, hashtext(k)) LIMIT %s
         )
-        SELECT {PLANNER}, set_config('{KEYS_SETTING}', coalesce(
+        SELECT set_config('{KEYS_SETTING}', coalesce(
                 (SELECT json_agg(json_build_object('k', k, 'lim', lim)) FROM got)::text, '[]'),
                 true),
             set_config('{RUNS_SETTING}', coalesce(
@@ -324,7 +334,7 @@ def _claim_statement(filt: str, rated: int) -> str:
             OR c.qrank <= coalesce((SELECT room FROM queues WHERE queues.q = c.queue), {BIG})
             ORDER BY c.src, c.priority DESC, c.available_at, c.tid LIMIT %s
         ), claimed AS (
-            {claim_update()} WHERE id IN (SELECT id FROM admitted)
+            {claim_update()} WHERE id = ANY(ARRAY(SELECT id FROM admitted))
             RETURNING {", ".join(CLAIM_COLUMNS)}
         ){logged}
         SELECT * FROM claimed
