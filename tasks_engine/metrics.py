@@ -80,6 +80,16 @@ def enable(slots_busy: Callable[[], float] | None = None) -> None:
         SLOTS_BUSY.set_function(slots_busy)
 
 
+def disable() -> None:
+    """Stop recording into the default registry (a worker whose metrics server could not
+    start)."""
+    global _enabled
+    if _enabled:
+        for metric in WORKER_METRICS:
+            REGISTRY.unregister(metric)
+        _enabled = False
+
+
 def serve(port: int, addr: str = "127.0.0.1") -> Any:
     """Serve the default registry as Prometheus text (at /metrics) from a daemon thread."""
     server, _thread = start_http_server(port, addr=addr)

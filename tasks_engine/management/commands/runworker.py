@@ -159,8 +159,11 @@ class Command(OneLineErrors, BaseCommand):
 def serve_metrics(worker: Worker, addr: str, port: int) -> None:
     """Serve this worker's metrics; a supervised worker k (1-based) serves on port + k - 1."""
     port += max(0, supervisor.child_index() - 1)
+    # Registered before the server starts: a scrape arriving at once (a supervised worker's
+    # first) saw only the process's default metrics.
+    metrics.enable(slots_busy=worker.slots_busy)
     try:
         metrics.serve(port, addr)
     except (OSError, OverflowError) as exc:
+        metrics.disable()
         raise CommandError(f"cannot serve metrics on {addr}:{port}: {exc}") from None
-    metrics.enable(slots_busy=worker.slots_busy)
