@@ -44,6 +44,17 @@ def complete(c: transitions.Claimed, deferred=()) -> transitions.HotWrite:
     return write
 
 
+def lock_loops(parts: tuple[hot_sql.Part, ...], writes: list[transitions.HotWrite]) -> list[int]:
+    """EXPLAIN ANALYZE of the group statement of `parts` on `writes` (rolled back): the loops
+    of each of its LockRows nodes (the fences' row locks)."""
+    sql = hot_sql.group_statement(parts, True, None)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", hot._rows(writes))
+        plan = json.dumps(cur.fetchone()[0])
+        transaction.set_rollback(True)
+    return [int(x) for x in re.findall(r'"Node Type": "LockRows"[^}]*?"Actual Loops": (\d+)', plan)]
+
+
 def test_starts_completions_and_the_next_claim_share_one_statement() -> None:
     for _ in range(5):
         tasks_engine.enqueue("bench_noop")
@@ -205,15 +216,8 @@ def test_a_group_fences_each_deferred_completion_once() -> None:
         )
         for c, w in zip(runs, starts, strict=True)
     ]
-    sql = hot_sql.group_statement(("deferred",), True, None)
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", hot._rows(writes))
-        plan = json.dumps(cur.fetchone()[0])
-        transaction.set_rollback(True)
     # Each LockRows node of the fence reports its loops; none may have run n * n times.
-    loops = [
-        int(x) for x in re.findall(r'"Node Type": "LockRows"[^}]*?"Actual Loops": (\d+)', plan)
-    ]
+    loops = lock_loops(("deferred",), writes)
     assert loops and max(loops) <= n, loops
 
 
@@ -270,14 +274,7 @@ def test_completing_runs_lock_no_run_row_for_their_deferred_steps() -> None:
     ]
     flushed = (transitions.Completion(starts[n].result, {}, clock.now()),)
     writes.append(transitions.HotWrite("deferred", runs[n].lease, flushed, clock.now()))
-    sql = hot_sql.group_statement(("deferred", "completes"), True, None)
-    with transaction.atomic(), connection.cursor() as cur:
-        cur.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", hot._rows(writes))
-        plan = json.dumps(cur.fetchone()[0])
-        transaction.set_rollback(True)
-    loops = [
-        int(x) for x in re.findall(r'"Node Type": "LockRows"[^}]*?"Actual Loops": (\d+)', plan)
-    ]
+    loops = lock_loops(("deferred", "completes"), writes)
     assert loops == [1], loops  # the one flushed step's fence; none for the six completions
 
 

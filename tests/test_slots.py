@@ -28,7 +28,7 @@ def test_a_stale_and_a_fresh_attempt_of_one_run_are_held_apart() -> None:
     assert pool.reserve(2) == 2
     pool.hold(held(stale))
     pool.hold(held(fresh))  # the old table (by run id) overwrote the stale entry here
-    assert pool.held_ids() == (run, run) and pool.executing() == 2
+    assert pool.held_ids() == (run, run) and pool.yet_to_write() == 2
     pool.release(stale)  # the stale slot ends: the fresh attempt stays held (and renewed)
     assert [h.lease.token for h in pool.held()] == [fresh.token]
     assert pool.busy() == 1

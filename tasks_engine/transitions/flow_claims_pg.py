@@ -53,21 +53,20 @@ QUEUE_LOCK = 0x7E51
 KEY_LOCK = 0x7E52
 BIG = 1 << 30
 # Both statements are planned (once per connection: prepared generic plans) in the
-# transaction PLANNED opened, with these off: each of its parts has an index
-# that serves it in order, but the estimates for the small partial indexes (rows=1) choose
-# bitmap or sequential scans, which visit every dead entry the claims leave between vacuums
-# (measured: 0.36 ms against 0.63 to 0.84 ms a claim).
+# transaction this statement, sent before them, opened with these off: each of their parts
+# has an index that serves it in order, but the estimates for the small partial indexes
+# (rows=1) choose bitmap or sequential scans, which visit every dead entry the claims leave
+# between vacuums (measured: 0.36 ms against 0.63 to 0.84 ms a claim).
 # (And JIT off: a disabled scan's cost would pass jit_above_cost, and JIT compiles at every
 # execution, a generic plan's too: seconds a claim.)
-PLANNER = (
-    "set_config('enable_bitmapscan', 'off', true), set_config('enable_seqscan', 'off', true),"
-    " set_config('jit', 'off', true)"
+# (A statement of its own: the locking statement planned with the defaults, its generic plan
+# made while the runs table was small or its statistics behind a backlog, scanned the whole
+# table for its keyed runs: 18,024 rows read with 3,000 runs of one full key pending;
+# test_flow_plans.py.)
+PLANNED = (
+    "SELECT set_config('enable_bitmapscan', 'off', true),"
+    " set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
 )
-# Set by a statement of their own, sent first: the locking statement planned with the defaults
-# (its generic plan made while the runs table was small, or its statistics behind a backlog)
-# scanned the whole table for its keyed runs (18,024 rows read with 3,000 runs of one full key
-# pending; test_flow_plans.py).
-PLANNED = f"SELECT {PLANNER}"
 # What the locking statement hands to the claim statement: the keys it locked, with their
 # limits, and the runs of those keys it found (their candidates).
 KEYS_SETTING = "tasks_engine.flow_keys"

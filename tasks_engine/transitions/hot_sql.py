@@ -125,7 +125,7 @@ def group_statement(
     if "starts" in parts:
         ctes.append(f"i AS ({_body('starts', group=True)})")
     if "completes" in parts:
-        after = _after(tuple(p for p in parts if p == "starts"))
+        after = _after(("starts",)) if "starts" in parts else ""
         ctes.append(f"c AS ({_body('completes', group=True, after=after)})")
     if gated:
         ctes += deferred

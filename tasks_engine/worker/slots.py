@@ -165,10 +165,6 @@ class SlotPool:
     def free(self) -> int:
         return self.concurrency - self._busy
 
-    def executing(self) -> int:
-        """Runs in slots right now (each sends its writes to the group writer)."""
-        return len(self._held)
-
     def yet_to_write(self) -> int:
         """Runs that will send a write to the group writer without waiting for a group: those
         in slots, and the queued runs that an idle slot thread takes up now (a slot whose run's
