@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -13,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import tasks_engine
-from tasks_engine import executor, first_steps, transitions
+from tasks_engine import executor, first_steps, flow, transitions
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tests.helpers import FakeClock, drain
 
@@ -151,3 +152,42 @@ def test_a_group_that_claims_along_starts_the_first_steps_too() -> None:
         assert c.prestarted is not None and c.prestarted[0] == "only"
         assert execute(c)[0] == "completed"
         assert attempts(c.run.pk) == [("only", 1, "completed")]
+
+
+@pytest.mark.usefixtures("postgres_only")
+def test_a_guarded_claim_starts_the_first_steps_too(settings: Any, fake_clock: FakeClock) -> None:
+    """The claim that flow control guards (transitions/flow_claims_pg.py) starts a learned first
+    step like the plain claim, in its own statement: for a keyed run and for a run of a limited
+    queue; never for a run that ran before (a reclaimed lease)."""
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "QUEUES": {"flow-io": {"concurrency": 5}}}
+    try:
+        for task, payload in (("flow-disk", {"disk": "a"}), ("flow-plain", {})):
+            learn_first(task, payload)
+            assert first_steps.guess(task, 1) == "work"
+        keyed = tasks_engine.enqueue("flow-disk", {"disk": "b"})
+        limited = tasks_engine.enqueue("flow-plain", {})
+        pairs = [("flow-disk", 1), ("flow-plain", 1)]
+        with CaptureQueriesContext(connection) as q:
+            claimed = transitions.claim_runs("w", pairs, None, 10, 30)
+        assert any("tasks_engine.flow_keys" in s["sql"] for s in q.captured_queries)  # guarded
+        by_run = {c.run.pk: c for c in claimed}
+        assert set(by_run) == {keyed.run_id, limited.run_id}
+        for run_id in (keyed.run_id, limited.run_id):
+            c = by_run[run_id]
+            assert c.prestarted is not None and c.prestarted[0] == "work"
+            step = StepAttempt.objects.get(pk=c.prestarted[1])
+            assert (step.run_id, step.attempt, step.status) == (run_id, 1, "running")
+            assert step.lease_token == c.lease.token
+        assert execute(by_run[limited.run_id])[0] == "completed"
+        assert attempts(limited.run_id) == [("work", 1, "completed")]
+        # The keyed run's worker dies; its reclaim (an expired lease) starts nothing.
+        fake_clock.advance(31)
+        [again] = transitions.claim_runs("w2", pairs, None, 10, 30)
+        assert again.run.pk == keyed.run_id and again.prestarted is None
+        assert execute(again)[0] == "completed"
+        assert [(a, s) for _, a, s in attempts(keyed.run_id)] == [
+            (1, "abandoned"),
+            (2, "completed"),
+        ]
+    finally:
+        flow.forget_keyed()

@@ -32,18 +32,21 @@ from typing import Any
 
 from django.db import connection
 
+from .. import first_steps
 from ..conf import QueueLimits, engine_settings
 from ..models import QueueClaim
-from ..sql import p_dt
+from ..sql import p_dt, query
 from ._common import RUN, Claimed
 from .claims import (
     CLAIM_COLUMNS,
     ClaimRequest,
+    Prestart,
     _filters,
     _ids_json,
     claim_update,
     claim_update_params,
     claimed_from_rows,
+    prestarted_sql,
 )
 
 CLAIMS = QueueClaim._meta.db_table
@@ -81,14 +84,23 @@ def walk_size(limit: int) -> int:
 def claim_guarded_pg(
     req: ClaimRequest, limited: dict[str, QueueLimits], now: datetime
 ) -> list[Claimed]:
-    rows = _pipelined(*statements(req, limited, now))
-    return claimed_from_rows(rows, req.worker_id)
+    guesses_json, guesses = first_steps.published()
+    rows = _pipelined(*statements(req, limited, now, guesses_json if guesses else None))
+    if not guesses:
+        return claimed_from_rows(rows, req.worker_id)
+    step_ids = [row[-1] for row in rows]
+    return claimed_from_rows([row[:-1] for row in rows], req.worker_id, Prestart(guesses), step_ids)
 
 
 def statements(
-    req: ClaimRequest, limited: dict[str, QueueLimits], now: datetime
+    req: ClaimRequest,
+    limited: dict[str, QueueLimits],
+    now: datetime,
+    first_steps_json: str | None = None,
 ) -> tuple[str, list[Any], str, list[Any]]:
-    """The locking statement and the claim statement, with their parameters."""
+    """The locking statement and the claim statement, with their parameters. With
+    `first_steps_json` (first_steps.published()), the claim also starts the first step of each
+    fresh run it takes, as the plain claim does (`claim_prestart`)."""
     filt, fparams = _filters(req.pairs, req.queues)
     t = p_dt(now)
     walk = walk_size(req.limit)
@@ -119,7 +131,9 @@ def statements(
     claim_params += [n, *claim_update_params(req, now)]
     if rated:
         claim_params.append(t)  # logged
-    first, second = _statements(filt, len(rated))
+    if first_steps_json is not None:
+        claim_params += [t, first_steps_json, t]  # ks
+    first, second = _statements(filt, len(rated), first_steps_json is not None)
     return first, lock_params, second, claim_params
 
 
@@ -158,9 +172,9 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
 
 
 @functools.lru_cache(maxsize=16)
-def _statements(filt: str, rated: int) -> tuple[str, str]:
+def _statements(filt: str, rated: int, prestart: bool) -> tuple[str, str]:
     # Compact: psycopg caches its parse of a statement only up to 4096 characters.
-    return _compact(_lock_statement(filt)), _compact(_claim_statement(filt, rated))
+    return _compact(_lock_statement(filt)), _compact(_claim_statement(filt, rated, prestart))
 
 
 def _compact(sql: str) -> str:
@@ -232,7 +246,7 @@ def _lock_statement(filt: str) -> str:
     """
 
 
-def _claim_statement(filt: str, rated: int) -> str:
+def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
     cols = (
         "id, {src} AS src, priority, available_at, ctid AS tid, queue, concurrency_key AS k"
         f" FROM {RUN}"
@@ -281,6 +295,10 @@ def _claim_statement(filt: str, rated: int) -> str:
         else ""
     )
     per_queue = " AND concurrency_key IS NULL AND queue = queues.q"
+    # The plain claim's start of the first steps, its named parameters in their order.
+    ks = ", " + _positional(query("claim_prestart")) if prestart else ""
+    started, join = prestarted_sql(True)
+    select = f"SELECT k.*, {started} FROM k{join}" if prestart else "SELECT * FROM k"
     return f"""
         WITH keys AS MATERIALIZED (
             SELECT j.k, j.lim - (SELECT count(*) FROM {RUN} r
@@ -332,9 +350,16 @@ def _claim_statement(filt: str, rated: int) -> str:
             WHERE c.src = 0
             OR c.qrank <= coalesce((SELECT room FROM queues WHERE queues.q = c.queue), {BIG})
             ORDER BY c.src, c.priority DESC, c.available_at, c.tid LIMIT %s
-        ), claimed AS (
+        ), k AS (
             {claim_update()} WHERE id = ANY(ARRAY(SELECT id FROM admitted))
             RETURNING {", ".join(CLAIM_COLUMNS)}
-        ){logged}
-        SELECT * FROM claimed
+        ){logged}{ks}
+        {select}
     """
+
+
+def _positional(sql: str) -> str:
+    """`claim_prestart` with positional parameters: %(now)s, %(first_steps)s, %(now)s."""
+    out = sql.replace("%(now)s", "%s").replace("%(first_steps)s", "%s")
+    assert out.count("%s") == 3 and "%(" not in out, "claim_prestart's parameters changed"
+    return out
