@@ -418,7 +418,7 @@ def cmd_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
 
     measure = getattr(flow, "measure", None)
     if measure is not None:
-        row = measure(runs=a.runs, held=a.held)
+        row = measure(runs=a.runs, held=a.held, drain_runs=a.drain_runs)
         return [row] if isinstance(row, dict) else list(row)
     cmd = [sys.executable, flow.__file__, "--runs", str(a.runs), "--held", str(a.held)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -459,6 +459,7 @@ def main() -> None:
     f = sub.add_parser("flow")
     f.add_argument("--runs", type=int, default=1000)
     f.add_argument("--held", type=int, default=100_000)
+    f.add_argument("--drain-runs", type=int, default=5000)
     a = p.parse_args()
     if a.cmd == "flow":
         for row in cmd_flow(a):

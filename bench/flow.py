@@ -1,21 +1,25 @@
 """Flow control's cost: the claim rate with a queue limit and concurrency keys on against off,
 side by side in one run, and with 100,000 runs held back by one key.
 
-    python bench/flow.py [--runs 1000] [--held 100000] [--rounds 3]
+    python bench/flow.py [--runs 1000] [--held 100000] [--rounds 3] [--drain-runs 5000]
 
 In-process claims (bench/engine.py's loop: claim one run, complete it, repeat) on a fresh
 database, rounds alternating between the settings so that the machine's noise falls on both
-alike (medians). Prints one JSON line; `measure()` returns the same row to bench/run_all.py.
+alike (medians); then the same comparison as a user meets it: `runworker --burst` on its
+defaults draining `--drain-runs` runs, keyed runs with the queue limit against plain runs
+without (alternating, medians of 2; 0 leaves it out). Prints one JSON line; `measure()`
+returns the same row to bench/run_all.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any
 
-from common import database, median, setup_django
-from engine import claim_rate
+from common import database, median, setup_django, worker
+from engine import claim_rate, enqueue_many, span, wait_all_finished
 
 KEYS = 50
 QUEUE_LIMITS = {"default": {"concurrency": 64, "rate_limit": "1000000/s"}}
@@ -64,17 +68,48 @@ def hold_back(held: int) -> None:
         cur.execute("VACUUM ANALYZE tasks_engine_workflowrun")
 
 
+def drain_rate(url: str, limits: bool, runs: int) -> float:
+    """Runs/s of one `runworker --burst` (its defaults) draining `runs` fresh runs: keyed ones
+    with the queue limit on, or plain ones with no limits."""
+    from django.db import connection
+
+    from tasks_engine.models import WorkflowRun
+
+    WorkflowRun.objects.all().delete()
+    with connection.cursor() as cur:
+        cur.execute("VACUUM tasks_engine_workflowrun")
+    if limits:
+        enqueue_keyed(runs)
+    else:
+        enqueue_many("bench_noop", runs)
+    env = {**os.environ, "TEST_TASKS_QUEUES": json.dumps(QUEUE_LIMITS if limits else {})}
+    proc = worker(url, "--burst", env=env)
+    proc.wait()
+    wait_all_finished("bench_noop", runs, 5)
+    return runs / span("bench_noop")
+
+
 def measure(
-    database_url: str | None = None, *, runs: int = 1000, held: int = 100_000, rounds: int = 3
+    database_url: str | None = None,
+    *,
+    runs: int = 1000,
+    held: int = 100_000,
+    rounds: int = 3,
+    drain_runs: int = 5000,
 ) -> dict[str, Any]:
     """The flow row: plain and guarded claim rates side by side (`rounds` alternating rounds
     of `runs` claims each, medians), then the guarded rate of other keys' runs without and
-    with `held` runs held back by one full key. On `database_url` (a fresh PostgreSQL
+    with `held` runs held back by one full key, then worker drains with the limits on and off
+    (`drain_runs` runs each, two alternating rounds). On `database_url` (a fresh PostgreSQL
     database; migrated here), else on a database of its own (bench/common.py)."""
     if database_url is None:
         with database("bench_flow") as url:
-            return measure(url, runs=runs, held=held, rounds=rounds)
+            return measure(url, runs=runs, held=held, rounds=rounds, drain_runs=drain_runs)
     setup_django(database_url)
+    drains: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(2 if drain_runs else 0):
+        for limits in (False, True):
+            drains[limits].append(drain_rate(database_url, limits, drain_runs))
     plain: list[float] = []
     guarded: list[float] = []
     for _ in range(rounds):
@@ -85,7 +120,7 @@ def measure(
     free = [claim_rate(runs, enqueue_keyed) for _ in range(2)]
     hold_back(held)
     loaded = [claim_rate(runs, enqueue_keyed) for _ in range(2)]
-    return {
+    row: dict[str, Any] = {
         "bench": "flow",
         "claim_rate_plain": round(median(plain), 1),
         "claim_rate_guarded": round(median(guarded), 1),
@@ -99,6 +134,15 @@ def measure(
         "scale_held_back_100k": round(median(loaded), 1),
         "held_back_ratio": round(median(loaded) / median(free), 3),
     }
+    if drain_runs:
+        on, off = median(drains[True]), median(drains[False])
+        row |= {
+            "drain_runs": drain_runs,
+            "drain_rate_plain": round(off, 1),
+            "drain_rate_guarded": round(on, 1),
+            "drain_ratio": round(on / off, 3),
+        }
+    return row
 
 
 def main() -> None:
@@ -106,9 +150,13 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=1000)
     p.add_argument("--held", type=int, default=100_000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--drain-runs", type=int, default=5000, help="runs per worker drain (0: none)")
     p.add_argument("--database-url", help="a fresh PostgreSQL database (default: one of its own)")
     a = p.parse_args()
-    print(json.dumps(measure(a.database_url, runs=a.runs, held=a.held, rounds=a.rounds)))
+    row = measure(
+        a.database_url, runs=a.runs, held=a.held, rounds=a.rounds, drain_runs=a.drain_runs
+    )
+    print(json.dumps(row))
 
 
 if __name__ == "__main__":

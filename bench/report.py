@@ -248,6 +248,8 @@ FLOW_RATES = (
     ("claim_rate_guarded", "queue limit + keys on: claims/s"),
     ("claim_rate_guarded_without_held_back", "keys on, nothing held back: claims/s"),
     ("scale_held_back_100k", "keys on, one full key's runs held back: claims/s"),
+    ("drain_rate_plain", "worker drain, flow control off: runs/s"),
+    ("drain_rate_guarded", "worker drain, queue limit + keys on: runs/s"),
 )
 
 
@@ -325,6 +327,13 @@ def extras(raw: dict[str, Any]) -> list[str]:
                 f" {fmt(r['claim_rate_guarded_without_held_back'])} without them"
                 f" ({r['held_back_ratio']:.2f}{TIMES})."
             )
+            if "drain_ratio" in r:
+                out.append(
+                    f"- **Flow control, as a worker drains** (ours, `runworker --burst` on its"
+                    f" defaults, {r['drain_runs']:,} runs): keyed runs with the queue limit"
+                    f" {fmt(r['drain_rate_guarded'])} runs/s, plain runs without limits"
+                    f" {fmt(r['drain_rate_plain'])} ({r['drain_ratio']:.2f}{TIMES})."
+                )
     return out
 
 

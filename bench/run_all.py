@@ -374,8 +374,10 @@ class Harness:
             self.ours(e, "scale", 0, *args)
 
     def flow(self) -> None:
-        """bench/flow.py's two rows (flow control on against off; held back by one key)."""
+        """bench/flow.py's rows (flow control on against off, in-process and as a worker drains;
+        held back by one key)."""
         args = ["flow", "--runs", str(self.a.flow_runs), "--held", str(self.a.held)]
+        args += ["--drain-runs", str(self.a.flow_drain_runs)]
         for e in self.engines(0, [OURS]):
             self.ours(e, "flow", 0, *args)
 
@@ -527,6 +529,9 @@ def main() -> None:
     p.add_argument("--finished", type=int, default=1_000_000)
     p.add_argument("--waiting", type=int, default=100_000)
     p.add_argument("--flow-runs", type=int, default=1000, help="claims per flow-control round")
+    p.add_argument(
+        "--flow-drain-runs", type=int, default=5000, help="runs per flow-control worker drain"
+    )
     p.add_argument("--held", type=int, default=100_000, help="runs held back by one key")
     p.add_argument("--pgbench-seconds", type=int, default=5)
     p.add_argument("--timeout", type=float, default=300, help="seconds per measurement")
@@ -543,6 +548,7 @@ def main() -> None:
         a.reps = a.long_reps = 1
         a.jobs = a.slow_jobs = a.rss_jobs = 2000
         a.finished, a.waiting, a.held, a.flow_runs, a.pgbench_seconds = 20_000, 2_000, 2_000, 300, 3
+        a.flow_drain_runs = 500
     if a.long_reps is None:
         a.long_reps = 1 if a.baseline else 2
     if a.out is None:
