@@ -128,3 +128,27 @@ def test_a_plan_made_while_the_table_was_small_stays_bounded_as_it_fills(
         tasks_engine.enqueue("flow-disk", {"disk": disk})
     locking, claiming = explain_claim(None)
     assert locking < 100 and claiming < 100, (locking, claiming)
+
+
+def test_the_locking_statement_hands_over_only_as_many_runs_of_a_key_as_it_has_room(
+    settings: Any, postgres_only: None
+) -> None:
+    """Each run handed to the claim statement costs it a lookup and a row lock: of each key,
+    only the best as many as have room (the claim statement's own count still decides)."""
+    limit_queues(settings, {"default": {"concurrency": 64}})
+    pair = [tasks_engine.enqueue("flow-pair", {}).run_id for _ in range(5)]  # limit 2
+    disk = [tasks_engine.enqueue("flow-disk", {"disk": "a"}).run_id for _ in range(3)]  # limit 1
+    flow.note_keyed()
+    [first] = transitions.claim_runs("w", [("flow-pair", 1)], None, 1, 600.0)
+    assert first.run.pk == pair[0]
+    req = transitions.ClaimRequest("w", FLOW, None, 10, 600.0)
+    lock, p1, _claim, _p2 = flow_claims_pg.statements(req, flow.limited_queues(None), clock.now())
+    with connection.cursor() as cur:  # in the test's transaction, as the claim's own
+        cur.execute(flow_claims_pg.PLANNED)
+        cur.execute(lock, p1)
+        cur.execute("SELECT current_setting(%s)", [flow_claims_pg.RUNS_SETTING])
+        [handed] = cur.fetchone()
+    ids = set(handed.strip("{}").split(","))
+    assert ids == {str(pair[1]), str(disk[0])}, ids
+    claimed = transitions.claim_runs("w", FLOW, None, 10, 600.0)
+    assert {c.run.pk for c in claimed} == {pair[1], disk[0]}
