@@ -20,6 +20,11 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, models
 
 _DT = models.DateTimeField()
 NEVER_AUTOMATICALLY = 2**31 - 1  # psycopg prepare_threshold: prepare only on prepare=True
+# psycopg keeps its conversion of a statement's %s placeholders only for statements up to 4096
+# characters; a longer one is converted again at each execution (90 us for the guarded claim's
+# 5,024 characters, 110 us for a 10-step group's with its claim, on the machine of
+# bench/PROFILE.md). The engine's statements are a few dozen shapes: keep them all.
+LONGEST_STATEMENT = 16384
 _JSON = models.JSONField(null=True)
 
 
@@ -174,8 +179,18 @@ def prepare_engine_statements(sender: Any, connection: Any, **kwargs: Any) -> No
     raw = connection.connection
     if raw.prepare_threshold is None:
         raw.prepare_threshold = NEVER_AUTOMATICALLY
+    keep_long_statements()
     with connection.cursor() as cur:
         cur.execute("SET plan_cache_mode = force_generic_plan")
+
+
+def keep_long_statements() -> None:
+    """psycopg's cache of converted statements takes the engine's longest too (see
+    LONGEST_STATEMENT; tests/test_statements.py fails if psycopg drops the setting)."""
+    from psycopg import _queries
+
+    if _queries.MAX_CACHED_STATEMENT_LENGTH < LONGEST_STATEMENT:
+        _queries.MAX_CACHED_STATEMENT_LENGTH = LONGEST_STATEMENT
 
 
 def _pg(sql: str, params: Params, *, fetch: bool) -> int | list[tuple[Any, ...]]:

@@ -8,6 +8,7 @@ data-modifying CTEs, sends it on its own.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -113,3 +114,41 @@ def test_a_lone_write_carrying_several_checkpoints_writes_them_all() -> None:
     assert lease.deferred.pending() == ()
     outputs = dict(StepAttempt.objects.filter(run_id=lease.run_id).values_list("name", "output"))
     assert outputs == {"a": 1, "b": 2, "c": None}
+
+
+def test_psycopg_keeps_the_conversion_of_the_longest_statements(settings: Any) -> None:
+    """psycopg converts a statement's %s placeholders once and keeps the result only up to
+    MAX_CACHED_STATEMENT_LENGTH characters (4096 by default); the engine raises it above its
+    longest statements (the guarded claim's, a group's with every part and the claim), so none
+    is converted again at each execution."""
+    if connection.vendor != "postgresql":
+        pytest.skip("psycopg")
+    from psycopg import _queries
+
+    from tasks_engine import first_steps, flow
+    from tasks_engine.transitions import flow_claims_pg, hot_sql
+    from tasks_engine.transitions.claims import _filters, claim_ctes
+
+    connection.ensure_connection()
+    first_steps.learn("noop", 1, "only")
+    req = transitions.ClaimRequest("w", [("noop", 1)], None, 16, 30)
+    claim, _params, _ = claim_ctes(req, tasks_engine.clock.now(), exclude=[])
+    group = hot_sql.group_statement(("deferred", "starts", "completes"), True, claim, True)
+    guarded = flow_claims_pg._statements(_filters(req.pairs, None)[0], 1, True)
+    longest = max(len(group), *map(len, guarded))
+    assert 4096 < longest <= _queries.MAX_CACHED_STATEMENT_LENGTH, longest
+    settings.TASKS_ENGINE = {
+        **settings.TASKS_ENGINE,
+        "QUEUES": {"default": {"concurrency": 5, "rate_limit": "100/s"}},
+    }
+    flow.note_keyed()
+    try:
+        tasks_engine.enqueue("noop", {"n": 1})
+        transitions.claim_runs("w", [("noop", 1)], None, 1, 30)  # converted here
+        before = _queries._query2pg.cache_info()
+        transitions.claim_runs("w", [("noop", 1)], None, 1, 30)
+        after = _queries._query2pg.cache_info()
+    finally:
+        flow.forget_keyed()
+    # The locking statement and the claim statement (the planner settings have no parameters).
+    assert (after.hits - before.hits, after.misses - before.misses) == (2, 0)
