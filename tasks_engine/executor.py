@@ -86,7 +86,7 @@ def prepare(
         task_name=run.task_name,
         version=run.version,
         queue=run.queue,
-        trace_id=run.trace_id,
+        trace_id=tracing.run_trace_id(run.trace_id, run.pk),
         priority=run.priority,
         attempt=run.attempts,
         state=state,

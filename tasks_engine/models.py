@@ -24,6 +24,7 @@ class WorkflowRun(models.Model):
     # NULL, not "": runs without a key must not collide in the unique constraint.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     input_hash = models.CharField(max_length=64, blank=True)
+    # "": the run's trace id is its own id (tracing.run_trace_id; RunView.trace_id).
     trace_id = models.CharField(max_length=64, blank=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Claims so far.")
     failures = models.PositiveIntegerField(
@@ -135,7 +136,8 @@ class WorkflowRun(models.Model):
             ),
             models.Index(fields=["-created_at"], name="run_created"),
             models.Index(fields=["status", "-created_at"], name="run_status_created"),
-            models.Index(fields=["trace_id"], name="run_trace_id"),
+            # Only stored trace ids (a caller's): a run's own is its id (tracing.run_trace_id).
+            models.Index(fields=["trace_id"], condition=~Q(trace_id=""), name="run_trace_id"),
             models.Index(
                 fields=["idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),

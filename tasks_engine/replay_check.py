@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from django.db import connection
 from pydantic import ValidationError
 
-from . import transitions
+from . import tracing, transitions
 from .attempt_handle import AttemptHandle
 from .context import TaskContext
 from .definitions import Workflow, registry
@@ -168,7 +168,7 @@ def _replay_context(
         task_name=row["task_name"],
         version=row["version"],
         queue=row["queue"],
-        trace_id=row["trace_id"],
+        trace_id=tracing.run_trace_id(row["trace_id"], row["id"]),
         priority=row["priority"],
         attempt=0,
         state=state,

@@ -148,6 +148,33 @@ def test_search_by_id_prefix_key_and_trace(admin_client: Client) -> None:
     assert ids("no-such-thing") == []
 
 
+def test_search_by_a_run_s_own_trace_id_finds_the_runs_that_joined_it(
+    admin_client: Client,
+) -> None:
+    """A run enqueued with no span current has its own id as its trace id (nothing stored);
+    its children store it: searching the run's id lists them all."""
+    parent = make_run("waiting", trace_id="")
+    child = make_run("running", trace_id=parent.pk.hex, parent_run=parent)
+    other = make_run("running", trace_id="")
+    found = set(shown_ids(admin_client.get(LIST, {"q": parent.pk.hex}).content))
+    assert found == {str(parent.pk), str(child.pk)}
+    assert shown_ids(admin_client.get(LIST, {"q": str(other.pk)}).content) == [str(other.pk)]
+    page = admin_client.get(run_url(parent)).content.decode()
+    assert f'<dd class="te-mono">{parent.pk.hex}</dd>' in page  # its trace id, shown
+
+
+def test_stored_trace_ids_are_searched_on_their_partial_index() -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("the plan of PostgreSQL's search")
+    from tasks_engine.admin.filters import search_runs
+
+    make_run("completed", trace_id="deploy-42")
+    with connection.cursor() as cur:
+        cur.execute("SET LOCAL enable_seqscan = off")  # a tiny table: make the choice visible
+    plan = search_runs(WorkflowRun.objects.all(), "deploy-42").explain()
+    assert "run_trace_id" in plan, plan
+
+
 def test_list_order_is_newest_first_on_every_page(admin_client: Client) -> None:
     make_many(130)
     expected = [

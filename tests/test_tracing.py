@@ -17,6 +17,8 @@ from outbox import publish
 from outbox.models import OutboxEvent
 from outbox.relay import relay_once
 from tasks_engine import testing, tracing
+from tasks_engine.models import WorkflowRun
+from tests.helpers import FakeClock, drain
 
 pytestmark = pytest.mark.django_db
 
@@ -128,6 +130,22 @@ def test_without_a_current_span_runs_get_their_own_trace_ids() -> None:
     ids = {tasks_engine.get_run(a).trace_id, tasks_engine.get_run(b).trace_id}
     assert len(ids) == 2
     assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    # The run's own id: nothing stored, so its row takes no entry in the trace id index.
+    assert ids == {a.hex, b.hex}
+    assert set(WorkflowRun.objects.filter(pk__in=[a, b]).values_list("trace_id", flat=True)) == {""}
+
+
+def test_a_run_s_own_trace_id_is_the_trace_of_its_claims_and_its_children(
+    spans: InMemorySpanExporter, fake_clock: FakeClock
+) -> None:
+    run = tasks_engine.enqueue("parent", {"value": 21}).run_id
+    drain(fake_clock)
+    assert tasks_engine.get_run(run).status == "completed"
+    child = WorkflowRun.objects.get(parent_run_id=run)
+    assert child.trace_id == run.hex  # stored: the parent's trace, which the child joined
+    claims = [s for s in spans.get_finished_spans() if s.name.startswith("workflow ")]
+    assert {c.context.trace_id for c in claims} == {int(run.hex, 16)}
+    assert {c.attributes["tasks.run_id"] for c in claims} == {str(run), str(child.pk)}
     with transaction.atomic():
         event = publish("test.record", {"key": "untraced"})
     assert OutboxEvent.objects.get(pk=event.pk).trace_context == ""

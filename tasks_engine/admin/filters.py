@@ -88,17 +88,27 @@ def search_runs(queryset: QuerySet, term: str) -> QuerySet:
     an idempotency key, or a trace id.
 
     An id match is looked up first, through the primary key index; only when none is found
-    are idempotency keys and trace ids compared (those columns have no index of their own).
+    are idempotency keys and stored trace ids compared (each on its partial index). A full run
+    id is also a trace id (a run's own, tracing.run_trace_id): the runs that joined its trace
+    (its children) come with it.
     """
     term = term.strip()
     if not term:
         return queryset
     by_id = _id_match(term)
     if by_id is not None:
+        compact = term.lower().replace("-", "")
+        if len(compact) == 32:
+            by_id |= _stored_trace(compact)
         found = queryset.filter(by_id)
         if found.exists():
             return found
-    return queryset.filter(Q(idempotency_key=term) | Q(trace_id=term))
+    return queryset.filter(Q(idempotency_key=term) | _stored_trace(term))
+
+
+def _stored_trace(term: str) -> Q:
+    # Spelled with the index's condition, so that the planner may use it (run_trace_id).
+    return Q(trace_id=term) & ~Q(trace_id="")
 
 
 def _id_match(term: str) -> Q | None:

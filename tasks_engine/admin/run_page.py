@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import clock
+from .. import clock, tracing
 from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
 from ..states import ACTIVE
 
@@ -119,6 +119,7 @@ def run_page(run: WorkflowRun) -> dict[str, Any]:
     active = run.status in ACTIVE
     return {
         "run": run,
+        "trace_id": tracing.run_trace_id(run.trace_id, run.pk),
         "active": active,
         "refresh_seconds": REFRESH_SECONDS if active else None,
         "duration": humanize_seconds(elapsed(run.started_at, run.finished_at, now)),
