@@ -45,7 +45,7 @@ def new_trace_id() -> str:
     """The trace id `enqueue` stores for a run: the current span's (32 hex digits, W3C) if
     there is one, else "": the run's trace id is then its own id (`run_trace_id`), and its row
     takes no entry in the trace id index (each of a run's writes, insert, claim and completion,
-    would add one: 5 % of a drain, 17 to 27 % of an enqueue, measured: commit d50c8a2)."""
+    would add one; a drain measured 1.01 to 1.04x faster without them)."""
     if trace is not None:
         span_context = trace.get_current_span().get_span_context()
         if span_context.is_valid:
