@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Any
 
 from common import database, median, setup_django, worker
@@ -82,8 +81,9 @@ def drain_rate(url: str, limits: bool, runs: int) -> float:
         enqueue_keyed(runs)
     else:
         enqueue_many("bench_noop", runs)
-    env = {**os.environ, "TEST_TASKS_QUEUES": json.dumps(QUEUE_LIMITS if limits else {})}
-    proc = worker(url, "--burst", env=env)
+    proc = worker(
+        url, "--burst", env={"TEST_TASKS_QUEUES": json.dumps(QUEUE_LIMITS if limits else {})}
+    )
     proc.wait()
     wait_all_finished("bench_noop", runs, 5)
     return runs / span("bench_noop")

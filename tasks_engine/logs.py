@@ -49,6 +49,8 @@ from urllib.parse import quote, unquote
 
 import structlog
 
+from .tracing import run_trace_id
+
 REDACTED = "[redacted]"
 _configured = False
 
@@ -417,8 +419,6 @@ def get_logger(**bind: Any) -> Any:
 
 
 def run_logger(run: Any) -> Any:
-    from .tracing import run_trace_id
-
     trace_id = run_trace_id(run.trace_id, run.pk)
     return get_logger(
         run_id=str(run.pk), task=run.task_name, version=run.version, trace_id=trace_id

@@ -166,6 +166,8 @@ def prepare_engine_statements(sender: Any, connection: Any, **kwargs: Any) -> No
     """On every new PostgreSQL connection (connection_created; no transaction is open yet, so
     the setting cannot be rolled back with one):
 
+    - psycopg keeps the engine's longest statements converted (LONGEST_STATEMENT), prepared or
+      not.
     - Django turns preparing off (for poolers), which also ignores prepare=True: turn it back on
       for the statements that ask, and only those (an ORM query is never prepared).
     - Plan them once. A custom plan per execution re-estimates `available_at <= now` against
@@ -174,12 +176,14 @@ def prepare_engine_statements(sender: Any, connection: Any, **kwargs: Any) -> No
       have cached plans, so ORM queries are unaffected."""
     from .conf import engine_settings
 
-    if connection.vendor != "postgresql" or not engine_settings().prepared_statements:
+    if connection.vendor != "postgresql":
+        return
+    keep_long_statements()
+    if not engine_settings().prepared_statements:
         return
     raw = connection.connection
     if raw.prepare_threshold is None:
         raw.prepare_threshold = NEVER_AUTOMATICALLY
-    keep_long_statements()
     with connection.cursor() as cur:
         cur.execute("SET plan_cache_mode = force_generic_plan")
 

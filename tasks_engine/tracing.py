@@ -56,7 +56,9 @@ def new_trace_id() -> str:
 def run_trace_id(stored: str, run_id: uuid.UUID | str) -> str:
     """A run's trace id: the one stored with it (a caller's, or the span current at enqueue),
     else its own id as 32 hex digits (as random as a new W3C trace id)."""
-    return stored or uuid.UUID(str(run_id)).hex
+    if stored:
+        return stored
+    return run_id.hex if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)).hex
 
 
 def otel_trace_id(trace_id: str) -> int:

@@ -97,9 +97,6 @@ def search_runs(queryset: QuerySet, term: str) -> QuerySet:
         return queryset
     by_id = _id_match(term)
     if by_id is not None:
-        compact = term.lower().replace("-", "")
-        if len(compact) == 32:
-            by_id |= _stored_trace(compact)
         found = queryset.filter(by_id)
         if found.exists():
             return found
@@ -115,8 +112,8 @@ def _id_match(term: str) -> Q | None:
     compact = term.lower().replace("-", "")
     if not HEX.match(compact):
         return None
-    if len(compact) == 32:
-        return Q(pk=uuid.UUID(compact))
+    if len(compact) == 32:  # with the runs that joined its trace (its own trace id)
+        return Q(pk=uuid.UUID(compact)) | _stored_trace(compact)
     # A prefix of the id is a range of ids: the primary key index serves it.
     low = uuid.UUID(compact.ljust(32, "0"))
     high = uuid.UUID(compact.ljust(32, "f"))

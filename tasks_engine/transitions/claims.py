@@ -161,14 +161,27 @@ class Prestart:
 
     @property
     def select(self) -> str:
-        """The claimed rows, each followed by the id of the step attempt the claim started."""
-        started, join = prestarted_sql(bool(self.guesses))
-        return f"SELECT k.*, {started} FROM k{join}"
+        return prestarted_select(bool(self.guesses))
 
     def of(self, run: WorkflowRun, step_id: int | None) -> tuple[str, int] | None:
         if step_id is None:
             return None
         return self.guesses[first_steps.key(run.task_name, run.version)], int(step_id)
+
+
+def prestarted_select(prestart: bool) -> str:
+    """The claimed rows `k`, each followed by the id of the step attempt the claim started
+    (`ks`; NULL without guesses): what `claimed_prestarted` reads."""
+    started, join = prestarted_sql(prestart)
+    return f"SELECT k.*, {started} FROM k{join}"
+
+
+def claimed_prestarted(
+    rows: list[tuple[Any, ...]], worker_id: str, prestart: Prestart
+) -> list[Claimed]:
+    """The runs of a claim's rows as `prestarted_select` returns them."""
+    step_ids = [row[-1] for row in rows]
+    return claimed_from_rows([row[:-1] for row in rows], worker_id, prestart, step_ids)
 
 
 def prestarted_sql(prestart: bool) -> tuple[str, str]:
@@ -271,8 +284,7 @@ def _claim_pg(req: ClaimRequest, now: datetime) -> list[Claimed]:
         return claimed_from_rows(fetchall(sql, plain), req.worker_id)
     text, params, prestart = claim_ctes(req, now)
     rows = fetchall(f"WITH {text} {prestart.select}", params)
-    step_ids = [row[-1] for row in rows]
-    return claimed_from_rows([row[:-1] for row in rows], req.worker_id, prestart, step_ids)
+    return claimed_prestarted(rows, req.worker_id, prestart)
 
 
 def claim_sql(req: ClaimRequest, now: datetime) -> tuple[str, dict[str, Any]]:

@@ -46,7 +46,8 @@ from .claims import (
     claim_update,
     claim_update_params,
     claimed_from_rows,
-    prestarted_sql,
+    claimed_prestarted,
+    prestarted_select,
 )
 
 CLAIMS = QueueClaim._meta.db_table
@@ -93,8 +94,7 @@ def claim_guarded_pg(
     rows = _pipelined(*statements(req, limited, now, guesses_json if guesses else None))
     if not guesses:
         return claimed_from_rows(rows, req.worker_id)
-    step_ids = [row[-1] for row in rows]
-    return claimed_from_rows([row[:-1] for row in rows], req.worker_id, Prestart(guesses), step_ids)
+    return claimed_prestarted(rows, req.worker_id, Prestart(guesses))
 
 
 def statements(
@@ -305,8 +305,7 @@ def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
     per_queue = " AND concurrency_key IS NULL AND queue = queues.q"
     # The plain claim's start of the first steps, its named parameters in their order.
     ks = ", " + _positional(query("claim_prestart")) if prestart else ""
-    started, join = prestarted_sql(True)
-    select = f"SELECT k.*, {started} FROM k{join}" if prestart else "SELECT * FROM k"
+    select = prestarted_select(True) if prestart else "SELECT * FROM k"
     return f"""
         WITH keys AS MATERIALIZED (
             SELECT j.k, j.lim - (SELECT count(*) FROM {RUN} r
