@@ -71,3 +71,42 @@ def test_prefetched_runs_count_as_yet_to_write_only_while_a_slot_thread_is_idle(
     assert pool.yet_to_write() == 2  # every thread holds a run: the queue waits for a group
     pool.stop_threads(2)
     assert pool.yet_to_write() == 2  # a stop is not a run
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def start_runs(pool: SlotPool, clock: Clock, n: int, per_second: float) -> None:
+    """The slot threads take up `n` runs at `per_second`; the group asks the depth as it goes."""
+    for _ in range(n):
+        pool.fill([claimed()], 1)  # (the slot it took stays counted as it was)
+        assert pool.next_run() is not None
+        clock.now += 1 / per_second
+        pool.prefetch_depth()
+
+
+def test_the_prefetch_follows_the_rate_runs_start_at() -> None:
+    clock = Clock()
+    pool = SlotPool(concurrency=4, prefetch=32, monotonic=clock)
+    assert pool.prefetch_depth() == 0  # nothing started yet: nothing claimed ahead
+    start_runs(pool, clock, 2000, per_second=2000)  # quick runs: 0.1 s of them is 200
+    assert pool.prefetch_depth() == 32  # ... up to the worker's cap
+    start_runs(pool, clock, 20, per_second=4)  # the runs became slow (a quarter second each)
+    assert pool.prefetch_depth() == 0  # none is held back from other workers for a slot
+
+
+def test_a_group_claims_ahead_only_as_deep_as_the_rate_asks() -> None:
+    clock = Clock()
+    pool = SlotPool(concurrency=2, prefetch=100, monotonic=clock)
+    pool.backlog = True
+    start_runs(pool, clock, 500, per_second=200)  # 20 runs started in the last 0.1 s
+    depth = pool.prefetch_depth()
+    assert 15 <= depth <= 20
+    assert pool.reserve(2) == 2  # both slots execute
+    # A completion hands its slot over: the group claims a run for it, and `depth` ahead.
+    assert pool.reserve_for_group(1) == 1 + depth

@@ -40,6 +40,7 @@ from .slots import Held, SlotPool
 
 BURST_HORIZON = timedelta(seconds=60)
 PREFETCH_MAX_AGE = 1.0
+PREFETCH_PER_SLOT = 8  # the default prefetch cap, per slot
 CLAIM_GATHER_SECONDS = 0.005  # without group commit (whose own gather is in group_commit.py)
 
 
@@ -53,7 +54,7 @@ class WorkerConfig:
     poll_interval: float = 1.0
     grace_seconds: float = 30.0
     burst: bool = False
-    prefetch: int | None = None  # None: the concurrency
+    prefetch: int | None = None  # None: PREFETCH_PER_SLOT x the concurrency
 
 
 class Worker:
@@ -66,10 +67,11 @@ class Worker:
         self.stopping = threading.Event()
         self.draining = threading.Event()
         # Runs the group commit may claim beyond the free slots, queued for the next slot that
-        # frees: a completing slot then starts its next run in the same group as its
-        # completion, instead of one group later. Handed back if not started within
-        # PREFETCH_MAX_AGE.
-        prefetch = config.concurrency if config.prefetch is None else config.prefetch
+        # frees (at most `prefetch`; how many, the rate the slots start runs decides: see
+        # slots.py). Handed back if not started within PREFETCH_MAX_AGE.
+        prefetch = config.prefetch
+        if prefetch is None:
+            prefetch = config.concurrency * PREFETCH_PER_SLOT
         self.slots = SlotPool(config.concurrency, prefetch)
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []

@@ -6,6 +6,12 @@ while a claim is reserving it. `busy` may exceed the concurrency by the prefetch
 write (its completion, worker/group_commit.py) may take its slot along: the group that commits
 it frees the slot, or gives it to a run it claimed in the same statement.
 
+How deep the prefetch goes follows the rate at which the slots start runs: as many as they
+start in PREFETCH_WAIT, up to the worker's `prefetch`. Quick runs keep a deep queue (the claim
+and the completions of one group are written while the slots run the runs an earlier group
+claimed: Python and the database work side by side); slow runs keep none (a run is not held
+back from other workers for a slot that frees in minutes).
+
 Runs are keyed by (run, lease token): a stale attempt of a run (its slot still executes after an
 outage let its lease expire) and a fresh one never share an entry. The claims of this worker
 never take back a run one of its slots holds (see `ClaimRequest.held`).
@@ -13,9 +19,12 @@ never take back a run one of its slots holds (see `ClaimRequest.held`).
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .. import metrics, transitions
@@ -23,6 +32,10 @@ from ..attempt_handle import AttemptHandle
 from ..context import TaskContext
 
 Key = transitions.LeaseKey  # (run id, lease token)
+
+PREFETCH_WAIT = 0.1  # seconds a prefetched run is expected to wait for a slot, at most
+RATE_SECONDS = 0.25  # the start rate's memory (time constant of its moving average)
+RATE_STEP = 0.05  # the rate is updated at most this often
 
 
 @dataclass
@@ -37,9 +50,15 @@ class Held:
 
 
 class SlotPool:
-    def __init__(self, concurrency: int, prefetch: int) -> None:
+    def __init__(
+        self, concurrency: int, prefetch: int, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
         self.concurrency = concurrency
-        self.prefetch = prefetch
+        self.prefetch = prefetch  # the most runs claimed ahead (prefetch_depth: how many now)
+        self._monotonic = monotonic
+        self._started = 0  # runs the slot threads took up so far
+        self._rate = 0.0  # runs started per second, a moving average
+        self._rate_mark = (monotonic(), 0)  # when the rate was last updated, and _started then
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # a run (or a stop) is queued
         self._busy = 0
@@ -66,9 +85,24 @@ class SlotPool:
         if not handed_over or not self.backlog or self.closed:
             return 0
         with self._lock:
-            idle = max(0, self.concurrency + self.prefetch - self._busy)
+            idle = max(0, self.concurrency + self._prefetch_depth() - self._busy)
             self._busy += idle
         return handed_over + idle
+
+    def prefetch_depth(self) -> int:
+        """How many runs to claim ahead now: as many as the slots start in PREFETCH_WAIT."""
+        with self._lock:
+            return self._prefetch_depth()
+
+    def _prefetch_depth(self) -> int:
+        now = self._monotonic()
+        since, started = self._rate_mark
+        elapsed = now - since
+        if elapsed >= RATE_STEP:  # a moving average weighted by time (steady however often asked)
+            measured = (self._started - started) / elapsed
+            self._rate += (1 - math.exp(-elapsed / RATE_SECONDS)) * (measured - self._rate)
+            self._rate_mark = (now, self._started)
+        return min(self.prefetch, round(self._rate * PREFETCH_WAIT))
 
     def fill(self, claimed: list[transitions.Claimed], reserved: int) -> None:
         """Queue the claimed runs for the `reserved` slots and free the slots they did not
@@ -108,7 +142,10 @@ class SlotPool:
         with self._lock:
             while not self._queued:
                 self._ready.wait()
-            return self._queued.popleft()
+            item = self._queued.popleft()
+            if item is not None:
+                self._started += 1
+            return item
 
     def stop_threads(self, n: int) -> None:
         with self._lock:
