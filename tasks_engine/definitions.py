@@ -127,6 +127,20 @@ class Workflow:
             )
         return key
 
+    def limit_for(self, key: str | None, override: int | None = None) -> int | None:
+        """The run's concurrency limit: `override`, else the workflow's; None without a key.
+        Raises TypeError for a limit that is not an integer, ValueError for one out of range
+        or one without a key."""
+        if override is not None:
+            _check_limit(override)
+            if key is None:
+                raise ValueError(
+                    f"concurrency_limit needs a concurrency_key: {self.key} declares none,"
+                    " and none was given"
+                )
+            return override
+        return self.concurrency_limit if key is not None else None
+
     def load_input(self, stored: Any) -> Any:
         if self.input_model is None:
             return stored
@@ -212,10 +226,7 @@ def workflow(
         (isinstance(concurrency_key, str) and concurrency_key) or callable(concurrency_key)
     ):
         raise TypeError("concurrency_key must be a non-empty string or a callable of the input")
-    if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int):
-        raise TypeError("concurrency_limit must be an integer")
-    if concurrency_limit < 1:
-        raise ValueError("concurrency_limit must be >= 1")
+    _check_limit(concurrency_limit)
     if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
         raise ValueError(f"workflow deadline must be a positive timedelta, got {deadline!r}")
 
@@ -238,3 +249,13 @@ def workflow(
         return registry.register(wf)
 
     return wrap(fn) if fn is not None else wrap
+
+
+MAX_LIMIT = 2**31 - 1  # the column's range
+
+
+def _check_limit(limit: Any) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"concurrency_limit must be an integer, not {limit!r}")
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"concurrency_limit must be between 1 and {MAX_LIMIT}, not {limit}")

@@ -145,17 +145,19 @@ def enqueue(
     trace_id: str | None = None,
     queue: str | None = None,
     concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
     parent_run_id: uuid.UUID | None = None,
     parent_step: str = "",
 ) -> Enqueued:
     """Create a run on the caller's connection: it commits or rolls back with the caller.
-    `concurrency_key` overrides the workflow's key (docs/FLOW_CONTROL.md)."""
+    `concurrency_key` and `concurrency_limit` override the workflow's (docs/FLOW_CONTROL.md)."""
     if isinstance(task, Workflow):
         version = version or task.version
         task = task.name
     wf = registry.get(task, version)
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
     key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
+    limit = wf.limit_for(key, concurrency_limit)
     digest = input_hash(data)
     run_id = transitions.create_run(
         task_name=wf.name,
@@ -171,7 +173,7 @@ def enqueue(
         parent_run_id=parent_run_id,
         parent_step=parent_step,
         concurrency_key=key,
-        concurrency_limit=wf.concurrency_limit if key is not None else None,
+        concurrency_limit=limit,
     )
     if run_id is None:  # the idempotency key is taken: same input -> that run, else conflict
         assert idempotency_key is not None

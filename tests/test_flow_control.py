@@ -100,6 +100,17 @@ def test_enqueue_overrides_the_key_and_run_view_shows_it() -> None:
     assert sorted(str(c.run.concurrency_key) for c in got) == ["None", "disk:z", "shared"]
 
 
+def test_enqueue_overrides_the_limit_for_its_run() -> None:
+    wide = [
+        tasks_engine.enqueue("flow-disk", {"disk": "a"}, concurrency_limit=2).run_id
+        for _ in range(3)
+    ]
+    assert ids(claim()) == wide[:2]  # the workflow's limit is 1; these runs asked for 2
+    assert WorkflowRun.objects.get(pk=wide[0]).concurrency_limit == 2
+    keyed = tasks_engine.enqueue("b", concurrency_key="k", concurrency_limit=3).run_id
+    assert WorkflowRun.objects.get(pk=keyed).concurrency_limit == 3
+
+
 def test_a_keyed_run_of_an_unkeyed_workflow_is_claimed_only_by_a_guarded_claim() -> None:
     tasks_engine.enqueue("b", concurrency_key="k")
     flow.forget_keyed()  # as if another process had enqueued it
@@ -208,6 +219,15 @@ def test_bad_keys_and_limits_write_nothing() -> None:
         tasks_engine.enqueue("b", concurrency_key="")
     with pytest.raises(ValueError, match="concurrency_key"):
         tasks_engine.enqueue("b", concurrency_key="k" * 256)
+    for bad in (0, -1, 2**31):
+        with pytest.raises(ValueError, match="concurrency_limit"):
+            tasks_engine.enqueue("b", concurrency_key="k", concurrency_limit=bad)
+    wrongs: list[Any] = [True, 1.5, "2"]
+    for wrong in wrongs:
+        with pytest.raises(TypeError, match="concurrency_limit"):
+            tasks_engine.enqueue("b", concurrency_key="k", concurrency_limit=wrong)
+    with pytest.raises(ValueError, match="needs a concurrency_key"):
+        tasks_engine.enqueue("b", concurrency_limit=2)  # neither the workflow nor the call has one
     assert WorkflowRun.objects.count() == 0
     with pytest.raises(ValueError, match="concurrency_limit"):
         workflow(name="flow-bad", concurrency_key="k", concurrency_limit=0)(lambda ctx: None)
