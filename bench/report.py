@@ -320,7 +320,8 @@ def extras(raw: dict[str, Any]) -> list[str]:
             out.append(
                 f"- **Flow control** (ours, in-process claim + complete; bench/flow.py): with a"
                 f" queue limit ({r.get('queue_limits', 'on')}) and {r.get('keys', '?')}"
-                f" concurrency keys {fmt(r['claim_rate_guarded'])} claims/s, with neither"
+                f" concurrency keys (limit {r.get('key_limit', 1)}; none of them binds)"
+                f" {fmt(r['claim_rate_guarded'])} claims/s, with neither"
                 f" {fmt(r['claim_rate_plain'])} ({r['ratio']:.2f}{TIMES}); other keys' runs"
                 f" with {r['held_back']:,} runs of one full key held back in the same queue:"
                 f" {fmt(r['scale_held_back_100k'])} claims/s, against"
