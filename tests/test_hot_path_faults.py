@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+from typing import Any
 
 import pytest
 from django.db import OperationalError, connection
@@ -156,3 +157,46 @@ def test_a_dead_group_writer_fails_what_it_held_and_writes_nothing_more_itself(
     after = start(later)
     group.send(after)
     assert isinstance(after.result, int) and after.error is None
+
+
+def test_a_guarded_workers_group_never_waits_for_a_queues_claim_lock(
+    postgres_only: None, settings: Any
+) -> None:
+    """Flow control guards this worker's claims: they go on the claim loop's connection, so the
+    group writer, which every slot's step start waits for, never waits behind another worker's
+    claim of a limited queue (which holds that queue's lock until it commits)."""
+    import psycopg
+
+    from tasks_engine.transitions.flow_claims_pg import QUEUE_LOCK
+    from tests.helpers import database_url
+
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "QUEUES": {"default": {"concurrency": 50}}}
+    for _ in range(3):
+        tasks_engine.enqueue("bench_noop")
+    [done] = transitions.claim_runs("w", PAIRS, None, 1, 30)
+    slots = SlotPool(2, 4)
+    assert slots.reserve(1) == 1
+    slots.backlog = True  # a backlog: a group completing a run would claim along
+    slots.claims_ahead = True  # what the worker's loop sets while its claims are guarded
+    group = GroupCommit(slots, transitions.ClaimRequest("w", PAIRS, None, 0, 30), get_logger())
+    finish = transitions.HotWrite("complete", done.lease, (), clock.now())
+    finish.detached = True  # the slot goes with the completion
+
+    def write() -> None:  # as the writer thread does, on a connection of its own
+        try:
+            group.commit([finish], Outage(group.log, "test"))
+        finally:
+            connection.close()
+
+    with psycopg.connect(database_url(), autocommit=False) as other:
+        other.execute("SELECT pg_advisory_xact_lock(%s, hashtext('default'))", [QUEUE_LOCK])
+        writing = threading.Thread(target=write)
+        writing.start()
+        writing.join(5.0)
+        stuck = writing.is_alive()
+        other.rollback()  # another worker's claim ends
+    writing.join()
+    assert not stuck  # committed while the queue's lock was held elsewhere
+    assert finish.error is None
+    assert WorkflowRun.objects.get(pk=done.lease.run_id).status == "completed"
+    assert WorkflowRun.objects.filter(status="pending").count() == 2  # the group claimed none

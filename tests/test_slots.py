@@ -110,3 +110,16 @@ def test_a_group_claims_ahead_only_as_deep_as_the_rate_asks() -> None:
     assert pool.reserve(2) == 2  # both slots execute
     # A completion hands its slot over: the group claims a run for it, and `depth` ahead.
     assert pool.reserve_for_group(1) == 1 + depth
+
+
+def test_when_the_claim_loop_claims_ahead_the_group_claims_nothing() -> None:
+    clock = Clock()
+    pool = SlotPool(concurrency=2, prefetch=100, monotonic=clock)
+    start_runs(pool, clock, 500, per_second=200)
+    depth = pool.prefetch_depth()
+    pool.claims_ahead = True  # flow control guards the claims: the loop claims, beside the group
+    assert pool.free() == 2  # no backlog yet: only the free slots
+    pool.backlog = True
+    assert pool.free() == 2 + depth  # under a backlog, the prefetch's places too
+    assert pool.reserve(1000) == 2 + depth
+    assert pool.reserve_for_group(1) == 0  # the group only writes

@@ -11,6 +11,8 @@ refuses fails alone too. PostgreSQL only (it needs data-modifying CTEs).
 
 Under a backlog the group also claims: a group that completes k runs claims up to k runs (plus
 any idle slot's) in the same statement, and hands them to the slots those completions free.
+Not while flow control guards the worker's claims (`SlotPool.claims_ahead`): the claim loop
+claims then, on its own connection, so this thread never waits for a limited queue's lock.
 """
 
 from __future__ import annotations

@@ -107,8 +107,13 @@ class Worker:
         outage = Outage(self.log, "claim")
         slots = self.slots
         while not self.stopping.is_set() and not self._a_side_loop_died():
-            if slots.backlog and self.group is None and 0 < slots.free() < self._batch:
-                # Under a backlog, let a few more slots free up so one claim serves several
+            # A guarded claim (flow control) is two statements and a commit of its own: it
+            # goes on this thread's connection, beside the group writer's (which then only
+            # writes), and claims ahead for the slots as the group's claim would.
+            slots.claims_ahead = self.group is not None and flow.guarded(self.pairs, self.queues)
+            loop_claims = self.group is None or slots.claims_ahead
+            if slots.backlog and loop_claims and 0 < slots.free() < self._batch:
+                # Under a backlog, let a few more places free up so one claim serves several
                 # runs, instead of one claim per finished run. (With group commit, the
                 # completions claim for the slots they free instead.)
                 time.sleep(CLAIM_GATHER_SECONDS)

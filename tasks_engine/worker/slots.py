@@ -68,21 +68,29 @@ class SlotPool:
         self.freed = threading.Event()  # a slot freed: the claim loop may claim again
         self.backlog = False  # the last claim filled every slot it asked for
         self.closed = False  # the worker stops: no claim rides on a group any more
+        # The claim loop claims ahead (the prefetch), not the group: flow control guards the
+        # claims (worker/loop.py).
+        self.claims_ahead = False
 
     # -- reserving and filling ------------------------------------------------------------------
 
     def reserve(self, n: int) -> int:
-        """Take up to `n` free slots for a claim; returns how many."""
+        """Take up to `n` free places for the claim loop's claim; returns how many."""
         with self._lock:
-            n = max(0, min(n, self.concurrency - self._busy))
+            n = max(0, min(n, self._room()))
             self._busy += n
         return n
+
+    def _room(self) -> int:
+        """The claim loop's places: the free slots, and the prefetch's when it claims ahead."""
+        ahead = self._prefetch_depth() if self.claims_ahead and self.backlog else 0
+        return self.concurrency + ahead - self._busy
 
     def reserve_for_group(self, handed_over: int) -> int:
         """How many runs a group completing `handed_over` runs claims along (0: none): a run
         for each slot they hand over, and one for each idle slot or free prefetch place (which
         it reserves). Only under a backlog, and not once the worker stops."""
-        if not handed_over or not self.backlog or self.closed:
+        if not handed_over or not self.backlog or self.closed or self.claims_ahead:
             return 0
         with self._lock:
             idle = max(0, self.concurrency + self._prefetch_depth() - self._busy)
@@ -200,7 +208,9 @@ class SlotPool:
         return self._busy
 
     def free(self) -> int:
-        return self.concurrency - self._busy
+        """What the claim loop may claim now (see `reserve`)."""
+        with self._lock:
+            return self._room()
 
     def yet_to_write(self) -> int:
         """Runs that will send a write to the group writer without waiting for a group: those
