@@ -25,6 +25,7 @@ from engine import claim_rate, enqueue_many, span, wait_all_finished
 # The row measures what checking them costs, not how a binding limit slows a drain.
 KEYS = 50
 KEY_LIMIT = 4
+KEY_NAMES = [f"k{i}" for i in range(KEYS)]
 QUEUE_LIMITS = {"default": {"concurrency": 256, "rate_limit": "1000000/s"}}
 
 
@@ -46,10 +47,11 @@ def enqueue_keyed(n: int) -> None:
 
     with transaction.atomic():
         for i in range(n):
-            enqueue("bench_noop", concurrency_key=f"k{i % KEYS}")
+            enqueue("bench_noop", concurrency_key=KEY_NAMES[i % KEYS])
         # bench_noop declares no key (its limit would be 1); set on the rows, not through
-        # enqueue(concurrency_limit=), so that a baseline tree without it runs the same row
-        WorkflowRun.objects.filter(concurrency_key__isnull=False, status="pending").update(
+        # enqueue(concurrency_limit=), so that a baseline tree without it runs the same row.
+        # Only these keys' runs: hold_back's key stays full at its limit of 1.
+        WorkflowRun.objects.filter(concurrency_key__in=KEY_NAMES, status="pending").update(
             concurrency_limit=KEY_LIMIT
         )
 
