@@ -114,8 +114,8 @@ class Worker:
             loop_claims = self.group is None or slots.claims_ahead
             if slots.backlog and loop_claims and 0 < slots.free() < self._batch:
                 # Under a backlog, let a few more places free up so one claim serves several
-                # runs, instead of one claim per finished run. (With group commit, the
-                # completions claim for the slots they free instead.)
+                # runs, instead of one claim per finished run. (With group commit and plain
+                # claims, the completions claim for the slots they free instead.)
                 time.sleep(CLAIM_GATHER_SECONDS)
             free = slots.reserve(slots.free())
             if free <= 0:  # every slot busy: wait for one to free (its thread sets `wake`)
