@@ -63,6 +63,34 @@ def test_two_workers_drain_200_runs_exactly_once(workers) -> None:
     assert not WorkflowRun.objects.exclude(status="completed").exists()
 
 
+def test_sigterm_under_a_deep_prefetch_hands_back_every_run_it_claimed(workers) -> None:
+    """A worker of quick runs claims ahead of its slots (up to 8 x its concurrency on
+    PostgreSQL): stopped mid-backlog, it must not leave one of those runs leased, and no run
+    may execute twice."""
+    from django.db import connection, transaction
+
+    with transaction.atomic():
+        ids = [tasks_engine.enqueue("noop", {"n": i}).run_id for i in range(3000)]
+    first = workers("--concurrency", "4", "--grace-seconds", "5", tag="deployed")
+    wait_for(lambda: effects_like("noop:") >= 300, 60, "the drain to get going")
+    claimed = WorkflowRun.objects.filter(status="running").count()
+    first.send(signal.SIGTERM)
+    assert first.wait(30) == 0, first.log()
+    if connection.vendor == "postgresql":
+        assert claimed > 4, "the worker had claimed no run ahead of its four slots"
+    assert not WorkflowRun.objects.filter(status="running").exists()
+    assert not WorkflowRun.objects.filter(lease_token__isnull=False).exists()
+    second = workers("--burst", "--poll-interval", "0.2", tag="next")
+    assert second.wait(120) == 0, second.log()
+    assert WorkflowRun.objects.filter(pk__in=ids, status="completed").count() == 3000
+    keys = sorted(SideEffect.objects.values_list("key", flat=True))
+    assert keys == sorted(f"noop:{i}" for i in range(3000))  # each body exactly once
+
+
+def effects_like(prefix: str) -> int:
+    return SideEffect.objects.filter(key__startswith=prefix).count()
+
+
 def test_worker_claims_only_registered_name_and_version(workers) -> None:
     a1 = tasks_engine.enqueue("a", version=1)
     a2 = tasks_engine.enqueue("a", version=2)
