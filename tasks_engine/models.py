@@ -157,15 +157,19 @@ class WorkflowRun(models.Model):
 
 
 class QueueClaim(models.Model):
-    """When a claim of a rate-limited queue's run started: the sliding window's log. The claim
-    that adds rows also deletes those older than the window, so a queue keeps at most its
-    rate's N rows (and a few that left the window since the last claim)."""
+    """A claim that started runs of a rate-limited queue: when, and how many (one row per
+    claim, not per run). The sliding window's log: the claim that adds a row also deletes
+    those older than the window, so a queue keeps at most its rate's N rows (and a few that
+    left the window since the last claim)."""
 
     queue = models.CharField(max_length=100)
     claimed_at = models.DateTimeField()
-    # The queue's claims numbered 1, 2, ... with times that never go back: the rows in the
-    # window are the last ones, counted as the newest's number less the oldest's (two probes).
+    # The queue's started runs numbered 1, 2, ...: a row's `seq` is the number of its last run,
+    # its `claims` how many it started (its first is seq - claims + 1); times never go back
+    # along the sequence, so the rows in the window are the last ones, and the runs they
+    # started number the newest's seq less the oldest's first plus one (two probes).
     seq = models.BigIntegerField(default=0)
+    claims = models.PositiveIntegerField(default=1)
 
     class Meta:
         indexes = [

@@ -130,14 +130,14 @@ SELECT seq, claimed_at FROM tasks_engine_queueclaim WHERE queue = %(queue)s
 ORDER BY seq DESC LIMIT 1
 
 -- flow_log_oldest --
--- The sequence number of the queue's oldest claim inside the window (times never go back along the sequence, so the window's rows are the last ones).
-SELECT seq FROM tasks_engine_queueclaim WHERE queue = %(queue)s AND claimed_at > %(since)s
+-- The queue's oldest claim inside the window: its sequence number and its run count (times never go back along the sequence, so the window's rows are the last ones).
+SELECT seq, claims FROM tasks_engine_queueclaim WHERE queue = %(queue)s AND claimed_at > %(since)s
 ORDER BY claimed_at, seq LIMIT 1
 
 -- flow_log_add --
--- One log row per admitted claim (a JSON array of [queue, sequence number]), at one time.
-INSERT INTO tasks_engine_queueclaim (queue, seq, claimed_at)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), %(at)s FROM json_each(%(rows)s)
+-- One log row for a claim's runs of one queue: the sequence number of its last run, and how many it started.
+INSERT INTO tasks_engine_queueclaim (queue, seq, claims, claimed_at)
+VALUES (%(queue)s, %(seq)s, %(claims)s, %(at)s)
 
 -- flow_candidates_part --
 -- One source of a guarded claim's candidates ({i} numbers its parameters; {extra} its own condition; {order} its index's order): due runs of one status, at most %(n{i})s.

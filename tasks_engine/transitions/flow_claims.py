@@ -121,7 +121,7 @@ def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _L
     since = p_dt(now - timedelta(seconds=window))
     last = fetchall(query("flow_log_last"), {"queue": queue})
     oldest = fetchall(query("flow_log_oldest"), {"queue": queue, "since": since})
-    used = int(last[0][0]) - int(oldest[0][0]) + 1 if last and oldest else 0
+    used = int(last[0][0]) - int(oldest[0][0]) + int(oldest[0][1]) if last and oldest else 0
     execute(query("flow_log_prune"), {"queue": queue, "since": since})
     # Times never go back along a queue's log (a worker whose clock is behind records the
     # latest), so the rows in a window are always the last ones.
@@ -139,8 +139,10 @@ def _log_claims(chosen: list[Candidate], logs: dict[str, _Log]) -> None:
     for q, log in logs.items():
         n = sum(1 for c in chosen if c.queue == q)
         if n:
-            rows = json.dumps([[q, log.seq + i] for i in range(1, n + 1)])
-            execute(query("flow_log_add"), {"rows": rows, "at": p_dt(log.at)})
+            execute(
+                query("flow_log_add"),
+                {"queue": q, "seq": log.seq + n, "claims": n, "at": p_dt(log.at)},
+            )
 
 
 # -- candidates -------------------------------------------------------------------------------

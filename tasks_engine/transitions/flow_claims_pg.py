@@ -284,7 +284,7 @@ def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
         " OR queue IN (SELECT q FROM queues WHERE room > 0))"
     )
     # The rate log: rows older than their queue's window pruned (by its index), one row per
-    # claim of a rate-limited queue's run from pending or a due timer.
+    # rate-limited queue whose runs this claim starts from pending or a due timer.
     # (An ordered index scan, not a bitmap one: it marks the entries of rows deleted before as
     # dead, so that later prunes skip them instead of visiting them again until a vacuum.)
     old = " UNION ALL ".join(
@@ -295,17 +295,18 @@ def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
         * rated
     )
     pruned = f"), pruned AS (DELETE FROM {CLAIMS} WHERE id IN ({old})" if rated else ""
-    # Each log row has its queue's next sequence number, and a time never earlier than the
-    # row before it (a worker whose clock is behind records the latest): the rows in the
-    # window are the queue's last ones, and their number the difference of two sequence
-    # numbers, each one index probe (the newest row; the oldest inside the window, past the
-    # few that left it since the last claim, which this statement prunes).
+    # A log row numbers its runs on from the queue's last (its seq: the last one's number),
+    # at a time never earlier than the row before it (a worker whose clock is behind records
+    # the latest): the rows in the window are the queue's last ones, and the runs they
+    # started are counted from two sequence numbers, each one index probe (the newest row;
+    # the oldest inside the window, past the few that left it since the last claim, which
+    # this statement prunes).
     logged = (
-        f", logged AS (INSERT INTO {CLAIMS} (queue, claimed_at, seq)"
-        " SELECT a.queue, greatest(%s, queues.last_at), coalesce(queues.last_seq, 0)"
-        " + row_number() OVER (PARTITION BY a.queue ORDER BY a.id)"
+        f", logged AS (INSERT INTO {CLAIMS} (queue, claimed_at, seq, claims)"
+        " SELECT a.queue, greatest(%s, max(queues.last_at)),"
+        " coalesce(max(queues.last_seq), 0) + count(*), count(*)"
         " FROM admitted a JOIN queues ON queues.q = a.queue"
-        " WHERE queues.rated AND a.src > 0)"
+        " WHERE queues.rated AND a.src > 0 GROUP BY a.queue)"
         if rated
         else ""
     )
@@ -325,15 +326,19 @@ def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
                 n.claimed_at AS last_at, least(
                 CASE WHEN j.conc IS NULL THEN {BIG} ELSE j.conc - (SELECT count(*) FROM {RUN} r
                     WHERE r.status = 'running' AND r.queue = j.q) END,
-                CASE WHEN j.rate IS NULL THEN {BIG} ELSE j.rate - coalesce(n.seq + 1 - (
-                    SELECT c.seq FROM {CLAIMS} c WHERE c.queue = j.q AND c.claimed_at > j.since
-                    ORDER BY c.queue, c.claimed_at, c.seq LIMIT 1), 0) END
+                CASE WHEN j.rate IS NULL THEN {BIG}
+                    ELSE j.rate - coalesce(n.seq - o.seq + o.claims, 0) END
             ) AS room
             FROM json_to_recordset(%s::json) AS j(q text, conc int, rate int, since timestamptz)
             LEFT JOIN LATERAL (
                 SELECT c.seq, c.claimed_at FROM {CLAIMS} c WHERE j.rate IS NOT NULL
                 AND c.queue = j.q ORDER BY c.queue, c.seq DESC LIMIT 1
             ) AS n ON true
+            LEFT JOIN LATERAL (
+                SELECT c.seq, c.claims FROM {CLAIMS} c WHERE j.rate IS NOT NULL
+                AND c.queue = j.q AND c.claimed_at > j.since
+                ORDER BY c.queue, c.claimed_at, c.seq LIMIT 1
+            ) AS o ON true
 {pruned}
         ), candidates AS (
             SELECT * FROM ({source("running", 0, not_ours, "%s")}) AS expired
