@@ -123,3 +123,33 @@ def test_when_the_claim_loop_claims_ahead_the_group_claims_nothing() -> None:
     assert pool.free() == 2 + depth  # under a backlog, the prefetch's places too
     assert pool.reserve(1000) == 2 + depth
     assert pool.reserve_for_group(1) == 0  # the group only writes
+
+
+def test_a_guarded_claim_cut_short_by_a_limit_keeps_claiming_ahead() -> None:
+    """A limit lets a guarded claim take fewer runs than places: the next claim still claims
+    ahead (not only once the prefetched runs drained to the free slots); a claim that takes
+    nothing while nothing is in flight ends the backlog."""
+    clock = Clock()
+    pool = SlotPool(concurrency=2, prefetch=100, monotonic=clock)
+    start_runs(pool, clock, 500, per_second=200)
+    depth = pool.prefetch_depth()
+    pool.claims_ahead = True
+    pool.backlog = True
+    asked = pool.reserve(pool.free())
+    assert asked == 2 + depth
+    assert not pool.after_claim([claimed() for _ in range(asked // 2)], asked)
+    assert pool.backlog and pool.free() == 2 + depth - asked // 2
+    while pool.busy():  # the slots run every run; the claims find none
+        assert pool.next_run() is not None
+        pool.release(transitions.Lease(uuid.uuid4(), uuid.uuid4(), "w"))
+    assert not pool.after_claim([], pool.reserve(pool.free()))
+    assert not pool.backlog and pool.free() == 2
+
+
+def test_a_plain_claim_that_falls_short_ends_the_backlog() -> None:
+    pool = SlotPool(concurrency=4, prefetch=0)
+    pool.backlog = True
+    assert not pool.after_claim([claimed()], pool.reserve(4))
+    assert not pool.backlog
+    assert pool.after_claim([claimed(), claimed(), claimed()], pool.reserve(3))
+    assert pool.backlog

@@ -139,10 +139,9 @@ class Worker:
                 self.stopping.wait(outage.failed(exc))
                 continue
             finally:
-                slots.fill(claimed, free)
-                slots.backlog = len(claimed) == free  # every slot filled: more is probably queued
-            if slots.backlog:
-                continue  # slots were all filled; claim again as soon as one frees
+                full = slots.after_claim(claimed, free)
+            if full:
+                continue  # places were all filled; claim again as soon as one frees
             try:
                 if self.config.burst and slots.busy() == 0 and not self._due_soon():
                     break

@@ -121,6 +121,19 @@ class SlotPool:
             self._busy -= reserved - len(claimed)
             self._ready.notify(len(claimed))
 
+    def after_claim(self, claimed: list[transitions.Claimed], reserved: int) -> bool:
+        """Queue the claim loop's claimed runs (`fill`) and note whether more is probably
+        queued; returns whether the claim filled every place it reserved."""
+        self.fill(claimed, reserved)
+        full = len(claimed) == reserved
+        # A guarded claim that took fewer runs than it asked for was most likely cut short by a
+        # limit (a key or a queue with less room than places), not by an empty queue: while it
+        # takes runs, or runs are still in flight, the loop keeps claiming ahead. Dropping to
+        # the free slots alone would let the prefetched runs drain before the next claim, and
+        # the slots wait for it.
+        self.backlog = full or (self.claims_ahead and (bool(claimed) or self._busy > 0))
+        return full
+
     def after_group(self, claimed: list[transitions.Claimed], reserved: int, handed: int) -> None:
         """A group's slots (handed over by the runs it completed, and those it reserved) go to
         the runs it claimed; the rest are freed (and the claim loop woken for them)."""
