@@ -79,9 +79,10 @@ PLANNED = (
 # costs a lookup and a row lock: 52 for 32 places without this cap, in a worker's claim of 50
 # keys of limit 1; and 98 for 48 places (keys of limit 4) before the candidates were also cut
 # to the claim's size, best first.
-# Both statements look keys up in a jsonb object built once (the keys got, their room), not
-# by a join: the estimates for these small sets (one row) plan nested loops, whose comparisons
-# grew with the square of the claim's size (1.2 ms of a 3 ms locking statement at 48 places).
+# Both statements look keys up in a jsonb object built once (running runs per key, the keys
+# got, their room), not by a join: the estimates for these small sets (one row) plan nested
+# loops, whose comparisons grew with the square of the claim's size or of the number of keys
+# (1.2 ms of a 3 ms locking statement at 48 places).
 KEYS_SETTING = "tasks_engine.flow_keys"
 RUNS_SETTING = "tasks_engine.flow_runs"
 
@@ -199,13 +200,17 @@ def _lock_statement(filt: str) -> str:
         "SELECT id, concurrency_key AS k, concurrency_limit AS lim, {src} AS src, priority,"
         f" available_at, ctid AS tid, task_name, version, queue FROM {RUN}"
     )
+    # A key's room: its limit less its running runs, looked up in the `running` object.
+    room = "coalesce({t}.lim, 1) - coalesce(((SELECT m FROM running) ->> {t}.k)::int, 0)"
     return f"""
         WITH RECURSIVE locked_queues AS MATERIALIZED (
             SELECT count(pg_advisory_xact_lock({QUEUE_LOCK}, hashtext(q))) AS n
             FROM unnest(%s::text[]) AS q
         ), running AS MATERIALIZED (
-            SELECT concurrency_key AS k, count(*) AS n FROM {RUN}
-            WHERE status = 'running' AND concurrency_key IS NOT NULL GROUP BY concurrency_key
+            SELECT coalesce(jsonb_object_agg(k, n), '{{}}') AS m FROM (
+                SELECT concurrency_key AS k, count(*) AS n FROM {RUN}
+                WHERE status = 'running' AND concurrency_key IS NOT NULL GROUP BY concurrency_key
+            ) AS r
         ), scan AS MATERIALIZED (
             {keyed.format(src=2)}
             WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s
@@ -216,9 +221,10 @@ def _lock_statement(filt: str) -> str:
                 ORDER BY available_at LIMIT %s) AS w
             WHERE true{filt}
         ), roomy AS MATERIALIZED (
-            SELECT f.*, coalesce(f.lim, 1) - coalesce(r.n, 0) AS room
-            FROM (SELECT * FROM scan WHERE true{filt} UNION ALL SELECT * FROM woken) AS f
-            LEFT JOIN running r ON r.k = f.k WHERE coalesce(r.n, 0) < coalesce(f.lim, 1)
+            SELECT * FROM (
+                SELECT f.*, {room.format(t="f")} AS room
+                FROM (SELECT * FROM scan WHERE true{filt} UNION ALL SELECT * FROM woken) AS f
+            ) AS f WHERE room > 0
         ), heads AS (
             (
                 {keyed.format(src=2)}
@@ -233,9 +239,9 @@ def _lock_statement(filt: str) -> str:
                 ORDER BY concurrency_key, priority DESC, available_at LIMIT 1
             ) AS n
         ), loose AS (
-            SELECT h.*, coalesce(h.lim, 1) - coalesce(r.n, 0) AS room
-            FROM heads h LEFT JOIN running r ON r.k = h.k
-            WHERE coalesce(r.n, 0) < coalesce(h.lim, 1){filt}
+            SELECT * FROM (
+                SELECT h.*, {room.format(t="h")} AS room FROM heads h WHERE true{filt}
+            ) AS h WHERE room > 0
             AND (SELECT count(*) FROM scan) >= %s AND (SELECT count(DISTINCT k) FROM roomy) < %s
         ), ranked AS MATERIALIZED (
             SELECT c.*, row_number() OVER (
