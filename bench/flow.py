@@ -1,14 +1,15 @@
 """Flow control's cost: the claim rate with a queue limit and concurrency keys on against off,
 side by side in one run, and with 100,000 runs held back by one key.
 
-    python bench/flow.py [--runs 1000] [--held 100000] [--rounds 3] [--drain-runs 5000]
+    python bench/flow.py [--runs 500] [--held 100000] [--rounds 6] [--drain-runs 5000]
 
 In-process claims (bench/engine.py's loop: claim one run, complete it, repeat) on a fresh
-database, rounds alternating between the settings so that the machine's noise falls on both
-alike (medians); then the same comparison as a user meets it: `runworker --burst` on its
-defaults draining `--drain-runs` runs, keyed runs with the queue limit against plain runs
-without (alternating, medians of 2; 0 leaves it out). Prints one JSON line; `measure()`
-returns the same row to bench/run_all.py.
+database, `--rounds` pairs of rounds, off then on, then on then off (ABBA), so that the
+machine's noise falls on both alike; then the same comparison as a user meets it: `runworker
+--burst` on its defaults draining `--drain-runs` runs, keyed runs with the queue limit against
+plain runs without (three pairs, ABBA; 0 leaves it out). Rates are medians; each ratio is the
+median of its pairs' ratios (see `paired_ratio`). Prints one JSON line; `measure()` returns the
+same row to bench/run_all.py.
 """
 
 from __future__ import annotations
@@ -101,34 +102,48 @@ def drain_rate(url: str, limits: bool, runs: int) -> float:
     return runs / span("bench_noop")
 
 
+DRAIN_ROUNDS = 3
+
+
+def alternating(rounds: int) -> list[bool]:
+    """The settings in the order they are measured, `rounds` of each: off, on, then on, off,
+    and so on (ABBA), so that a load that rises or falls through the run weighs on both."""
+    pairs = [(False, True) if i % 2 == 0 else (True, False) for i in range(rounds)]
+    return [limits for pair in pairs for limits in pair]
+
+
+def paired_ratio(off: list[float], on: list[float]) -> float:
+    """The median of each round's on ÷ off: each pair was measured back to back, so the
+    machine's load, which drifts over a run on this shared machine, cancels within a pair
+    (a ratio of medians mixes rounds taken minutes apart)."""
+    return median([b / a for a, b in zip(off, on, strict=True)])
+
+
 def measure(
     database_url: str | None = None,
     *,
-    runs: int = 1000,
+    runs: int = 500,
     held: int = 100_000,
-    rounds: int = 3,
+    rounds: int = 6,
     drain_runs: int = 5000,
 ) -> dict[str, Any]:
-    """The flow row: plain and guarded claim rates side by side (`rounds` alternating rounds
-    of `runs` claims each, medians), then the guarded rate of other keys' runs without and
+    """The flow row: plain and guarded claim rates side by side (`rounds` pairs of rounds of
+    `runs` claims each, ABBA), then the guarded rate of other keys' runs without and
     with `held` runs held back by one full key, then worker drains with the limits on and off
-    (`drain_runs` runs each, two alternating rounds). On `database_url` (a fresh PostgreSQL
+    (`drain_runs` runs each, three pairs, ABBA). On `database_url` (a fresh PostgreSQL
     database; migrated here), else on a database of its own (bench/common.py)."""
     if database_url is None:
         with database("bench_flow") as url:
             return measure(url, runs=runs, held=held, rounds=rounds, drain_runs=drain_runs)
     setup_django(database_url)
     drains: dict[bool, list[float]] = {False: [], True: []}
-    for _ in range(2 if drain_runs else 0):
-        for limits in (False, True):
-            drains[limits].append(drain_rate(database_url, limits, drain_runs))
-    plain: list[float] = []
-    guarded: list[float] = []
-    for _ in range(rounds):
-        configure(False)
-        plain.append(claim_rate(runs))
-        configure(True)
-        guarded.append(claim_rate(runs, enqueue_keyed))
+    for limits in alternating(DRAIN_ROUNDS if drain_runs else 0):
+        drains[limits].append(drain_rate(database_url, limits, drain_runs))
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for limits in alternating(rounds):
+        configure(limits)
+        rates[limits].append(claim_rate(runs, enqueue_keyed if limits else None))
+    plain, guarded = rates[False], rates[True]
     free = [claim_rate(runs, enqueue_keyed) for _ in range(2)]
     hold_back(held)
     loaded = [claim_rate(runs, enqueue_keyed) for _ in range(2)]
@@ -136,7 +151,7 @@ def measure(
         "bench": "flow",
         "claim_rate_plain": round(median(plain), 1),
         "claim_rate_guarded": round(median(guarded), 1),
-        "ratio": round(median(guarded) / median(plain), 3),
+        "ratio": round(paired_ratio(plain, guarded), 3),
         "keys": KEYS,
         "key_limit": KEY_LIMIT,
         "queue_limits": "concurrency 256, rate 1000000/s",
@@ -153,16 +168,16 @@ def measure(
             "drain_runs": drain_runs,
             "drain_rate_plain": round(off, 1),
             "drain_rate_guarded": round(on, 1),
-            "drain_ratio": round(on / off, 3),
+            "drain_ratio": round(paired_ratio(drains[False], drains[True]), 3),
         }
     return row
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--runs", type=int, default=1000)
+    p.add_argument("--runs", type=int, default=500)
     p.add_argument("--held", type=int, default=100_000)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--drain-runs", type=int, default=5000, help="runs per worker drain (0: none)")
     p.add_argument("--database-url", help="a fresh PostgreSQL database (default: one of its own)")
     a = p.parse_args()

@@ -528,7 +528,7 @@ def main() -> None:
     p.add_argument("--rss-jobs", type=int, default=2000, help="jobs drained while sampling RSS")
     p.add_argument("--finished", type=int, default=1_000_000)
     p.add_argument("--waiting", type=int, default=100_000)
-    p.add_argument("--flow-runs", type=int, default=1000, help="claims per flow-control round")
+    p.add_argument("--flow-runs", type=int, default=500, help="claims per flow-control round")
     p.add_argument(
         "--flow-drain-runs", type=int, default=5000, help="runs per flow-control worker drain"
     )
