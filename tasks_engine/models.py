@@ -169,7 +169,9 @@ class QueueClaim(models.Model):
     # along the sequence, so the rows in the window are the last ones, and the runs they
     # started number the newest's seq less the oldest's first plus one (two probes).
     seq = models.BigIntegerField(default=0)
-    claims = models.PositiveIntegerField(default=1)
+    # A default in the database too: during a rolling deploy, workers of the release before
+    # migration 0014 still insert a row per run without it (each row one run, as it reads).
+    claims = models.PositiveIntegerField(default=1, db_default=1)
 
     class Meta:
         indexes = [

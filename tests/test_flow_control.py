@@ -12,7 +12,7 @@ from django.core import checks
 from django.db import connection
 
 import tasks_engine
-from tasks_engine import clock, executor, flow, transitions
+from tasks_engine import clock, executor, flow, sql, transitions
 from tasks_engine.checks import check_settings
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import workflow
@@ -171,6 +171,27 @@ def test_rate_limit_is_a_sliding_window(settings: Any, fake_clock: FakeClock) ->
     # Pruned as it goes: a row per claim (the window's second and third), its runs counted
     rows = QueueClaim.objects.filter(queue="flow-io").order_by("seq")
     assert [(r.seq, r.claims) for r in rows] == [(3, 1), (5, 2)]
+
+
+def test_a_rate_log_row_of_a_worker_before_0014_counts_one_run(
+    settings: Any, fake_clock: FakeClock
+) -> None:
+    """During a rolling deploy a worker of the release before migration 0014 still logs a row
+    per run without `claims` (the database's default fills it in); both kinds count alike."""
+    limit_queues(settings, {"flow-io": {"rate_limit": "3/m"}})
+    for _ in range(5):
+        tasks_engine.enqueue("flow-plain", {})
+    fake_clock.advance(1)
+    at = sql.p_dt(fake_clock.now())
+    sql.execute(
+        "INSERT INTO tasks_engine_queueclaim (queue, claimed_at, seq)"
+        " VALUES ('flow-io', %s, 1), ('flow-io', %s, 2)",
+        [at, at],
+    )
+    assert len(claim()) == 1  # two runs logged by the old worker, one place left
+    rows = QueueClaim.objects.filter(queue="flow-io").order_by("seq")
+    assert [(r.seq, r.claims) for r in rows] == [(1, 1), (2, 1), (3, 1)]
+    assert claim() == []
 
 
 def test_group_commit_claims_respect_limits(is_postgres: bool) -> None:

@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='queueclaim',
             name='claims',
-            field=models.PositiveIntegerField(default=1),
+            field=models.PositiveIntegerField(default=1, db_default=1),
         ),
     ]
