@@ -321,12 +321,10 @@ def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
     ks = ", " + _positional(query("claim_prestart")) if prestart else ""
     select = prestarted_select(True) if prestart else "SELECT * FROM k"
     return f"""
-        WITH keys AS MATERIALIZED (
-            SELECT j.k, j.lim - (SELECT count(*) FROM {RUN} r
-                                 WHERE r.status = 'running' AND r.concurrency_key = j.k) AS room
+        WITH rooms AS MATERIALIZED (
+            SELECT jsonb_object_agg(j.k, j.lim - (SELECT count(*) FROM {RUN} r
+                                    WHERE r.status = 'running' AND r.concurrency_key = j.k)) AS m
             FROM json_to_recordset(current_setting('{KEYS_SETTING}')::json) AS j(k text, lim int)
-        ), rooms AS MATERIALIZED (
-            SELECT jsonb_object_agg(k, room) AS m FROM keys
         ), queues AS MATERIALIZED (
             SELECT j.q, j.rate IS NOT NULL AS rated, j.since, n.seq AS last_seq,
                 n.claimed_at AS last_at, least(
