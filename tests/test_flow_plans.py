@@ -152,3 +152,63 @@ def test_the_locking_statement_hands_over_only_as_many_runs_of_a_key_as_it_has_r
     assert ids == {str(pair[1]), str(disk[0])}, ids
     claimed = transitions.claim_runs("w", FLOW, None, 10, 600.0)
     assert {c.run.pk for c in claimed} == {pair[1], disk[0]}
+
+
+def heads_walked(limit: int) -> bool:
+    """Whether the locking statement of a claim of `limit` places visits each key's head
+    (EXPLAIN ANALYZE of it, in the test's transaction)."""
+    req = transitions.ClaimRequest("w", FLOW, None, limit, 600.0)
+    lock, p1, _claim, _p2 = flow_claims_pg.statements(req, flow.limited_queues(None), clock.now())
+    with connection.cursor() as cur:
+        cur.execute(flow_claims_pg.PLANNED)
+        cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + lock, p1)
+        [[doc]] = cur.fetchall()
+    plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]
+
+    def loops(node: dict[str, Any]) -> int | None:
+        if node.get("Subplan Name") == "CTE heads":
+            return int(node.get("Actual Loops", 0))
+        found = (loops(p) for p in node.get("Plans", []))
+        return next((n for n in found if n is not None), None)
+
+    n = loops(plan)
+    assert n is not None, "no CTE heads in the locking statement's plan"
+    return n > 0
+
+
+def test_the_keys_heads_are_walked_only_when_the_scanned_runs_cannot_fill_the_claim(
+    settings: Any, postgres_only: None
+) -> None:
+    """The scan reads walk_size(4) = 14 keyed runs in claim order; each key's head is visited
+    only when the runs it found with room are fewer than the claim's places (a head past the
+    scan comes after all of them)."""
+    limit_queues(settings, {"default": {"concurrency": 64}})
+    flow.note_keyed()
+    # Three keys of limit 2, six runs each, interleaved: 18 runs, the scan is full, and the
+    # 14 it reads offer 6 places (two a key) for a claim of 4. Fewer keys than places:
+    # the heads were walked before.
+    for _ in range(6):
+        for disk in "xyz":
+            tasks_engine.enqueue("flow-disk", {"disk": disk}, concurrency_limit=2)
+    assert flow_claims_pg.walk_size(4) == 14
+    assert not heads_walked(4)
+    claimed = transitions.claim_runs("w", FLOW, None, 4, 600.0)
+    # Best first: x, y, z, then x again (a key of limit 2 takes its second place).
+    assert sorted(c.run.concurrency_key for c in claimed) == [
+        "disk:x",
+        "disk:x",
+        "disk:y",
+        "disk:z",
+    ]
+
+
+def test_a_claim_takes_keys_past_a_scan_that_one_key_fills(
+    settings: Any, postgres_only: None
+) -> None:
+    limit_queues(settings, {"default": {"concurrency": 64}})
+    flow.note_keyed()
+    first = [tasks_engine.enqueue("flow-disk", {"disk": "a"}).run_id for _ in range(20)]
+    later = [tasks_engine.enqueue("flow-disk", {"disk": d}).run_id for d in "bcd"]
+    assert heads_walked(4)
+    claimed = transitions.claim_runs("w", FLOW, None, 4, 600.0)
+    assert {c.run.pk for c in claimed} == {first[0], *later}

@@ -202,6 +202,11 @@ def _lock_statement(filt: str) -> str:
     )
     # A key's room: its limit less its running runs, looked up in the `running` object.
     room = "coalesce({t}.lim, 1) - coalesce(((SELECT m FROM running) ->> {t}.k)::int, 0)"
+    # `loose`, the keys' heads, is walked only when the scan was full and its runs with room
+    # cannot fill the claim: a head past the scan comes after every scanned run in claim
+    # order, so when the scan found enough, they are the best. (It was walked whenever fewer
+    # keys than places had room: in a drain of 50 keys of limit 4, claims of 64 places, 50
+    # probes for heads the scan had found; the statement took 2.33 ms a claim against 3.27.)
     return f"""
         WITH RECURSIVE locked_queues AS MATERIALIZED (
             SELECT count(pg_advisory_xact_lock({QUEUE_LOCK}, hashtext(q))) AS n
@@ -242,7 +247,8 @@ def _lock_statement(filt: str) -> str:
             SELECT * FROM (
                 SELECT h.*, {room.format(t="h")} AS room FROM heads h WHERE true{filt}
             ) AS h WHERE room > 0
-            AND (SELECT count(*) FROM scan) >= %s AND (SELECT count(DISTINCT k) FROM roomy) < %s
+            AND (SELECT count(*) FROM scan) >= %s AND (SELECT coalesce(sum(least(room, n)), 0)
+                FROM (SELECT min(room) AS room, count(*) AS n FROM roomy GROUP BY k) AS r) < %s
         ), ranked AS MATERIALIZED (
             SELECT c.*, row_number() OVER (
                 PARTITION BY c.k ORDER BY c.src, c.priority DESC, c.available_at, c.tid) AS rank
