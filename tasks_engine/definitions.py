@@ -162,6 +162,7 @@ class Workflow:
 class Registry:
     def __init__(self) -> None:
         self._by_key: dict[tuple[str, int], Workflow] = {}
+        self._latest: dict[str, int] = {}  # each name's newest version: what enqueue runs
 
     def register(self, wf: Workflow) -> Workflow:
         existing = self._by_key.get((wf.name, wf.version))
@@ -170,14 +171,15 @@ class Registry:
                 f"workflow {wf.key} is defined twice: {_origin(existing.fn)} and {_origin(wf.fn)}"
             )
         self._by_key[(wf.name, wf.version)] = wf
+        self._latest[wf.name] = max(wf.version, self._latest.get(wf.name, wf.version))
         return wf
 
     def get(self, name: str, version: int | None = None) -> Workflow:
         if version is None:
-            versions = [v for (n, v) in self._by_key if n == name]
-            if not versions:
+            found = self._latest.get(name)
+            if found is None:
                 raise UnknownTaskError(f"unknown task {name!r}")
-            version = max(versions)
+            version = found
         try:
             return self._by_key[(name, version)]
         except KeyError:
@@ -191,6 +193,11 @@ class Registry:
 
     def unregister(self, name: str, version: int) -> None:
         self._by_key.pop((name, version), None)
+        versions = [v for (n, v) in self._by_key if n == name]
+        if versions:
+            self._latest[name] = max(versions)
+        else:
+            self._latest.pop(name, None)
 
 
 def _origin(fn: Callable[..., Any]) -> str:

@@ -139,3 +139,21 @@ def test_a_run_view_says_whether_the_run_finished() -> None:
     finished = {"completed", "failed", "canceled"}
     for status in ("pending", "running", "waiting", *finished):
         assert dataclasses.replace(canceled, status=status).finished is (status in finished)
+
+
+def test_a_name_resolves_to_its_newest_version_and_unregistering_one_falls_back() -> None:
+    from tasks_engine.definitions import Registry, registry, workflow
+
+    reg = Registry()
+    one = workflow(name="versions-probe", version=1)(lambda ctx: None)
+    three = workflow(name="versions-probe", version=3)(lambda ctx: None)
+    registry.unregister("versions-probe", 1)  # the decorator registered them globally too
+    registry.unregister("versions-probe", 3)
+    for wf in (three, one):  # registered out of order
+        reg.register(wf)
+    assert reg.get("versions-probe") is three
+    reg.unregister("versions-probe", 3)
+    assert reg.get("versions-probe") is one
+    reg.unregister("versions-probe", 1)
+    with pytest.raises(UnknownTaskError):
+        reg.get("versions-probe")
