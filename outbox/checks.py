@@ -28,4 +28,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 "OUTBOX BACKOFF_MAX_SECONDS must be >= BACKOFF_BASE_SECONDS", id="outbox.E004"
             )
         )
+    if not (0 < s.claim_seconds < math.inf):
+        errors.append(checks.Error("OUTBOX CLAIM_SECONDS must be > 0", id="outbox.E005"))
+    if s.retention_days is not None and not (0 <= s.retention_days <= 36_500):
+        errors.append(
+            checks.Error(
+                "OUTBOX RETENTION_DAYS must be a number of days from 0 to 36500 (or None: kept)",
+                id="outbox.E006",
+            )
+        )
     return errors

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 
-from .conf import engine_settings, parse_queues, queues_setting
+from .conf import KNOWN_KEYS, engine_settings, parse_queues, queues_setting
 from .pooler import behind_transaction_pooler
 
 
@@ -23,11 +24,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         s = engine_settings()
     except (TypeError, ValueError) as exc:
         return [checks.Error(f"TASKS_ENGINE is invalid: {exc}", id="tasks_engine.E001")]
-    if s.lease_seconds <= 0:
+    if not _positive(s.lease_seconds):
         errors.append(
             checks.Error("TASKS_ENGINE LEASE_SECONDS must be > 0", id="tasks_engine.E002")
         )
-    if s.heartbeat >= s.lease_seconds:
+    if s.heartbeat_seconds is not None and not _positive(s.heartbeat_seconds):
+        errors.append(
+            checks.Error(
+                "TASKS_ENGINE HEARTBEAT_SECONDS must be > 0 (or None: a third of the lease)",
+                id="tasks_engine.E003",
+            )
+        )
+    elif s.heartbeat >= s.lease_seconds:
         errors.append(
             checks.Error(
                 "TASKS_ENGINE HEARTBEAT_SECONDS must be shorter than LEASE_SECONDS",
@@ -35,12 +43,47 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="tasks_engine.E003",
             )
         )
-    if s.poll_interval <= 0:
+    if not _positive(s.poll_interval):
         errors.append(
             checks.Error("TASKS_ENGINE POLL_INTERVAL must be > 0", id="tasks_engine.E004")
         )
+    if s.max_step_attempts_per_run < 1:
+        errors.append(
+            checks.Error(
+                "TASKS_ENGINE MAX_STEP_ATTEMPTS_PER_RUN must be >= 1", id="tasks_engine.E007"
+            )
+        )
+    for key, value in (
+        ("DEAD_WORKER_SECONDS", s.dead_worker_seconds),
+        ("LEADER_LEASE_SECONDS", s.leader_lease_seconds),
+    ):
+        if not _positive(value):
+            # A beat is never younger than 0 s: every worker would be reaped as dead, and the
+            # runs it executes retaken by another worker while its steps still run.
+            errors.append(checks.Error(f"TASKS_ENGINE {key} must be > 0", id="tasks_engine.E008"))
+    errors += _unknown_keys(raw)
     errors += _sqlite_atomic_step_bound(s)
     return errors
+
+
+def _positive(value: float) -> bool:
+    return 0 < value < float("inf")  # NaN is not
+
+
+def _unknown_keys(raw: Any) -> list[checks.CheckMessage]:
+    if not isinstance(raw, dict):
+        return []
+    found: list[checks.CheckMessage] = []
+    for key in sorted(set(raw) - KNOWN_KEYS, key=str):
+        near = difflib.get_close_matches(str(key), sorted(KNOWN_KEYS), n=1)
+        found.append(
+            checks.Warning(
+                f"TASKS_ENGINE has an unknown key {key!r}: it is ignored",
+                hint=f"Did you mean {near[0]!r}?" if near else "See docs/reference.md, Settings.",
+                id="tasks_engine.W003",
+            )
+        )
+    return found
 
 
 def _sqlite_atomic_step_bound(s: Any) -> list[checks.CheckMessage]:

@@ -57,6 +57,29 @@ class EngineSettings:
         return self.heartbeat_seconds or self.lease_seconds / 3
 
 
+# Every key TASKS_ENGINE reads; another one is a misspelling or a setting of another release
+# (checks.py warns, naming the nearest known key).
+KNOWN_KEYS = frozenset(
+    {
+        "LEASE_SECONDS",
+        "HEARTBEAT_SECONDS",
+        "POLL_INTERVAL",
+        "MAX_STEP_ATTEMPTS_PER_RUN",
+        "NOTIFY",
+        "PREPARED_STATEMENTS",
+        "GROUP_COMMIT",
+        "SQLITE_ATOMIC_STEP_SECONDS",
+        "QUEUES",
+        "SCHEDULES",
+        "DEAD_WORKER_SECONDS",
+        "LEADER_LEASE_SECONDS",
+        "RETENTION_DAYS",
+        "METRICS_TOKEN",
+        "LISTEN_URL",
+        "CONFIGURE_LOGGING",
+    }
+)
+
 _cached: tuple[Any, EngineSettings] | None = None
 
 
@@ -74,7 +97,7 @@ def engine_settings() -> EngineSettings:
 def _parse(raw: dict[str, Any]) -> EngineSettings:
     return EngineSettings(
         lease_seconds=float(raw.get("LEASE_SECONDS", 30)),
-        heartbeat_seconds=raw.get("HEARTBEAT_SECONDS"),
+        heartbeat_seconds=_optional_float(raw.get("HEARTBEAT_SECONDS")),
         poll_interval=float(raw.get("POLL_INTERVAL", 1.0)),
         max_step_attempts_per_run=int(raw.get("MAX_STEP_ATTEMPTS_PER_RUN", 1000)),
         notify=bool(raw.get("NOTIFY", True)),
@@ -148,9 +171,13 @@ def _retention(raw: Any) -> tuple[tuple[str, float | None], ...]:
         try:
             days[status] = _optional_float(value)
         except (TypeError, ValueError):
+            days[status] = -1.0  # refused below
+        kept = days[status]
+        if kept is not None and not 0 <= kept <= 36_500:  # further back the cut-off overflows
             raise ValueError(
-                f"RETENTION_DAYS[{status!r}] must be a number of days or None, not {value!r}"
-            ) from None
+                f"RETENTION_DAYS[{status!r}] must be a number of days from 0 to 36500 or None"
+                f" (kept for ever), not {value!r}"
+            )
     return tuple(days.items())
 
 

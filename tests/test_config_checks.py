@@ -179,3 +179,40 @@ def test_a_second_worker_process_on_sqlite_warns(is_postgres: bool) -> None:
     assert found == ([] if is_postgres else ["tasks_engine.W025"])
     Worker.objects.update(last_heartbeat=now - timedelta(hours=1))  # dead: no warning
     assert worker_checks([]) == []
+
+
+@pytest.mark.parametrize(
+    ("values", "error_id"),
+    [
+        ({"HEARTBEAT_SECONDS": "abc"}, "tasks_engine.E001"),
+        ({"HEARTBEAT_SECONDS": -1}, "tasks_engine.E003"),
+        ({"HEARTBEAT_SECONDS": 0}, "tasks_engine.E003"),
+        ({"LEASE_SECONDS": float("nan")}, "tasks_engine.E002"),
+        ({"MAX_STEP_ATTEMPTS_PER_RUN": 0}, "tasks_engine.E007"),
+        ({"DEAD_WORKER_SECONDS": -5}, "tasks_engine.E008"),
+        ({"DEAD_WORKER_SECONDS": 0}, "tasks_engine.E008"),
+        ({"LEADER_LEASE_SECONDS": float("inf")}, "tasks_engine.E008"),
+        ({"RETENTION_DAYS": {"failed": -3}}, "tasks_engine.E001"),
+        ({"RETENTION_DAYS": {"failed": float("nan")}}, "tasks_engine.E001"),
+    ],
+)
+def test_out_of_range_engine_settings_are_check_errors(
+    engine: Any, values: dict[str, Any], error_id: str
+) -> None:
+    """A zero or negative DEAD_WORKER_SECONDS passed before, and the leader then reaped every
+    live worker (its runs retaken while their steps still ran)."""
+    from tasks_engine.checks import check_settings
+
+    engine(**values)
+    assert error_id in ids(check_settings())
+    with pytest.raises(SystemCheckError):
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+def test_a_misspelt_engine_setting_is_warned_with_the_nearest_key(engine: Any) -> None:
+    from tasks_engine.checks import check_settings
+
+    engine(LEASE_SECOND=60)
+    [found] = check_settings()
+    assert found.id == "tasks_engine.W003" and "'LEASE_SECOND'" in found.msg
+    assert found.hint == "Did you mean 'LEASE_SECONDS'?"
