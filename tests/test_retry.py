@@ -167,6 +167,8 @@ def test_retry_of_an_unfinished_or_completed_run_changes_nothing(
     assert WorkflowRun.objects.get(pk=run_id).status == status
     before = columns(run_id)
     assert tasks_engine.retry_run(run_id, reason="no") is False
+    # Any other status answers False with from_step too, even one the run never recorded.
+    assert tasks_engine.retry_run(run_id, from_step="nosuch") is False
     assert columns(run_id) == before
 
 

@@ -32,6 +32,8 @@ def retry_run(
         run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
             raise UnknownRunError(f"no run with id {run_id}")
+        if run.status not in RETRYABLE:
+            return False  # whatever from_step names: nothing is retried, so nothing is wrong
         steps = StepAttempt.objects.filter(run_id=run_id, superseded=False)
         first: int | None = None
         if from_step is not None:
@@ -42,8 +44,6 @@ def retry_run(
                     f"run {run_id} recorded no step {from_step!r}"
                     + (f"; its steps: {', '.join(names)}" if names else "; it recorded none")
                 )
-        if run.status not in RETRYABLE:
-            return False
         now = clock.now()
         if first is not None:
             later = steps.filter(id__gte=first)
