@@ -39,6 +39,12 @@ def non_negative_float(value: str) -> float:
     return _number(value, float, lambda f: math.isfinite(f) and f >= 0, "a number >= 0")
 
 
+def retention_days(value: str) -> float:
+    """An age in days a prune can count back from now: at most 100 years (further back the
+    cut-off date would fall before the year 1 and overflow)."""
+    return _number(value, float, lambda f: 0 <= f <= 36_500, "a number of days from 0 to 36500")
+
+
 def port_number(value: str) -> int:
     return _number(value, int, lambda n: 1 <= n <= 65535, "a TCP port (1-65535)")
 

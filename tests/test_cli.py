@@ -60,6 +60,14 @@ def test_enqueue_with_version_and_queue() -> None:
         (["inspect", "not-a-uuid"], "not a UUID"),
         (["cancel", str(uuid.UUID(int=1))], "no run with id"),
         (["signal", str(uuid.UUID(int=1)), "x"], "no run with id"),
+        # The version is read before anything is written (a run was enqueued first, before).
+        (["enqueue", "noop@abc", "--input", '{"n": 2}'], "expected NAME or NAME@VERSION"),
+        (["enqueue", "noop@", "--input", '{"n": 2}'], "expected NAME or NAME@VERSION"),
+        (["enqueue", "noop", "--queue", ""], "queue must be a non-empty string"),
+        # Longer than the columns: PostgreSQL raised a DataError, SQLite stored them.
+        (["enqueue", "noop", "--queue", "q" * 101], "queue is 101 characters long: at most 100"),
+        (["enqueue", "noop", "--idempotency-key", "k" * 256], "idempotency_key is 256"),
+        (["enqueue", "noop", "--priority", "99999999999"], "priority must be between"),
     ],
 )
 def test_errors_are_clear_and_write_nothing(args: list[str], message: str) -> None:
@@ -114,3 +122,34 @@ def test_prune_deletes_only_old_finished_runs(fake_clock: FakeClock) -> None:
     remaining = set(WorkflowRun.objects.values_list("pk", flat=True))
     assert remaining == {pending.run_id, fresh.run_id}
     assert old.run_id not in remaining
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["go", "--payload", '"a\\u0000b"'], "cannot be stored as JSON"),
+        (["go", "--idempotency-key", ""], "idempotency_key must be a non-empty string"),
+        (["go", "--idempotency-key", "k" * 256], "idempotency_key is 256 characters long"),
+        (["x" * 201], "fact name is 201 characters long: at most 200"),
+    ],
+)
+def test_bad_signals_are_one_line_errors_and_store_no_fact(args: list[str], message: str) -> None:
+    from tasks_engine.models import Fact
+
+    run_id = tasks_engine.enqueue("noop", {"n": 1}).run_id
+    with pytest.raises(CommandError, match=message):
+        tasks("signal", str(run_id), *args)
+    assert Fact.objects.count() == 0
+
+
+@pytest.mark.parametrize("days", ["1e308", "1000000", "-1", "nan"])
+def test_a_prune_age_past_what_a_date_can_count_back_is_a_usage_error(
+    days: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It raised OverflowError with a traceback (the cut-off date before the year 1)."""
+    tasks_engine.enqueue("noop", {"n": 1})
+    with pytest.raises(SystemExit) as exited:
+        tasks("prune", "--older-than", days)
+    assert exited.value.code == 2
+    assert "a number of days from 0 to 36500" in capsys.readouterr().err
+    assert WorkflowRun.objects.count() == 1

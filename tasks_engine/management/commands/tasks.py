@@ -24,7 +24,7 @@ from tasks_engine.exceptions import (
 from tasks_engine.models import WorkflowRun
 from tasks_engine.states import RunStatus
 
-from ...cli import OneLineErrors, _one_line, json_value, non_negative_float, positive_int
+from ...cli import OneLineErrors, _one_line, json_value, positive_int, retention_days
 
 
 class Command(OneLineErrors, BaseCommand):
@@ -85,7 +85,7 @@ class Command(OneLineErrors, BaseCommand):
         )
         p.add_argument(
             "--older-than",
-            type=non_negative_float,
+            type=retention_days,
             default=None,
             metavar="DAYS",
             help="age in days, for every finished status (default: the retention settings)",
@@ -127,6 +127,8 @@ class Command(OneLineErrors, BaseCommand):
             first = exc.errors()[0]
             where = ".".join(str(x) for x in first.get("loc", ())) or "input"
             raise CommandError(f"invalid input: {where}: {first.get('msg')}") from exc
+        except (ValueError, TypeError) as exc:  # a bad argument the engine refused, unwritten
+            raise CommandError(str(exc)) from exc
         if opts["json"]:
             self.stdout.write(json.dumps(result["json"], indent=None, default=str))
         else:
@@ -136,17 +138,17 @@ class Command(OneLineErrors, BaseCommand):
             sys.exit(result["exit"])
 
     def do_enqueue(self, o: dict[str, Any]) -> dict[str, Any]:
-        name, _, version = o["name"].partition("@")
+        name, at, version = o["name"].partition("@")
+        if at and not (version.isascii() and version.isdigit()):  # before anything is written
+            raise CommandError(f"expected NAME or NAME@VERSION, got {o['name']!r}")
         res = engine.enqueue(
             name,
             o["input"],
-            version=int(version) if version.isdigit() else None,
+            version=int(version) if at else None,
             idempotency_key=o["idempotency_key"],
             priority=o["priority"],
             queue=o["queue"],
         )
-        if version and not version.isdigit():
-            raise CommandError(f"expected NAME@VERSION, got {o['name']!r}")
         text = f"{res.run_id}" + (" (deduplicated)" if res.deduplicated else "")
         return {"json": {"run_id": str(res.run_id), "deduplicated": res.deduplicated}, "text": text}
 
