@@ -30,6 +30,9 @@ class Signaled:
     delivered: bool
     status: str
 
+    def __post_init__(self) -> None:  # a RunStatus member or its value: always the plain value
+        object.__setattr__(self, "status", str(self.status))
+
 
 @dataclass(frozen=True)
 class StepView:
@@ -124,6 +127,36 @@ def _view(run: WorkflowRun, steps: list[StepView] | None = None) -> RunView:
     )
 
 
+# The longest values the run and fact columns hold (SQLite would store longer ones, PostgreSQL
+# refuses them with a DataError): refused up front, with the argument named, on both.
+_LONGEST = {
+    "queue": 100,
+    "idempotency_key": 255,
+    "concurrency_key": 255,
+    "trace_id": 64,
+    "fact name": 200,
+}
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+def _check_text(what: str, value: Any) -> None:
+    """ValueError unless `value` is a non-empty string the column can hold (no NUL either:
+    PostgreSQL's text refuses it)."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
+    if len(value) > _LONGEST[what]:
+        raise ValueError(f"{what} is {len(value)} characters long: at most {_LONGEST[what]}")
+    if "\x00" in value:
+        raise ValueError(f"{what} must not contain a NUL character")
+
+
+def _check_priority(priority: Any) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an integer, not {priority!r}")
+    if not _INT32[0] <= priority <= _INT32[1]:
+        raise ValueError(f"priority must be between {_INT32[0]} and {_INT32[1]}, not {priority}")
+
+
 def _run_id(run_id: uuid.UUID | str) -> uuid.UUID:
     if isinstance(run_id, uuid.UUID):
         return run_id
@@ -158,11 +191,21 @@ def enqueue(
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
     key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
     limit = wf.limit_for(key, concurrency_limit)
+    for what, value in (
+        ("queue", queue),
+        ("idempotency_key", idempotency_key),
+        ("concurrency_key", key),
+        ("trace_id", trace_id or None),  # "": a new one, as None
+    ):
+        if value is not None:
+            _check_text(what, value)
+    if priority is not None:
+        _check_priority(priority)
     digest = input_hash(data)
     run_id = transitions.create_run(
         task_name=wf.name,
         version=wf.version,
-        queue=queue or wf.queue,
+        queue=wf.queue if queue is None else queue,
         priority=wf.priority if priority is None else priority,
         input=data,
         idempotency_key=idempotency_key,
@@ -297,15 +340,14 @@ def signal(
     first payload is the one kept) and even after the run has finished.
     """
     rid = _run_id(run_id)
-    data = to_jsonable(payload)
-    if idempotency_key is not None and (
-        not isinstance(idempotency_key, str) or not idempotency_key
-    ):
-        raise ValueError(f"idempotency_key must be a non-empty string, not {idempotency_key!r}")
+    _check_text("fact name", name)
+    if idempotency_key is not None:
+        _check_text("idempotency_key", idempotency_key)
     with transaction.atomic():
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
         if run is None:
             raise UnknownRunError(f"no run with id {rid}")
+        data = to_jsonable(payload)  # UnstorableValueError: nothing written
         if idempotency_key is not None and (first := _first_answer(rid, idempotency_key)):
             return first
         if run.status in FINISHED or run.cancel_requested_at is not None:

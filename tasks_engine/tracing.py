@@ -125,13 +125,13 @@ def start_step_span(ctx: Any, key: str, kind: str) -> Any:
             "tasks.run_id": str(ctx.run_id),
             "tasks.attempt": ctx.attempt,
             "tasks.step.name": key,
-            "tasks.step.kind": kind,
+            "tasks.step.kind": str(kind),  # a StepKind is a str enum: its value, not its repr
         },
     )
 
 
 def end_step_span(span: Any, status: str, exc: BaseException | None) -> None:
-    span.set_attribute("tasks.step.status", status)
+    span.set_attribute("tasks.step.status", str(status))
     if status == "failed" and exc is not None:
         span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
     span.end()

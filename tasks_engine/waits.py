@@ -6,6 +6,7 @@ resolved; the run parks as `waiting` in between and a fact, a child's end or a t
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -214,7 +215,13 @@ def _terminal(error: BaseException) -> dict[str, Any]:
 def _child_key(run_id: Any, key: str, run_pass: int) -> str:
     """The child's idempotency key: one child per step and workflow pass (a workflow retry
     starts the child again instead of getting the failed one back)."""
-    return f"child:{run_id}:{key}" + (f":pass{run_pass}" if run_pass > 1 else "")
+    suffix = f":pass{run_pass}" if run_pass > 1 else ""
+    full = f"child:{run_id}:{key}{suffix}"
+    if len(full) <= 255:  # the idempotency key column's length
+        return full
+    # A long step key (they may hold 300 characters): its digest instead, still one per step.
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    return f"child:{run_id}:sha256:{digest}{suffix}"
 
 
 @transitions.attempt_write

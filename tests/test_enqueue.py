@@ -157,3 +157,78 @@ def test_a_name_resolves_to_its_newest_version_and_unregistering_one_falls_back(
     reg.unregister("versions-probe", 1)
     with pytest.raises(UnknownTaskError):
         reg.get("versions-probe")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"queue": ""}, ValueError, "queue must be a non-empty string"),
+        ({"queue": "q" * 101}, ValueError, "queue is 101 characters long: at most 100"),
+        ({"queue": "a\x00b"}, ValueError, "queue must not contain a NUL"),
+        ({"idempotency_key": ""}, ValueError, "idempotency_key must be a non-empty string"),
+        ({"idempotency_key": "k" * 256}, ValueError, "idempotency_key is 256 characters"),
+        (
+            {"concurrency_key": "c" * 256},
+            ValueError,
+            "concurrency_key of noop@1 must be a non-empty",
+        ),
+        ({"trace_id": "t" * 65}, ValueError, "trace_id is 65 characters long: at most 64"),
+        ({"priority": 2**31}, ValueError, "priority must be between"),
+        ({"priority": -(2**31) - 1}, ValueError, "priority must be between"),
+        ({"priority": True}, TypeError, "priority must be an integer"),
+        ({"priority": "3"}, TypeError, "priority must be an integer"),
+    ],
+)
+def test_arguments_the_columns_cannot_hold_are_refused_and_write_nothing(
+    options: dict, error: type[Exception], message: str
+) -> None:
+    """The same answer on both databases: PostgreSQL refused these with a DataError from the
+    insert, SQLite stored them (300 characters read back from a 100-character column)."""
+    before = counts()
+    with pytest.raises(error, match=message):
+        tasks_engine.enqueue("noop", {"n": 1}, **options)
+    assert counts() == before
+
+
+def test_the_widest_values_the_columns_hold_are_stored() -> None:
+    run_id = tasks_engine.enqueue(
+        "noop",
+        {"n": 1},
+        queue="q" * 100,
+        idempotency_key="k" * 255,
+        concurrency_key="c" * 255,
+        priority=2**31 - 1,
+    ).run_id
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (len(run.queue), len(run.idempotency_key), len(run.concurrency_key)) == (100, 255, 255)
+    assert run.priority == 2**31 - 1
+
+
+def test_signal_checks_the_run_before_the_payload_and_answers_a_plain_status() -> None:
+    from tasks_engine.models import Fact
+
+    with pytest.raises(UnknownRunError):
+        tasks_engine.signal(uuid.uuid4(), "x", float("nan"))
+    run_id = tasks_engine.enqueue("noop", {"n": 1}).run_id
+    with pytest.raises(ValueError, match="fact name is 201 characters long"):
+        tasks_engine.signal(run_id, "x" * 201)
+    with pytest.raises(ValueError, match="fact name must be a non-empty string"):
+        tasks_engine.signal(run_id, "")
+    assert Fact.objects.count() == 0
+    first = tasks_engine.signal(run_id, "x", idempotency_key="s1")
+    again = tasks_engine.signal(run_id, "x", idempotency_key="s1")
+    assert first == again == tasks_engine.Signaled(True, "pending")
+    assert type(first.status) is str and type(again.status) is str
+
+
+def test_a_child_key_too_long_for_the_column_is_its_step_keys_digest() -> None:
+    from tasks_engine.waits import _child_key
+
+    run_id = uuid.UUID(int=7)
+    assert _child_key(run_id, "copy", 1) == f"child:{run_id}:copy"
+    assert _child_key(run_id, "copy", 2) == f"child:{run_id}:copy:pass2"
+    long_key = "s" * 300
+    hashed = _child_key(run_id, long_key, 2)
+    assert len(hashed) <= 255 and hashed.endswith(":pass2")
+    assert hashed != _child_key(run_id, "t" * 300, 2)
+    assert hashed == _child_key(run_id, long_key, 2)
