@@ -23,6 +23,7 @@ either (the test may mean to signal first), `run_to_completion` does.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -97,9 +98,47 @@ def drain(
             fake.jump_to(wake)
             continue
         run, lease = claimed[0].run, claimed[0].lease
-        wf, ctx = executor.build_context(run, lease, threading.Event(), claimed[0].prestarted)
-        outcomes.append(executor.execute(run, wf, ctx))
+        prepared = executor.prepare(run, lease, threading.Event(), claimed[0].prestarted)
+        with _StepTimeouts(prepared):
+            outcomes.append(executor.execute(run, prepared.workflow, prepared.ctx))
     return outcomes
+
+
+class _StepTimeouts:
+    """What a worker's heartbeat does for the running step's `timeout=`, for the run a drain
+    executes: when the timer is due, abort the step with its StepTimeoutError (it then fails
+    and is retried under its policy, as in a worker). Real time, not the fake clock: a step's
+    timeout bounds how long its code runs. (A step that ignores its abort runs on until it
+    returns; a worker would write it off after the grace.)"""
+
+    def __init__(self, prepared: executor.Prepared) -> None:
+        self._handle = prepared.handle
+        self._abort = prepared.ctx.abort_signal.abort
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._watch, name="tester-step-timeouts")
+
+    def __enter__(self) -> _StepTimeouts:
+        self._handle.on_timer_armed(self._wake.set)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stopping:
+            self._wake.clear()  # before reading the timer: an arm after this wakes the wait
+            timer = self._handle.timer
+            wait: float | None = None  # until the next step arms one
+            if timer is not None and timer.fired is None:
+                wait = timer.deadline - time.monotonic()
+                if wait <= 0:
+                    timer.fire(time.monotonic(), self._abort)
+                    continue
+            self._wake.wait(wait)
 
 
 class WorkflowTester:

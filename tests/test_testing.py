@@ -102,3 +102,15 @@ def test_unknown_run_and_cancel() -> None:
         assert t.cancel(run, "test")
         assert t.run_to_completion(run).status == "canceled"
         assert WorkflowRun.objects.filter(pk=run, status="canceled").exists()
+
+
+def test_a_step_timeout_aborts_the_step_in_the_tester_as_in_a_worker() -> None:
+    """The tester had no heartbeat: a step with timeout=0.3 that watched its abort signal ran
+    its whole body (3 s here) and completed late, where a worker aborts it at 0.3 s."""
+    with testing.WorkflowTester() as t:
+        run = t.start("timed_step", {"timeout": 0.3, "hangs": 1, "hold": 3.0})
+        view = t.run_to_completion(run)
+    assert view.status == "completed"
+    assert view.output["slow"] == {"attempt": 2}  # the first attempt timed out, the retry ran
+    failed = [s for s in t.steps(run) if s.name == "slow" and s.status == "failed"]
+    assert len(failed) == 1 and "timed out after 0.3 seconds" in failed[0].error["message"]
