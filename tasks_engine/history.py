@@ -89,7 +89,8 @@ class ReplayHistory:
         rec = self.records.get(key)
         if rec is not None and rec.attempts and rec.kind != kind:
             raise NonDeterminismError(
-                f"step {key!r} was recorded as {rec.kind!r} but replay called it as {kind!r}"
+                f"step {key!r} was recorded as {str(rec.kind)!r}"  # a StepKind: its value
+                f" but replay called it as {str(kind)!r}"
             )
         return rec
 

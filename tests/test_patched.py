@@ -157,7 +157,10 @@ def test_replay_check_catches_a_changed_step_kind_and_a_moved_step(
     found = {m["run_id"]: m for m in json.loads(out)}
     assert set(found) == {str(kind), str(moved)}
     assert found[str(kind)]["task"] == "kind_changes" and found[str(kind)]["version"] == 1
-    assert "'b' was recorded as 'function'" in found[str(kind)]["problem"]
+    assert (
+        "'b' was recorded as 'function' but replay called it as 'sleep'"
+        in found[str(kind)]["problem"]
+    )
     assert found[str(moved)]["problem"] == (
         "recorded steps b, go no longer reached before new step 'x'"
     )
