@@ -200,7 +200,11 @@ def test_the_widest_values_the_columns_hold_are_stored() -> None:
         priority=2**31 - 1,
     ).run_id
     run = WorkflowRun.objects.get(pk=run_id)
-    assert (len(run.queue), len(run.idempotency_key), len(run.concurrency_key)) == (100, 255, 255)
+    assert (run.queue, run.idempotency_key, run.concurrency_key) == (
+        "q" * 100,
+        "k" * 255,
+        "c" * 255,
+    )
     assert run.priority == 2**31 - 1
 
 

@@ -194,7 +194,7 @@ def test_the_keys_heads_are_walked_only_when_the_scanned_runs_cannot_fill_the_cl
     assert not heads_walked(4)
     claimed = transitions.claim_runs("w", FLOW, None, 4, 600.0)
     # Best first: x, y, z, then x again (a key of limit 2 takes its second place).
-    assert sorted(c.run.concurrency_key for c in claimed) == [
+    assert sorted(str(c.run.concurrency_key) for c in claimed) == [
         "disk:x",
         "disk:x",
         "disk:y",
