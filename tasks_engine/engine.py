@@ -157,6 +157,11 @@ def _check_priority(priority: Any) -> None:
         raise ValueError(f"priority must be between {_INT32[0]} and {_INT32[1]}, not {priority}")
 
 
+def _check_reason(reason: Any) -> None:
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"reason must be a string, not {type(reason).__name__}")
+
+
 def _run_id(run_id: uuid.UUID | str) -> uuid.UUID:
     if isinstance(run_id, uuid.UUID):
         return run_id
@@ -295,6 +300,7 @@ def list_runs(
 def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:
     """Cancel a run and its children. False when the run had already finished."""
     rid = _run_id(run_id)
+    _check_reason(reason)
     with transaction.atomic():
         transitions.lock_parent(rid)  # a parent parking on this run must see the cancel
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
@@ -321,6 +327,7 @@ def retry_run(
     Raises `UnknownRunError`, or `UnknownStepError` for a `from_step` the run never recorded.
     """
     rid = _run_id(run_id)
+    _check_reason(reason)
     if from_step is not None and (not isinstance(from_step, str) or not from_step):
         raise UnknownStepError(f"from_step must be a step name, not {from_step!r}")
     return transitions.retry_run(rid, from_step=from_step, reason=reason or "", by=by)

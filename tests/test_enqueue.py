@@ -236,3 +236,13 @@ def test_a_child_key_too_long_for_the_column_is_its_step_keys_digest() -> None:
     assert len(hashed) <= 255 and hashed.endswith(":pass2")
     assert hashed != _child_key(run_id, "t" * 300, 2)
     assert hashed == _child_key(run_id, long_key, 2)
+
+
+def test_a_reason_that_is_not_a_string_is_refused_and_changes_nothing() -> None:
+    run_id = tasks_engine.enqueue("noop", {"n": 1}).run_id
+    with pytest.raises(TypeError, match="reason must be a string, not int"):
+        tasks_engine.cancel(run_id, reason=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="reason must be a string"):
+        tasks_engine.retry_run(run_id, reason=["x"])  # type: ignore[arg-type]
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.cancel_reason) == ("pending", "")
