@@ -22,6 +22,8 @@ Rules
   stop_worker     graceful stop: draining, a grace of a few stops, abort, hand back
                   (`requeue_run`), exit
   cancel, signal  `tasks_engine.cancel` / `tasks_engine.signal(run, "go")` on any run
+  retry           `tasks_engine.retry_run` of a failed or canceled top-level run (an operator's
+                  retry: back to pending, its completed steps kept, the rest run again)
   advance_clock   0.6 s (deferred completions), 5 s, 11 s (sleeps), 31 s (leases expire)
   wake_next_timer jump to the next due time of a pending or waiting run
 
@@ -227,6 +229,7 @@ class EngineSimulation(RuleBasedStateMachine):
         self.enqueued = 0
         self.disrupted: Counter[uuid.UUID] = Counter()  # kills and lost leases, per run
         self.outages: Counter[uuid.UUID] = Counter()  # attempts ended by a database error
+        self.retried: Counter[uuid.UUID] = Counter()  # operator retries, per run
         self.ended: set[int] = set()  # attempts whose end was looked at
         self.completed_steps = CompletedSteps()
         self.broken = False
@@ -359,6 +362,20 @@ class EngineSimulation(RuleBasedStateMachine):
             tasks_engine.cancel(run.id)
 
     @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        # Top-level runs only: a child belongs to its parent's pass (the parent's retry starts
+        # a new child), and a child retried alone under a canceled parent would run on.
+        finished = WorkflowRun.objects.filter(
+            status__in=("failed", "canceled"), parent_run_id__isnull=True
+        )
+        candidates = list(finished.order_by("created_at").values_list("id", flat=True))
+        if candidates:
+            run_id = data.draw(st.sampled_from(candidates), label="run")
+            assert tasks_engine.retry_run(run_id, reason="simulated operator") is True
+            self.retried[run_id] += 1
+            event("an operator retried a run")
+
+    @rule(data=st.data())
     def signal(self, data: st.DataObject) -> None:
         run = data.draw(st.sampled_from(runs()), label="run")
         tasks_engine.signal(run.id, FACT, FACT_PAYLOAD)
@@ -386,7 +403,10 @@ class EngineSimulation(RuleBasedStateMachine):
         self._report("no-lost-wakeup", check_waits(state))
         self._report("completed-steps-stable", self.completed_steps.check(state))
         self._report("run-outcomes", check_outcomes(state, self.disrupted))
-        self._report("side-effects", check_log(state, self.log, self.disrupted + self.outages))
+        # A body meant to run once runs once more per interruption, and per operator retry of
+        # a run it failed (its failed step runs again).
+        reruns = self.disrupted + self.outages + self.retried
+        self._report("side-effects", check_log(state, self.log, reruns))
 
     def teardown(self) -> None:
         try:
@@ -503,6 +523,7 @@ class EngineSimulation(RuleBasedStateMachine):
         """What the example did: hypothesis events, and STATS for the test's summary."""
         STATS["examples"] += 1
         STATS["attempts"] += len(self.attempts)
+        STATS["operator retries"] += sum(self.retried.values())
         for outcome in sorted({a.outcome for a in self.attempts}):
             event(f"an attempt ended {outcome}")
         STATS.update(f"attempt {a.outcome}" for a in self.attempts)
