@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from tasks_engine import clock, first_steps
+from tasks_engine import clock, first_steps, flow
 
 from .helpers import FakeClock, WorkerProcess
 
@@ -38,6 +38,15 @@ def _no_first_step_guesses_carried_over() -> Iterator[None]:
     first_steps.reset()
     yield
     first_steps.reset()
+
+
+@pytest.fixture(autouse=True)
+def _no_keyed_claims_carried_over() -> Iterator[None]:
+    """A test that enqueues a keyed run switches this process's claims to the guarded claim
+    (flow.note_keyed): the next tests start plain again. (A test of enqueue's argument checks
+    left it on, and a later test of the group's claim-along found no claim in its group.)"""
+    yield
+    flow.forget_keyed()
 
 
 @pytest.fixture

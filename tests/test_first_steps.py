@@ -155,6 +155,26 @@ def test_a_group_that_claims_along_starts_the_first_steps_too() -> None:
 
 
 @pytest.mark.usefixtures("postgres_only")
+def test_a_group_with_nothing_to_write_sends_no_statement_and_its_guarded_claim_still_runs() -> (
+    None
+):
+    """With a keyed run seen, the group's claim is guarded: it runs after the group's own
+    statement, which here has nothing to write. That statement was an empty `WITH` (a
+    syntax error from the server); now nothing is sent for it."""
+    done = tasks_engine.enqueue("noop", {"n": 1})
+    first = claim_one("noop")
+    assert first.run.pk == done.run_id
+    execute(first)
+    nxt = tasks_engine.enqueue("noop", {"n": 2}, concurrency_key="k").run_id  # guarded now
+    assert flow.guarded([("noop", 1)], None)
+    request = transitions.ClaimRequest("w2", [("noop", 1)], None, 2, 30)
+    write = transitions.HotWrite("deferred", first.lease, (), timezone.now())
+    claimed = transitions.write_group([write], request)
+    assert write.error is None and write.result is True
+    assert [c.run.pk for c in claimed] == [nxt]
+
+
+@pytest.mark.usefixtures("postgres_only")
 def test_a_guarded_claim_starts_the_first_steps_too(settings: Any, fake_clock: FakeClock) -> None:
     """The claim that flow control guards (transitions/flow_claims_pg.py) starts a learned first
     step like the plain claim, in its own statement: for a keyed run and for a run of a limited

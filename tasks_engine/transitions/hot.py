@@ -143,7 +143,9 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
     statement = hot_sql.group_statement(
         parts, written, claim_text, prestart is not None and bool(prestart.guesses)
     )
-    rows = fetchall(statement, params)
+    # A group with nothing to write and no claim (deferred writes whose completions were all
+    # settled) sends nothing: its statement would be an empty WITH.
+    rows = fetchall(statement, params) if parts or claim_text is not None else []
     # Results are matched to writes by (run, lease token): a stale and a fresh lease of one
     # run may share a group, and only the fresh one's fence passes.
     started: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
