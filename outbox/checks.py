@@ -28,8 +28,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 "OUTBOX BACKOFF_MAX_SECONDS must be >= BACKOFF_BASE_SECONDS", id="outbox.E004"
             )
         )
-    if not (0 < s.claim_seconds < math.inf):
-        errors.append(checks.Error("OUTBOX CLAIM_SECONDS must be > 0", id="outbox.E005"))
+    if not (0 <= s.claim_seconds < math.inf):  # 0: a dead relay's events are due at once
+        errors.append(checks.Error("OUTBOX CLAIM_SECONDS must be >= 0", id="outbox.E005"))
     if s.retention_days is not None and not (0 <= s.retention_days <= 36_500):
         errors.append(
             checks.Error(

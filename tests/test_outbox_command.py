@@ -51,7 +51,8 @@ def test_default_settings_pass_the_checks() -> None:
         ({"MAX_ATTEMPTS": 0}, "outbox.E002"),
         ({"BACKOFF_BASE_SECONDS": -1}, "outbox.E003"),
         ({"BACKOFF_BASE_SECONDS": 10, "BACKOFF_MAX_SECONDS": 5}, "outbox.E004"),
-        ({"CLAIM_SECONDS": 0}, "outbox.E005"),
+        ({"CLAIM_SECONDS": -1}, "outbox.E005"),
+        ({"CLAIM_SECONDS": float("nan")}, "outbox.E005"),
         ({"RETENTION_DAYS": -3}, "outbox.E006"),
     ],
 )
