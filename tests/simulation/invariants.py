@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
+from django.db.models import Count, Max
 
 from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
 from tasks_engine.states import ACTIVE, FINISHED
@@ -179,6 +180,21 @@ def check_cancels(state: DbState) -> list[str]:
             if child.status not in FINISHED and child.cancel_requested_at is None:
                 out.append(f"{run.label}: cancel requested, child {child.label} goes on")
     return out
+
+
+def check_flow_limits() -> list[str]:
+    """No key ever has more runs `running` than its limit (crashed and stale attempts
+    included: their runs keep their places until the run leaves `running`)."""
+    running = (
+        WorkflowRun.objects.filter(status="running", concurrency_key__isnull=False)
+        .values("concurrency_key")
+        .annotate(n=Count("id"), limit=Max("concurrency_limit"))
+    )
+    return [
+        f"key {r['concurrency_key']!r}: {r['n']} runs running, its limit is {r['limit']}"
+        for r in running
+        if r["n"] > (r["limit"] or 1)
+    ]
 
 
 def check_steps_after_cancel(state: DbState) -> list[str]:

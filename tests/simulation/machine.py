@@ -46,6 +46,8 @@ Invariants, after every rule (invariants.py)
   - no attempt dies of an unexpected exception, nor of a database error nobody injected
   - a worker's heartbeat aborts every attempt of it whose lease is gone; a graceful stop hands
     back every run it still held
+  - flow control: no concurrency key ever has more runs `running` than its limit (sim-keyed's
+    runs share one key of limit 1; the claims are the guarded claim once one is enqueued)
 At quiescence (teardown: release every attempt, claim whatever is due, signal every fact
 wait, jump over every timer and lease, until nothing moves)
   - every run finished, and every completed run completed each of its steps exactly once
@@ -85,6 +87,7 @@ from .invariants import (
     CompletedSteps,
     check_attempts,
     check_cancels,
+    check_flow_limits,
     check_log,
     check_outcomes,
     check_quiescent,
@@ -134,6 +137,7 @@ SHAPES: dict[str, Shape] = {
     "bad-inf": Shape("sim-bad-value", {"bad": "inf"}, "unstorable-step-result"),
     "bad-nul": Shape("sim-bad-value", {"bad": "nul"}, "unstorable-step-result"),
     "bad-set": Shape("sim-bad-value", {"bad": "set"}, "unstorable-step-result"),
+    "keyed": Shape("sim-keyed"),
 }
 ENABLED_SHAPES = [name for name, s in SHAPES.items() if s.defect is None or not known(s.defect)]
 WORKER = st.integers(0, WORKERS - 1)
@@ -401,6 +405,7 @@ class EngineSimulation(RuleBasedStateMachine):
         self._report("cancel-reaches-children", check_cancels(state))
         self._report("no-step-after-cancel", check_steps_after_cancel(state))
         self._report("no-lost-wakeup", check_waits(state))
+        self._report("flow-limits", check_flow_limits())
         self._report("completed-steps-stable", self.completed_steps.check(state))
         self._report("run-outcomes", check_outcomes(state, self.disrupted))
         # A body meant to run once runs once more per interruption, and per operator retry of

@@ -25,6 +25,8 @@ FACT_PAYLOAD = "!"
 SLEEP_SECONDS = 10.0
 FACT_TIMEOUT_SECONDS = 20.0
 STEP_RETRY = RetryPolicy(max_attempts=3, initial_interval=1.0, max_interval=4.0)
+SIM_KEY = "sim-disk"  # sim-keyed's concurrency key
+KEY_LIMIT = 1
 
 
 class SimFailure(NonRetryableError):
@@ -167,6 +169,14 @@ def sim_parent_retry(ctx: TaskContext) -> str:
     return step(ctx, "b", str(kid))
 
 
+def sim_keyed(ctx: TaskContext) -> str:
+    """Flow control: at most KEY_LIMIT runs of its key run at once, fleet-wide; its sleep
+    (a waiting run) holds no place."""
+    a = step(ctx, "a")
+    ctx.step.sleep("nap", SLEEP_SECONDS)
+    return step(ctx, "b", a)
+
+
 def sim_bad_value(ctx: TaskContext) -> Any:
     return ctx.step.run("a", lambda: _bad_body(ctx))
 
@@ -210,6 +220,11 @@ DEFINITIONS: list[tuple[Callable[[TaskContext], Any], dict[str, Any], Expect]] =
         Expect(frozenset({"ab"}), ("b",)),
     ),
     (sim_bad_value, {"input": SimInput}, Expect(must_fail=True, run_once=("a",))),
+    (
+        sim_keyed,
+        {"concurrency_key": SIM_KEY, "concurrency_limit": KEY_LIMIT},
+        Expect(frozenset({"ab"}), ("a", "b")),
+    ),
 ]
 
 
