@@ -7,6 +7,8 @@ from typing import Any
 
 from django.core import checks
 
+from tasks_engine.conf import MAX_RETENTION_DAYS
+
 from .conf import outbox_settings
 
 
@@ -30,7 +32,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         )
     if not (0 <= s.claim_seconds < math.inf):  # 0: a dead relay's events are due at once
         errors.append(checks.Error("OUTBOX CLAIM_SECONDS must be >= 0", id="outbox.E005"))
-    if s.retention_days is not None and not (0 <= s.retention_days <= 36_500):
+    if s.retention_days is not None and not (0 <= s.retention_days <= MAX_RETENTION_DAYS):
         errors.append(
             checks.Error(
                 "OUTBOX RETENTION_DAYS must be a number of days from 0 to 36500 (or None: kept)",

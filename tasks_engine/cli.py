@@ -40,9 +40,10 @@ def non_negative_float(value: str) -> float:
 
 
 def retention_days(value: str) -> float:
-    """An age in days a prune can count back from now: at most 100 years (further back the
-    cut-off date would fall before the year 1 and overflow)."""
-    return _number(value, float, lambda f: 0 <= f <= 36_500, "a number of days from 0 to 36500")
+    """An age in days a prune can count back from now (conf.MAX_RETENTION_DAYS)."""
+    from .conf import MAX_RETENTION_DAYS as most
+
+    return _number(value, float, lambda f: 0 <= f <= most, f"a number of days from 0 to {most}")
 
 
 def port_number(value: str) -> int:

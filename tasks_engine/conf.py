@@ -114,6 +114,9 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
     )
 
 
+# The oldest age a prune counts back (100 years): further back the cut-off date overflows.
+MAX_RETENTION_DAYS = 36_500
+
 _RATE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
 _WINDOW = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -173,10 +176,10 @@ def _retention(raw: Any) -> tuple[tuple[str, float | None], ...]:
         except (TypeError, ValueError):
             days[status] = -1.0  # refused below
         kept = days[status]
-        if kept is not None and not 0 <= kept <= 36_500:  # further back the cut-off overflows
+        if kept is not None and not 0 <= kept <= MAX_RETENTION_DAYS:
             raise ValueError(
-                f"RETENTION_DAYS[{status!r}] must be a number of days from 0 to 36500 or None"
-                f" (kept for ever), not {value!r}"
+                f"RETENTION_DAYS[{status!r}] must be a number of days from 0 to"
+                f" {MAX_RETENTION_DAYS} or None (kept for ever), not {value!r}"
             )
     return tuple(days.items())
 

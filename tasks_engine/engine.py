@@ -129,12 +129,16 @@ def _view(run: WorkflowRun, steps: list[StepView] | None = None) -> RunView:
 
 # The longest values the run and fact columns hold (SQLite would store longer ones, PostgreSQL
 # refuses them with a DataError): refused up front, with the argument named, on both.
-_LONGEST = {
-    "queue": 100,
-    "idempotency_key": 255,
-    "concurrency_key": 255,
-    "trace_id": 64,
-    "fact name": 200,
+_COLUMNS = {
+    "queue": (WorkflowRun, "queue"),
+    "idempotency_key": (WorkflowRun, "idempotency_key"),
+    "concurrency_key": (WorkflowRun, "concurrency_key"),
+    "trace_id": (WorkflowRun, "trace_id"),
+    "fact name": (Fact, "name"),
+}
+_LONGEST: dict[str, int] = {
+    what: int(getattr(model._meta.get_field(f), "max_length", 0) or 0)
+    for what, (model, f) in _COLUMNS.items()
 }
 _INT32 = (-(2**31), 2**31 - 1)
 
