@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from tasks_engine.models import LeaderLease, WorkflowRun
 from tasks_engine.models import Worker as WorkerRow
 from tests.helpers import ROOT, database_url, wait_for
 from tests.testapp.leader_probe import probed_pids
-from tests.testapp.models import SideEffect
+from tests.testapp.models import Marker, SideEffect
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -92,6 +93,43 @@ def test_a_killed_worker_costs_seconds_not_its_120s_lease(workers) -> None:
     assert SideEffect.objects.get(key="middle-start", worker="rescuer").created_at < lease_ends
     wait_for(lambda: WorkflowRun.objects.get(pk=res.run_id).status == "completed", 60, "the end")
     assert not WorkerRow.objects.filter(pid=doomed.pid).exists()  # reaped
+
+
+def test_a_stalled_worker_declared_dead_commits_nothing_and_comes_back(workers) -> None:
+    """The dead-worker service cannot tell a stalled worker (SIGSTOP, a long GC pause, a
+    suspended VM) from a dead one: it releases the runs of a worker whose beat is old. When the
+    stalled worker wakes up, its commit is fenced (the run is another worker's now), it stays
+    up, its row comes back with its next beat, and it serves new runs."""
+    run_id = tasks_engine.enqueue("fenced_slow", {"seconds": 3}).run_id
+    frozen = workers("--lease-seconds", "120", *FAST, tag="frozen")
+    wait_for(lambda: SideEffect.objects.filter(key="op-start").exists(), 30, "the op to start")
+    frozen.send(signal.SIGSTOP)
+    try:
+        rescuer = workers("--lease-seconds", "120", *FAST, tag="rescuer")
+        wait_for(
+            lambda: WorkflowRun.objects.get(pk=run_id).status == "completed",
+            90,
+            "the rescuer to retake the run (the frozen worker's 120 s lease notwithstanding)",
+        )
+        assert row_of(frozen.pid) is None  # declared dead, its row reaped
+    finally:
+        frozen.send(signal.SIGCONT)
+    time.sleep(5)  # its op's sleep ends and it tries to commit
+    assert list(Marker.objects.values_list("value", flat=True)) == ["rescuer"]
+    assert WorkflowRun.objects.get(pk=run_id).worker_id.split(":")[1] == str(rescuer.pid)
+    log = frozen.log()
+    assert "FencingError" in log or "lease lost" in log, log
+    assert frozen.proc.poll() is None, log  # it did not crash
+    wait_for(lambda: row_of(frozen.pid) is not None, 30, "the woken worker's row to come back")
+    rescuer.send(signal.SIGTERM)
+    rescuer.wait(30)
+    other = tasks_engine.enqueue("b").run_id
+    wait_for(
+        lambda: WorkflowRun.objects.get(pk=other).status == "completed",
+        30,
+        "the woken worker to serve a new run",
+    )
+    assert WorkflowRun.objects.get(pk=other).worker_id.split(":")[1] == str(frozen.pid)
 
 
 def test_exactly_one_leader_among_three_and_a_killed_one_is_replaced(
