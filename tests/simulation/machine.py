@@ -211,10 +211,13 @@ def runs() -> list[RunInfo]:
     return [RunInfo(*row) for row in rows]
 
 
-def next_due(statuses: tuple[str, ...]) -> datetime | None:
+def next_due(statuses: tuple[str, ...], after: datetime | None = None) -> datetime | None:
+    """The earliest `available_at` of a run in `statuses` (later than `after`, if given)."""
+    runs = WorkflowRun.objects.filter(status__in=statuses, available_at__isnull=False)
+    if after is not None:
+        runs = runs.filter(available_at__gt=after)
     return (
-        WorkflowRun.objects.filter(status__in=statuses, available_at__isnull=False)
-        .order_by("available_at")
+        runs.order_by("available_at")
         .values_list("available_at", flat=True)
         .first()
     )
@@ -511,8 +514,11 @@ class EngineSimulation(RuleBasedStateMachine):
             if live:
                 self._step(live[0])
             elif not self._claim(drainer) and not self._signal_fact_waiters():
-                due = next_due(("pending", "waiting", "running"))
-                if due is None or due <= self.env.clock.current:
+                # Nothing claimable now; a due run may still be held back (its key is full,
+                # its place held by a crashed worker's run): wait for the next thing that comes
+                # due, such as that lease's expiry.
+                due = next_due(("pending", "waiting", "running"), after=self.env.clock.current)
+                if due is None:
                     return
                 self.env.clock.jump_to(due)
         self._report("quiescence", [f"still moving after {DRAIN_LIMIT} drain steps"])
