@@ -83,6 +83,8 @@ class Workflow:
     # Flow control: a string, or a callable of the validated input returning one.
     concurrency_key: str | Callable[[Any], str] | None = None
     concurrency_limit: int = 1
+    # At most one queued run per key (docs/FLOW_CONTROL.md): the same forms as concurrency_key.
+    queueing_key: str | Callable[[Any], str] | None = None
     deadline: timedelta | None = None  # default deadline_at = created + deadline
     # A cron expression: the workflow runs on it, under its own name, with input {}
     # (tasks_engine/schedules/). Checked by `manage.py check`, not here.
@@ -114,15 +116,27 @@ class Workflow:
     def key_for(self, stored: Any, override: str | None = None) -> str | None:
         """The run's concurrency key: `override`, else the workflow's (a callable gets the
         validated input). Raises ValueError for a key that is not a non-empty string."""
+        return self._run_key("concurrency_key", self.concurrency_key, stored, override)
+
+    def queueing_key_for(self, stored: Any, override: str | None = None) -> str | None:
+        """The run's queueing key, as `key_for` finds the concurrency key."""
+        return self._run_key("queueing_key", self.queueing_key, stored, override)
+
+    def _run_key(
+        self,
+        what: str,
+        declared: str | Callable[[Any], str] | None,
+        stored: Any,
+        override: str | None,
+    ) -> str | None:
         key: Any = override
-        if key is None and self.concurrency_key is not None:
-            wk = self.concurrency_key
-            key = wk(self.load_input(stored)) if callable(wk) else wk
+        if key is None and declared is not None:
+            key = declared(self.load_input(stored)) if callable(declared) else declared
         if key is None:
             return None
         if not isinstance(key, str) or not key or len(key) > 255:
             raise ValueError(
-                f"concurrency_key of {self.key} must be a non-empty string of at most 255"
+                f"{what} of {self.key} must be a non-empty string of at most 255"
                 f" characters, not {key!r}"
             )
         return key
@@ -219,6 +233,7 @@ def workflow(
     priority: int = 0,
     concurrency_key: str | Callable[[Any], str] | None = None,
     concurrency_limit: int = 1,
+    queueing_key: str | Callable[[Any], str] | None = None,
     deadline: timedelta | None = None,
     schedule: str | None = None,
     schedule_timezone: str = "UTC",
@@ -229,10 +244,11 @@ def workflow(
         raise TypeError("workflow input must be a pydantic BaseModel subclass")
     if version < 1:
         raise ValueError("workflow version must be >= 1")
-    if concurrency_key is not None and not (
-        (isinstance(concurrency_key, str) and concurrency_key) or callable(concurrency_key)
-    ):
-        raise TypeError("concurrency_key must be a non-empty string or a callable of the input")
+    for what, declared in (("concurrency_key", concurrency_key), ("queueing_key", queueing_key)):
+        if declared is not None and not (
+            (isinstance(declared, str) and declared) or callable(declared)
+        ):
+            raise TypeError(f"{what} must be a non-empty string or a callable of the input")
     _check_limit(concurrency_limit)
     if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
         raise ValueError(f"workflow deadline must be a positive timedelta, got {deadline!r}")
@@ -249,6 +265,7 @@ def workflow(
             priority=priority,
             concurrency_key=concurrency_key,
             concurrency_limit=concurrency_limit,
+            queueing_key=queueing_key,
             deadline=deadline,
             schedule=schedule,
             schedule_timezone=schedule_timezone,

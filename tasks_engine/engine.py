@@ -71,6 +71,7 @@ class RunView:
     progress: Any
     unreached_steps: list[str]
     concurrency_key: str | None = None
+    queueing_key: str | None = None
     waiting_on: str = ""
     retries: list[dict[str, Any]] = field(default_factory=list)  # retry_run: at, by, reason
     steps: list[StepView] = field(default_factory=list)
@@ -121,6 +122,7 @@ def _view(run: WorkflowRun, steps: list[StepView] | None = None) -> RunView:
         progress=run.progress,
         unreached_steps=list(run.unreached_steps or []),
         concurrency_key=run.concurrency_key,
+        queueing_key=run.queueing_key,
         waiting_on=run.waiting_on,
         retries=list(run.retries or []),
         steps=steps or [],
@@ -133,6 +135,7 @@ _COLUMNS = {
     "queue": (WorkflowRun, "queue"),
     "idempotency_key": (WorkflowRun, "idempotency_key"),
     "concurrency_key": (WorkflowRun, "concurrency_key"),
+    "queueing_key": (WorkflowRun, "queueing_key"),
     "trace_id": (WorkflowRun, "trace_id"),
     "fact name": (Fact, "name"),
 }
@@ -188,11 +191,14 @@ def enqueue(
     queue: str | None = None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    queueing_key: str | None = None,
     parent_run_id: uuid.UUID | None = None,
     parent_step: str = "",
 ) -> Enqueued:
     """Create a run on the caller's connection: it commits or rolls back with the caller.
-    `concurrency_key` and `concurrency_limit` override the workflow's (docs/FLOW_CONTROL.md)."""
+    `concurrency_key` and `concurrency_limit` override the workflow's, as `queueing_key` does
+    (docs/FLOW_CONTROL.md). With a queueing key that a queued run holds (pending, never
+    started), that run is the answer (`deduplicated=True`) and nothing is written."""
     if isinstance(task, Workflow):
         version = version or task.version
         task = task.name
@@ -200,10 +206,12 @@ def enqueue(
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
     key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
     limit = wf.limit_for(key, concurrency_limit)
+    queueing = wf.queueing_key_for(data, queueing_key)  # ValueError: nothing written
     for what, value in (
         ("queue", queue),
         ("idempotency_key", idempotency_key),
         ("concurrency_key", key),
+        ("queueing_key", queueing),
         ("trace_id", trace_id or None),  # "": a new one, as None
     ):
         if value is not None:
@@ -211,28 +219,58 @@ def enqueue(
     if priority is not None:
         _check_priority(priority)
     digest = input_hash(data)
-    run_id = transitions.create_run(
-        task_name=wf.name,
-        version=wf.version,
-        queue=wf.queue if queue is None else queue,
-        priority=wf.priority if priority is None else priority,
-        input=data,
-        idempotency_key=idempotency_key,
-        input_hash=digest,
-        trace_id=trace_id or tracing.new_trace_id(),
-        available_at=available_at,
-        deadline_at=deadline_at if deadline_at is not None else _default_deadline(wf),
-        parent_run_id=parent_run_id,
-        parent_step=parent_step,
-        concurrency_key=key,
-        concurrency_limit=limit,
+    fields: dict[str, Any] = {
+        "task_name": wf.name,
+        "version": wf.version,
+        "queue": wf.queue if queue is None else queue,
+        "priority": wf.priority if priority is None else priority,
+        "input": data,
+        "idempotency_key": idempotency_key,
+        "input_hash": digest,
+        "trace_id": trace_id or tracing.new_trace_id(),
+        "available_at": available_at,
+        "deadline_at": deadline_at if deadline_at is not None else _default_deadline(wf),
+        "parent_run_id": parent_run_id,
+        "parent_step": parent_step,
+        "concurrency_key": key,
+        "concurrency_limit": limit,
+        "queueing_key": queueing,
+    }
+    # A key is taken by a row that a concurrent transaction may yet end (committed, the
+    # queued run claimed): the insert waits for it, and the lookup below then finds the
+    # holder, or nothing and the insert is tried again.
+    for _ in range(_TAKEN_TRIES):
+        run_id = transitions.create_run(**fields)
+        if run_id is not None:
+            return Enqueued(run_id, False)
+        if idempotency_key is not None:
+            found = _existing(wf.name, idempotency_key, digest)
+            if found is not None:
+                return found
+        if queueing is not None and (held := _queued_with(queueing)) is not None:
+            return Enqueued(held, True)
+    raise RuntimeError(
+        f"enqueue of {wf.key}: a key stayed taken by runs that were gone when looked up"
+        f" ({_TAKEN_TRIES} tries)"
     )
-    if run_id is None:  # the idempotency key is taken: same input -> that run, else conflict
-        assert idempotency_key is not None
-        found = _existing(wf.name, idempotency_key, digest)
-        assert found is not None
-        return found
-    return Enqueued(run_id, False)
+
+
+_TAKEN_TRIES = 5
+
+
+def _queued_with(queueing_key: str) -> uuid.UUID | None:
+    """The queued run holding `queueing_key` (run_queueing_key_unique's rows)."""
+    row: uuid.UUID | None = (
+        WorkflowRun.objects.filter(
+            queueing_key=queueing_key,
+            status=RunStatus.PENDING,
+            started_at__isnull=True,
+            retries__isnull=True,
+        )
+        .values_list("pk", flat=True)
+        .first()
+    )
+    return row
 
 
 def _default_deadline(wf: Workflow) -> datetime | None:

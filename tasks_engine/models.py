@@ -66,6 +66,9 @@ class WorkflowRun(models.Model):
     # SQL and cannot ask the registry.
     concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
+    # At most one queued run per key: while a run with the key waits to start for the first
+    # time, an enqueue with the same key returns that run (run_queueing_key_unique).
+    queueing_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -82,6 +85,19 @@ class WorkflowRun(models.Model):
                 fields=["task_name", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
                 name="run_idempotency_key_unique",
+            ),
+            # Queued: pending and never started, and not put back by an operator's retry (a
+            # retried run is that operator's, not a request to merge). Only enqueue writes a
+            # row into this set, so it is the only write that can meet the constraint.
+            models.UniqueConstraint(
+                fields=["queueing_key"],
+                condition=Q(
+                    queueing_key__isnull=False,
+                    status="pending",
+                    started_at__isnull=True,
+                    retries__isnull=True,
+                ),
+                name="run_queueing_key_unique",
             ),
             models.CheckConstraint(
                 condition=Q(status__in=RunStatus.values), name="run_status_valid"

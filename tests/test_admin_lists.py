@@ -289,6 +289,18 @@ def test_run_page_shows_everything(admin_client: Client) -> None:
     assert "window.location.reload" not in child_page  # finished: static
 
 
+def test_run_page_shows_the_flow_control_keys_only_when_set(admin_client: Client) -> None:
+    import tasks_engine
+
+    keyed = tasks_engine.enqueue("flow-scan", {"disk": "a"}, concurrency_key="disk:a").run_id
+    page = admin_client.get(run_url(WorkflowRun.objects.get(pk=keyed))).content.decode()
+    assert re.search(r'id="concurrency-key">disk:a</span> <span[^>]*>at most 1 running', page)
+    assert 'id="queueing-key">scan:a<' in page
+    plain = tasks_engine.enqueue("b").run_id
+    page = admin_client.get(run_url(WorkflowRun.objects.get(pk=plain))).content.decode()
+    assert "concurrency-key" not in page and "queueing-key" not in page
+
+
 def test_run_page_shows_error_with_traceback(admin_client: Client) -> None:
     runs = make_showcase()
     content = admin_client.get(run_url(runs["failed"])).content.decode()

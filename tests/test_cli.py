@@ -45,6 +45,13 @@ def test_enqueue_json_and_dedupe() -> None:
     assert again == {"run_id": first["run_id"], "deduplicated": True}
 
 
+def test_enqueue_with_a_queueing_key_answers_the_queued_run() -> None:
+    first = json.loads(tasks("enqueue", "noop", "--queueing-key", "scan", "--json"))
+    again = json.loads(tasks("enqueue", "noop", "--queueing-key", "scan", "--json"))
+    assert again == {"run_id": first["run_id"], "deduplicated": True}
+    assert json.loads(tasks("inspect", first["run_id"], "--json"))["queueing_key"] == "scan"
+
+
 def test_enqueue_with_version_and_queue() -> None:
     out = json.loads(tasks("enqueue", "a@1", "--queue", "io", "--json"))
     run = WorkflowRun.objects.get(pk=out["run_id"])
@@ -67,6 +74,7 @@ def test_enqueue_with_version_and_queue() -> None:
         # Longer than the columns: PostgreSQL raised a DataError, SQLite stored them.
         (["enqueue", "noop", "--queue", "q" * 101], "queue is 101 characters long: at most 100"),
         (["enqueue", "noop", "--idempotency-key", "k" * 256], "idempotency_key is 256"),
+        (["enqueue", "noop", "--queueing-key", ""], "queueing_key of noop@1 must be a non-empty"),
         (["enqueue", "noop", "--priority", "99999999999"], "priority must be between"),
     ],
 )

@@ -65,3 +65,8 @@ def flow_plain(ctx: TaskContext) -> dict:
 @workflow(name="flow-rated", input=Job, queue="flow-rate")
 def flow_rated(ctx: TaskContext) -> dict:
     return _work(ctx)
+
+
+@workflow(name="flow-scan", input=Job, queueing_key=lambda inp: f"scan:{inp.disk}")
+def flow_scan(ctx: TaskContext) -> dict:
+    return _work(ctx)

@@ -43,6 +43,9 @@ class Command(OneLineErrors, BaseCommand):
         p.add_argument("--input", type=json_value, default={}, help="input as JSON (default: {})")
         p.add_argument("--queue", help="queue (default: the workflow's)")
         p.add_argument("--idempotency-key", help="dedupe runs of this task by key")
+        p.add_argument(
+            "--queueing-key", help="while a run with this key waits to start, answer that run"
+        )
         p.add_argument("--priority", type=int, help="higher runs first (default: workflow's)")
         p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -146,6 +149,7 @@ class Command(OneLineErrors, BaseCommand):
             o["input"],
             version=int(version) if at else None,
             idempotency_key=o["idempotency_key"],
+            queueing_key=o["queueing_key"],
             priority=o["priority"],
             queue=o["queue"],
         )
