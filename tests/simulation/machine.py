@@ -48,6 +48,8 @@ Invariants, after every rule (invariants.py)
     back every run it still held
   - flow control: no concurrency key ever has more runs `running` than its limit (sim-keyed's
     runs share one key of limit 1; the claims are the guarded claim once one is enqueued)
+  - a queueing key has at most one queued run (pending, never started, not an operator's
+    retry), and an enqueue that a run with the key answered was answered by that queued run
 At quiescence (teardown: release every attempt, claim whatever is due, signal every fact
 wait, jump over every timer and lease, until nothing moves)
   - every run finished, and every completed run completed each of its steps exactly once
@@ -85,11 +87,13 @@ from .defects import known
 from .harness import Attempt, ThreadPool, TickingClock
 from .invariants import (
     CompletedSteps,
+    check_answered_by_queued,
     check_attempts,
     check_cancels,
     check_flow_limits,
     check_log,
     check_outcomes,
+    check_queueing_keys,
     check_quiescent,
     check_steps_after_cancel,
     check_waits,
@@ -98,7 +102,7 @@ from .invariants import (
     reset_tables,
     snapshot,
 )
-from .workflows import FACT, FACT_PAYLOAD
+from .workflows import FACT, FACT_PAYLOAD, QUEUEING_KEY
 
 LEASE_SECONDS = 30.0
 DEFERRED_MAX_AGE = 0.5  # the heartbeat sends deferred completions older than this
@@ -118,6 +122,7 @@ class Shape:
     task: str
     input: dict[str, Any] | None = None
     defect: str | None = None  # the known defect that keeps it out (defects.py)
+    queueing_key: str | None = None  # enqueued with it: a queued run of the key answers
 
 
 SHAPES: dict[str, Shape] = {
@@ -138,6 +143,9 @@ SHAPES: dict[str, Shape] = {
     "bad-nul": Shape("sim-bad-value", {"bad": "nul"}, "unstorable-step-result"),
     "bad-set": Shape("sim-bad-value", {"bad": "set"}, "unstorable-step-result"),
     "keyed": Shape("sim-keyed"),
+    "queued": Shape("sim-steps", queueing_key=QUEUEING_KEY),
+    # The same key with another input: the queued run answers whatever the input.
+    "queued-atomic": Shape("sim-steps", {"atomic": True}, queueing_key=QUEUEING_KEY),
 }
 ENABLED_SHAPES = [name for name, s in SHAPES.items() if s.defect is None or not known(s.defect)]
 WORKER = st.integers(0, WORKERS - 1)
@@ -216,11 +224,7 @@ def next_due(statuses: tuple[str, ...], after: datetime | None = None) -> dateti
     runs = WorkflowRun.objects.filter(status__in=statuses, available_at__isnull=False)
     if after is not None:
         runs = runs.filter(available_at__gt=after)
-    return (
-        runs.order_by("available_at")
-        .values_list("available_at", flat=True)
-        .first()
-    )
+    return runs.order_by("available_at").values_list("available_at", flat=True).first()
 
 
 class EngineSimulation(RuleBasedStateMachine):
@@ -251,8 +255,14 @@ class EngineSimulation(RuleBasedStateMachine):
     @precondition(lambda self: self.enqueued < MAX_RUNS)
     @rule(shape=st.sampled_from(ENABLED_SHAPES))
     def enqueue(self, shape: str) -> None:
-        tasks_engine.enqueue(SHAPES[shape].task, SHAPES[shape].input)
+        spec = SHAPES[shape]
+        res = tasks_engine.enqueue(spec.task, spec.input, queueing_key=spec.queueing_key)
         self.enqueued += 1
+        if spec.queueing_key is not None:
+            STATS["enqueues with a queueing key"] += 1
+        if res.deduplicated and spec.queueing_key is not None:
+            STATS["enqueues a queued run answered"] += 1
+            self._report("queueing-key", check_answered_by_queued(res.run_id, spec.queueing_key))
 
     @rule(w=WORKER)
     def claim(self, w: int) -> None:
@@ -409,6 +419,7 @@ class EngineSimulation(RuleBasedStateMachine):
         self._report("no-step-after-cancel", check_steps_after_cancel(state))
         self._report("no-lost-wakeup", check_waits(state))
         self._report("flow-limits", check_flow_limits())
+        self._report("queueing-key", check_queueing_keys())
         self._report("completed-steps-stable", self.completed_steps.check(state))
         self._report("run-outcomes", check_outcomes(state, self.disrupted))
         # A body meant to run once runs once more per interruption, and per operator retry of

@@ -26,6 +26,7 @@ SLEEP_SECONDS = 10.0
 FACT_TIMEOUT_SECONDS = 20.0
 STEP_RETRY = RetryPolicy(max_attempts=3, initial_interval=1.0, max_interval=4.0)
 SIM_KEY = "sim-disk"  # sim-keyed's concurrency key
+QUEUEING_KEY = "sim-scan"  # the "queued" shape's queueing key (machine.py)
 KEY_LIMIT = 1
 
 
