@@ -13,7 +13,7 @@ from django.db import transaction
 from . import clock, notify, tracing, transitions
 from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
-from .models import Fact, StepAttempt, WorkflowRun
+from .models import QUEUED, Fact, StepAttempt, WorkflowRun
 from .run_waiter import wait_finished
 from .serialization import input_hash, to_jsonable
 from .states import FINISHED, RunStatus
@@ -260,16 +260,8 @@ _TAKEN_TRIES = 5
 
 def _queued_with(queueing_key: str) -> uuid.UUID | None:
     """The queued run holding `queueing_key` (run_queueing_key_unique's rows)."""
-    row: uuid.UUID | None = (
-        WorkflowRun.objects.filter(
-            queueing_key=queueing_key,
-            status=RunStatus.PENDING,
-            started_at__isnull=True,
-            retries__isnull=True,
-        )
-        .values_list("pk", flat=True)
-        .first()
-    )
+    held = WorkflowRun.objects.filter(queueing_key=queueing_key, **QUEUED)
+    row: uuid.UUID | None = held.values_list("pk", flat=True).first()
     return row
 
 

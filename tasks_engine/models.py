@@ -10,6 +10,11 @@ from django.db.models import Q
 
 from .states import RunStatus, StepKind, StepStatus
 
+# A queued run: pending and never started, and not put back by an operator's retry (a retried
+# run is that operator's, not a request to merge). A queueing key holds at most one
+# (run_queueing_key_unique); engine.enqueue looks the holder up by the same fields.
+QUEUED = {"status": "pending", "started_at__isnull": True, "retries__isnull": True}
+
 
 class WorkflowRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -86,17 +91,11 @@ class WorkflowRun(models.Model):
                 condition=Q(idempotency_key__isnull=False),
                 name="run_idempotency_key_unique",
             ),
-            # Queued: pending and never started, and not put back by an operator's retry (a
-            # retried run is that operator's, not a request to merge). Only enqueue writes a
-            # row into this set, so it is the only write that can meet the constraint.
+            # Only enqueue writes a row into the queued set, so it is the only write that can
+            # meet this constraint.
             models.UniqueConstraint(
                 fields=["queueing_key"],
-                condition=Q(
-                    queueing_key__isnull=False,
-                    status="pending",
-                    started_at__isnull=True,
-                    retries__isnull=True,
-                ),
+                condition=Q(queueing_key__isnull=False, **QUEUED),
                 name="run_queueing_key_unique",
             ),
             models.CheckConstraint(

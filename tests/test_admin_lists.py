@@ -14,6 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+import tasks_engine
 from tasks_engine import clock
 from tasks_engine.admin import paging as admin_paging
 from tasks_engine.admin import stats as admin_stats
@@ -290,8 +291,6 @@ def test_run_page_shows_everything(admin_client: Client) -> None:
 
 
 def test_run_page_shows_the_flow_control_keys_only_when_set(admin_client: Client) -> None:
-    import tasks_engine
-
     keyed = tasks_engine.enqueue("flow-scan", {"disk": "a"}, concurrency_key="disk:a").run_id
     page = admin_client.get(run_url(WorkflowRun.objects.get(pk=keyed))).content.decode()
     assert re.search(r'id="concurrency-key">disk:a</span> <span[^>]*>at most 1 running', page)

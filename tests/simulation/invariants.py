@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Count, Max
 
-from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
+from tasks_engine.models import QUEUED, Fact, OpLedger, StepAttempt, WorkflowRun
 from tasks_engine.states import ACTIVE, FINISHED
 
 from .defects import known
@@ -197,27 +197,21 @@ def check_flow_limits() -> list[str]:
     ]
 
 
-def _queued(key: str) -> Any:
-    return WorkflowRun.objects.filter(
-        queueing_key=key, status="pending", started_at__isnull=True, retries__isnull=True
-    )
-
-
 def check_queueing_keys() -> list[str]:
     """At most one queued run (pending, never started, not retried by hand) per queueing key."""
-    keyed = WorkflowRun.objects.filter(queueing_key__isnull=False)
-    keys = {str(k) for k in keyed.values_list("queueing_key", flat=True)}
-    out = []
-    for key in sorted(keys):
-        ids = sorted(str(i)[:8] for i in _queued(key).values_list("id", flat=True))
-        if len(ids) > 1:
-            out.append(f"queueing key {key!r}: {len(ids)} queued runs {ids}")
-    return out
+    queued = (
+        WorkflowRun.objects.filter(queueing_key__isnull=False, **QUEUED)
+        .values("queueing_key")
+        .annotate(n=Count("id"))
+    )
+    return [
+        f"queueing key {r['queueing_key']!r}: {r['n']} queued runs" for r in queued if r["n"] > 1
+    ]
 
 
 def check_answered_by_queued(run_id: Any, key: str) -> list[str]:
     """An enqueue that a run with its queueing key answered: that run is the key's queued one."""
-    if _queued(key).filter(pk=run_id).exists():
+    if WorkflowRun.objects.filter(pk=run_id, queueing_key=key, **QUEUED).exists():
         return []
     run = WorkflowRun.objects.filter(pk=run_id).values("status", "started_at", "retries").first()
     return [f"an enqueue with queueing key {key!r} was answered by run {run_id}, not queued: {run}"]

@@ -260,9 +260,10 @@ class EngineSimulation(RuleBasedStateMachine):
         self.enqueued += 1
         if spec.queueing_key is not None:
             STATS["enqueues with a queueing key"] += 1
-        if res.deduplicated and spec.queueing_key is not None:
-            STATS["enqueues a queued run answered"] += 1
-            self._report("queueing-key", check_answered_by_queued(res.run_id, spec.queueing_key))
+            if res.deduplicated:
+                STATS["enqueues a queued run answered"] += 1
+                answered = check_answered_by_queued(res.run_id, spec.queueing_key)
+                self._report("queueing-key", answered)
 
     @rule(w=WORKER)
     def claim(self, w: int) -> None:
