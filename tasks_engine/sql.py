@@ -201,13 +201,39 @@ def _pg(sql: str, params: Params, *, fetch: bool) -> int | list[tuple[Any, ...]]
     """The engine's hot statements on PostgreSQL: server-side parameters and prepared
     statements, so neither side re-parses (or quotes) them each time.
     Django's error wrapping and query log (CaptureQueriesContext) still apply."""
-    import psycopg
-
     connection.ensure_connection()  # a new connection is set up by prepare_engine_statements
     start = time.monotonic()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
+    with connection.wrap_database_errors:
+        sql, cur = statement_cursor(connection.connection, sql)
         cur.execute(sql, params, prepare=True)  # the engine runs a handful of shapes, often
         result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
     if connection.queries_logged:
         connection.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
     return result
+
+
+# The statements a connection keeps a cursor for (least recently used dropped first): the
+# engine's shapes are a few dozen, group statements' combinations included.
+KEPT_CURSORS = 64
+
+
+def statement_cursor(raw: Any, sql: str) -> tuple[str, Any]:
+    """A cursor of the psycopg connection `raw` kept for the statement `sql`, and the statement
+    object that cursor last ran (pass that one to `execute`). psycopg keeps a cursor's
+    adapters (its Transformer: the dumper of each parameter's type, looked up afresh in a new
+    one) only while the cursor runs the same query object again; a new cursor per statement
+    cost 30 to 40 us of the client's CPU per execution (bench/PROFILE.md, eighth session).
+    Django's connections are per thread, so a connection's cursors are one thread's."""
+    import psycopg
+
+    kept: dict[str, tuple[str, Any]] | None = getattr(raw, "_engine_cursors", None)
+    if kept is None:
+        kept = {}
+        raw._engine_cursors = kept
+    entry = kept.pop(sql, None)
+    if entry is None or entry[1].closed:
+        if len(kept) >= KEPT_CURSORS:
+            kept.pop(next(iter(kept)))[1].close()
+        entry = (sql, psycopg.Cursor(raw))
+    kept[sql] = entry  # last: the most recently used
+    return entry

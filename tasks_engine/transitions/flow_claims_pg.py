@@ -35,7 +35,7 @@ from django.db import connection
 from .. import first_steps
 from ..conf import QueueLimits, engine_settings
 from ..models import QueueClaim
-from ..sql import p_dt, query
+from ..sql import p_dt, query, statement_cursor
 from ._common import RUN, Claimed
 from .claims import (
     CLAIM_COLUMNS,
@@ -161,15 +161,16 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
     """Both statements (after PLANNED) in one round trip; outside a transaction they form one
     implicit transaction, committed after the second (the advisory locks are held until
     then)."""
-    import psycopg
-
     connection.ensure_connection()
     raw = connection.connection
     prepare = engine_settings().prepared_statements
     start = time.monotonic()
-    with connection.wrap_database_errors, psycopg.Cursor(raw) as c1, psycopg.Cursor(raw) as c2:
+    with connection.wrap_database_errors:
+        (planned, c0), (first, c1), (second, c2) = (
+            statement_cursor(raw, sql) for sql in (PLANNED, first, second)
+        )
         with raw.pipeline():  # its end sends the one Sync and reads both results
-            c1.execute(PLANNED, prepare=prepare)
+            c0.execute(planned, prepare=prepare)
             c1.execute(first, p1, prepare=prepare)
             c2.execute(second, p2, prepare=prepare)
         rows = c2.fetchall()
