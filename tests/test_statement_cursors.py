@@ -29,7 +29,13 @@ def kept() -> dict[str, tuple[str, Any]]:
 @pytest.mark.django_db
 def test_a_statement_runs_again_on_its_cursor_with_the_same_adapters(postgres_only: None) -> None:
     tasks_engine.enqueue("bench_noop")
-    [(text, cur)] = [entry for entry in kept().values() if "INSERT INTO" in entry[0]]
+    # the connection may keep other INSERTs from earlier tests: take the one enqueue just ran,
+    # the most recently used statement that writes a run
+    [(text, cur), *_] = [
+        entry
+        for entry in reversed(kept().values())
+        if "INSERT INTO" in entry[0] and "tasks_engine_workflowrun" in entry[0]
+    ]
     adapters = cur._tx
     tasks_engine.enqueue("bench_noop")
     assert kept()[text][1] is cur
