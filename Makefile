@@ -59,7 +59,7 @@ simulate: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy tasks_engine outbox umt tests
+	$(BIN)/mypy .
 
 # Ours vs PgQueuer, Procrastinate, DBOS and django-tasks-db on a throwaway cluster (peers in
 # bench/.venv-peers): about 20 min on the shared 2-core machine, peers install included; writes

@@ -361,7 +361,8 @@ def cmd_scale(a: argparse.Namespace) -> dict[str, Any]:
         use_database("bench_loaded")
         call_command("migrate", verbosity=0)
         fill(a.waiting, a.finished)
-        empty, loaded = [], []
+        empty: list[float] = []
+        loaded: list[float] = []
         for _ in range(3):
             for name, rates in ((empty_db, empty), ("bench_loaded", loaded)):
                 use_database(name)
@@ -391,6 +392,7 @@ def cmd_steps(a: argparse.Namespace) -> dict[str, Any]:
             while WorkflowRun.objects.get(pk=rid).status != "completed":
                 time.sleep(0.002)
             r = WorkflowRun.objects.get(pk=rid)
+            assert r.finished_at is not None
             single.append((r.finished_at - r.created_at).total_seconds() * 1000)
         proc.terminate()
         proc.wait()

@@ -258,6 +258,7 @@ def drain(
             " FROM tasks_engine_workflowrun WHERE status = 'completed' AND started_at >= %s",
             [began],
         ).fetchone()
+        assert span is not None
         done, seconds = int(span[0]), float(span[1])
         assert done == runs, f"{done} of {runs} completed"
         result = {
@@ -398,7 +399,7 @@ def pgqueuer_drain(cluster: Any, runs: int) -> dict[str, Any]:
         ).fetchall()
         commits_n = conn.execute(
             "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", [name]
-        ).fetchone()[0]
+        ).fetchall()[0][0]
         wal_now = wal(conn)
     return {
         "per_s": out["per_s"],

@@ -612,7 +612,7 @@ def plot(raw: dict[str, Any], path: Path) -> bool:
     )
     top.grid(alpha=0.3)
     top.legend(fontsize=8, loc="lower left")
-    panels = [
+    panels: list[tuple[Any, str, str, list[tuple[str, str, tuple[str, ...]]]]] = [
         (
             capped[0],
             "every engine at 8 in flight (higher is better)",

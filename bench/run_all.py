@@ -456,9 +456,9 @@ def machine(server: str) -> dict[str, Any]:
     )
     mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
     with psycopg.connect(f"{server}/postgres") as conn:
-        pg = conn.execute("SHOW server_version").fetchone()[0]
+        pg = str(conn.execute("SHOW server_version").fetchall()[0][0])
         settings = {
-            k: conn.execute(f"SHOW {k}").fetchone()[0]
+            k: str(conn.execute(f"SHOW {k}").fetchall()[0][0])
             for k in ("fsync", "synchronous_commit", "wal_sync_method", "shared_buffers")
         }
     commit = our_code()

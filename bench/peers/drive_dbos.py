@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import harness
 import psycopg
-from dbos import DBOS, DBOSConfig
+from dbos import DBOS, DBOSConfig, Queue
 
 QUEUE = "bench"
 POLL_S = 0.01
@@ -36,7 +36,7 @@ def ten_steps() -> int:
     return sum(nothing(i) for i in range(10))
 
 
-def launch(dsn: str, *, listen: bool, concurrency: int):
+def launch(dsn: str, *, listen: bool, concurrency: int) -> Queue:
     config: DBOSConfig = {
         "name": "bench",
         "system_database_url": dsn,
@@ -54,7 +54,7 @@ def launch(dsn: str, *, listen: bool, concurrency: int):
 class Conductor:
     def __init__(self, a) -> None:
         self.a = a
-        self.queue = None
+        self.queue: Queue
 
     def setup(self) -> None:
         self.queue = launch(self.a.dsn, listen=False, concurrency=self.a.concurrency)
@@ -89,7 +89,7 @@ class Conductor:
                             " WHERE workflow_uuid = %s",
                             [wid],
                         ).fetchone()
-                        if row[0] == "SUCCESS":
+                        if row is not None and row[0] == "SUCCESS":
                             singles.append(float(row[1]))
                             break
                         time.sleep(0.002)

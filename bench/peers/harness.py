@@ -149,11 +149,13 @@ def watch(
     with psycopg.connect(dsn, autocommit=True) as conn:
         last = time.perf_counter()
         while True:
-            queued, finished = conn.execute(sql).fetchone()
+            row = conn.execute(sql).fetchone()
+            assert row is not None, sql
+            queued, finished = row
             now = time.perf_counter()
             if t0 is None and queued < n:
                 t0 = (last + now) / 2
-            if finished >= n:
+            if finished >= n and t0 is not None:
                 return n, max((last + now) / 2 - t0, now - last)
             if max_seconds and t0 is not None and now - t0 >= max_seconds:
                 return finished, now - t0
