@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import DataError, connection, transaction
+from django.db import DataError, OperationalError, connection, transaction
 
 import tasks_engine
 from tasks_engine import clock, sql
@@ -89,3 +89,42 @@ def test_a_new_connection_gets_cursors_of_its_own(postgres_only: None) -> None:
     new = kept()[statement][1]
     assert new is not old and new.connection is connection.connection
     assert old.connection.closed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_guarded_claim_that_failed_in_its_pipeline_claims_on_the_same_cursors(
+    postgres_only: None, settings: Any
+) -> None:
+    """The guarded claim sends three statements in one pipeline on kept cursors: a failure in
+    the middle one (the queue's lock held elsewhere past lock_timeout) leaves the connection
+    usable, claims nothing, and the next claim runs on the same cursors and takes the run."""
+    import psycopg
+
+    from tasks_engine import flow, transitions
+    from tasks_engine.transitions.flow_claims_pg import QUEUE_LOCK
+
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "QUEUES": {"flow-io": {"concurrency": 1}}}
+    run_id = tasks_engine.enqueue("flow-plain", {}).run_id
+    pairs = [("flow-plain", 1)]
+    try:
+        with psycopg.connect(_dsn(), autocommit=True) as other:
+            other.execute("SELECT pg_advisory_lock(%s, hashtext('flow-io'))", [QUEUE_LOCK])
+            with connection.cursor() as cur:
+                cur.execute("SET lock_timeout = '50ms'")
+            with pytest.raises(OperationalError, match="lock timeout"):
+                transitions.claim_runs("w", pairs, None, 1, 600.0)
+            before = {text: cur for text, (_, cur) in kept().items()}
+            other.execute("SELECT pg_advisory_unlock(%s, hashtext('flow-io'))", [QUEUE_LOCK])
+        [got] = transitions.claim_runs("w", pairs, None, 1, 600.0)
+        assert got.run.pk == run_id
+        reused = [text for text, (_, cur) in kept().items() if before.get(text) is cur]
+        assert len(reused) >= 3  # PLANNED and the two claim statements: the cursors that failed
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET lock_timeout")
+        flow.forget_keyed()
+
+
+def _dsn() -> str:
+    d = connection.settings_dict
+    return f"host={d['HOST']} port={d['PORT'] or 5432} user={d['USER']} dbname={d['NAME']}"
