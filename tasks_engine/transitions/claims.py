@@ -15,6 +15,7 @@ from django.db.models.base import ModelState
 
 from .. import clock, first_steps, flow, notify
 from ..models import WorkflowRun
+from ..run_ids import new_run_id
 from ..sql import (
     Params,
     fetchall,
@@ -91,7 +92,7 @@ def create_run(
     key that is taken, or a queueing key that a queued run holds, nothing is inserted and None
     is returned."""
     now = clock.now()
-    run_id = uuid.uuid4()
+    run_id = new_run_id()
     if queueing_key is not None:  # either key may be the one taken
         conflict = " ON CONFLICT DO NOTHING"
     elif idempotency_key is not None:

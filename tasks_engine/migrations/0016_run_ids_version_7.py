@@ -1,0 +1,30 @@
+# The runs' primary key defaults to a version 7 UUID (tasks_engine/run_ids.py). A default is
+# Python's, not the database's: state only, so that SQLite does not rebuild the runs table (its
+# AlterField of a primary key copies every row into a new table) for a change with no SQL.
+
+from django.db import migrations, models
+
+import tasks_engine.run_ids
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("tasks_engine", "0015_queueing_key"),
+    ]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.AlterField(
+                    model_name="workflowrun",
+                    name="id",
+                    field=models.UUIDField(
+                        default=tasks_engine.run_ids.new_run_id,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+            ],
+        ),
+    ]
