@@ -15,7 +15,6 @@ from django.db.models.base import ModelState
 
 from .. import clock, first_steps, flow, notify
 from ..models import WorkflowRun
-from ..run_ids import new_run_id
 from ..sql import (
     Params,
     fetchall,
@@ -92,7 +91,7 @@ def create_run(
     key that is taken, or a queueing key that a queued run holds, nothing is inserted and None
     is returned."""
     now = clock.now()
-    run_id = new_run_id()
+    run_id = uuid.uuid4()
     if queueing_key is not None:  # either key may be the one taken
         conflict = " ON CONFLICT DO NOTHING"
     elif idempotency_key is not None:
