@@ -13,6 +13,7 @@ from django.db import DataError, OperationalError, connection, transaction
 import tasks_engine
 from tasks_engine import clock, sql
 from tasks_engine.models import WorkflowRun
+from tests.helpers import database_url
 
 
 @pytest.fixture
@@ -107,7 +108,7 @@ def test_a_guarded_claim_that_failed_in_its_pipeline_claims_on_the_same_cursors(
     run_id = tasks_engine.enqueue("flow-plain", {}).run_id
     pairs = [("flow-plain", 1)]
     try:
-        with psycopg.connect(_dsn(), autocommit=True) as other:
+        with psycopg.connect(database_url(), autocommit=True) as other:
             other.execute("SELECT pg_advisory_lock(%s, hashtext('flow-io'))", [QUEUE_LOCK])
             with connection.cursor() as cur:
                 cur.execute("SET lock_timeout = '50ms'")
@@ -123,8 +124,3 @@ def test_a_guarded_claim_that_failed_in_its_pipeline_claims_on_the_same_cursors(
         with connection.cursor() as cur:
             cur.execute("RESET lock_timeout")
         flow.forget_keyed()
-
-
-def _dsn() -> str:
-    d = connection.settings_dict
-    return f"host={d['HOST']} port={d['PORT'] or 5432} user={d['USER']} dbname={d['NAME']}"
