@@ -15,6 +15,9 @@ class QueueLimits:
 
     concurrency: int | None = None  # at most this many of its runs `running` at once
     rate: tuple[int, float] | None = None  # (N, window seconds): at most N claims per window
+    # At most this many of its runs held by one worker process at once (executing, or claimed
+    # ahead for a slot): a cap of each process, whatever its --concurrency.
+    worker_concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -138,15 +141,14 @@ def _queue_limits(name: Any, spec: Any) -> QueueLimits:
     if not isinstance(name, str) or not name:
         raise ValueError(f"{where}: a queue name must be a non-empty string")
     if not isinstance(spec, dict):
-        raise ValueError(f"{where} must be a dict with 'concurrency' and/or 'rate_limit'")
-    unknown = sorted(set(spec) - {"concurrency", "rate_limit"})
+        raise ValueError(
+            f"{where} must be a dict with 'concurrency', 'rate_limit' and/or 'worker_concurrency'"
+        )
+    unknown = sorted(set(spec) - {"concurrency", "rate_limit", "worker_concurrency"})
     if unknown:
         raise ValueError(f"{where}: unknown option(s) {', '.join(map(repr, unknown))}")
-    concurrency = spec.get("concurrency")
-    if concurrency is not None and (
-        isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
-    ):
-        raise ValueError(f"{where}['concurrency'] must be an integer >= 1, not {concurrency!r}")
+    concurrency = _positive(where, spec, "concurrency")
+    per_worker = _positive(where, spec, "worker_concurrency")
     rate = spec.get("rate_limit")
     parsed = None
     if rate is not None:
@@ -157,7 +159,14 @@ def _queue_limits(name: Any, spec: Any) -> QueueLimits:
                 f" not {rate!r}"
             )
         parsed = (int(m.group(1)), _WINDOW[m.group(2)])
-    return QueueLimits(concurrency=concurrency, rate=parsed)
+    return QueueLimits(concurrency=concurrency, rate=parsed, worker_concurrency=per_worker)
+
+
+def _positive(where: str, spec: dict[str, Any], option: str) -> int | None:
+    value = spec.get(option)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{where}[{option!r}] must be an integer >= 1, not {value!r}")
+    return value
 
 
 def _retention(raw: Any) -> tuple[tuple[str, float | None], ...]:

@@ -16,7 +16,8 @@ URL = "/admin/tasks_engine/workflowrun/queues/"
 
 
 def test_queues_page_shows_limits_counts_and_keys(admin_client: Client, settings: Any) -> None:
-    limit_queues(settings, {"flow-io": {"concurrency": 4, "rate_limit": "30/m"}})
+    io_limits = {"concurrency": 4, "rate_limit": "30/m", "worker_concurrency": 2}
+    limit_queues(settings, {"flow-io": io_limits})
     for _ in range(3):
         tasks_engine.enqueue("flow-plain", {})
     for _ in range(4):
@@ -24,7 +25,7 @@ def test_queues_page_shows_limits_counts_and_keys(admin_client: Client, settings
     claim(2, ["flow-io"])
     claim(5, ["default"])
     page = admin_client.get(URL).content.decode()
-    assert "4 at once, 30 per minute" in page
+    assert "4 at once, 30 per minute, 2 per worker" in page
     io = page.split('data-queue="flow-io"')[1].split("</tr>")[0]
     assert [c.split(">")[-1] for c in io.split("</td>")[2:5]] == ["2", "1", "0"]
     busy = page.split('data-key="disk:busy"')[1].split("</tr>")[0]

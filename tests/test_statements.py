@@ -134,7 +134,7 @@ def test_psycopg_keeps_the_conversion_of_the_longest_statements(settings: Any) -
     req = transitions.ClaimRequest("w", [("noop", 1)], None, 16, 30)
     claim, _params, _ = claim_ctes(req, tasks_engine.clock.now(), exclude=[])
     group = hot_sql.group_statement(("deferred", "starts", "completes"), True, claim, True)
-    guarded = flow_claims_pg._statements(_filters(req.pairs, None)[0], 1, True)
+    guarded = flow_claims_pg._statements(_filters(req.pairs, None)[0], 1, True, True)
     longest = max(len(group), *map(len, guarded))
     assert 4096 < longest <= _queries.MAX_CACHED_STATEMENT_LENGTH, longest
     settings.TASKS_ENGINE = {

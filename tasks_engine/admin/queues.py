@@ -58,6 +58,8 @@ def queue_rows(now: datetime) -> list[Row]:
         if lim.rate:
             n, window = lim.rate
             parts.append(f"{n} per {WINDOWS.get(window, humanize_seconds(window))}")
+        if lim.worker_concurrency:
+            parts.append(f"{lim.worker_concurrency} per worker")
         rows[name].limit = ", ".join(parts)
     return sorted(rows.values(), key=lambda r: r.name)
 

@@ -143,6 +143,10 @@ class ClaimRequest:
     # worker, even when an outage let their lease expire; the held entry and its renewals
     # stay with the attempt that runs.
     held: tuple[uuid.UUID, ...] = ()
+    # (queue, places): how many more runs of each queue with a `worker_concurrency` this worker
+    # may take now (its cap less the runs of the queue it holds). Only the guarded claim
+    # takes runs of such a queue: it is a limited queue (flow.limited_queues).
+    worker_room: tuple[tuple[str, int], ...] = ()
 
 
 def claim_ctes(
@@ -268,11 +272,15 @@ def claim_runs(
     limit: int,
     lease_seconds: float,
     held: tuple[uuid.UUID, ...] = (),
+    worker_room: dict[str, int] | None = None,
 ) -> list[Claimed]:
-    """Claim up to `limit` runs in one statement (see `claim_ctes`)."""
+    """Claim up to `limit` runs in one statement (see `claim_ctes`). `worker_room`: the
+    places left under each queue's `worker_concurrency` in this worker (its cap when
+    missing)."""
     if not pairs or limit <= 0:
         return []
-    req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds, held)
+    room = tuple(sorted(worker_room.items())) if worker_room else ()
+    req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds, held, room)
     if flow.guarded(pairs, queues):
         from .flow_claims import claim_guarded
 

@@ -69,8 +69,11 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
         queue_room = {q: room for q, (room, _log) in rooms.items()}
         logs = {q: log for q, (_room, log) in rooms.items() if log is not None}
         key_room = _key_room(keys)
-        candidates = _candidates(req, params, limited, queue_room, key_room)
-        chosen = _admit(candidates, queue_room, key_room, req.limit)
+        worker_room = _worker_room(req, limited)
+        # No more of a capped queue's runs read than this worker may take.
+        reads = {q: min(room, worker_room.get(q, BIG)) for q, room in queue_room.items()}
+        candidates = _candidates(req, params, limited, reads, key_room)
+        chosen = _admit(candidates, queue_room, key_room, worker_room, req.limit)
         if not chosen:
             return []
         sql = query("flow_claim_update").format(columns=_COLUMNS)
@@ -105,6 +108,16 @@ def _key_room(keys: dict[str, int]) -> dict[str, int]:
 
 
 # -- queues -----------------------------------------------------------------------------------
+
+
+def _worker_room(req: ClaimRequest, limited: dict[str, QueueLimits]) -> dict[str, int]:
+    """How many more runs of each queue with a worker_concurrency this worker may take."""
+    given = dict(req.worker_room)
+    return {
+        q: given.get(q, lim.worker_concurrency)
+        for q, lim in limited.items()
+        if lim.worker_concurrency
+    }
 
 
 def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _Log | None]:
@@ -197,23 +210,29 @@ def _admit(
     candidates: list[Candidate],
     queue_room: dict[str, int],
     key_room: dict[str, int],
+    worker_room: dict[str, int],
     limit: int,
 ) -> list[Candidate]:
     """Best first, as the plain claim orders them, taking each run while its key and its
-    queue have room; a reclaim of an expired lease is already counted as running."""
-    queue_room, key_room = dict(queue_room), dict(key_room)
+    queue have room; a reclaim of an expired lease is already counted as running, but not
+    by this worker: its queue's worker_concurrency caps it too."""
+    queue_room, key_room, worker_room = dict(queue_room), dict(key_room), dict(worker_room)
     chosen: list[Candidate] = []
     for c in sorted(candidates, key=lambda c: c.order):
         if len(chosen) == limit:
             break
+        if worker_room.get(c.queue, BIG) <= 0:
+            continue
         if c.src:
             if c.key is not None and key_room.get(c.key, 0) <= 0:
                 continue
-            if c.queue in queue_room and queue_room[c.queue] <= 0:
+            if queue_room.get(c.queue, BIG) <= 0:
                 continue
             if c.key is not None:
                 key_room[c.key] -= 1
             if c.queue in queue_room:
                 queue_room[c.queue] -= 1
+        if c.queue in worker_room:
+            worker_room[c.queue] -= 1
         chosen.append(c)
     return chosen

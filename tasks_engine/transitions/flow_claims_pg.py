@@ -121,12 +121,15 @@ def statements(
     lock_params += [*fparams]  # roomy
     lock_params += [t, t, *fparams, walk, req.limit]  # heads, loose
     lock_params += [2 * req.limit, req.limit, req.limit]
+    worker_room = dict(req.worker_room)
+    capped = {q: lim.worker_concurrency for q, lim in limited.items() if lim.worker_concurrency}
     queues = [
         {
             "q": q,
             "conc": lim.concurrency,
             "rate": lim.rate[0] if lim.rate else None,
             "since": (now - timedelta(seconds=lim.rate[1])).isoformat() if lim.rate else None,
+            "wroom": worker_room.get(q, capped[q]) if q in capped else None,
         }
         for q, lim in limited.items()
     ]
@@ -143,7 +146,7 @@ def statements(
         claim_params.append(t)  # logged
     if first_steps_json is not None:
         claim_params += [t, first_steps_json, t]  # ks
-    first, second = _statements(filt, len(rated), first_steps_json is not None)
+    first, second = _statements(filt, len(rated), first_steps_json is not None, bool(capped))
     return first, lock_params, second, claim_params
 
 
@@ -183,9 +186,10 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
 
 
 @functools.lru_cache(maxsize=16)
-def _statements(filt: str, rated: int, prestart: bool) -> tuple[str, str]:
+def _statements(filt: str, rated: int, prestart: bool, capped: bool) -> tuple[str, str]:
     # Compact: fewer bytes to send (and to convert once: sql.LONGEST_STATEMENT).
-    return _compact(_lock_statement(filt)), _compact(_claim_statement(filt, rated, prestart))
+    claim = _claim_statement(filt, rated, prestart, capped)
+    return _compact(_lock_statement(filt)), _compact(claim)
 
 
 def _compact(sql: str) -> str:
@@ -274,7 +278,7 @@ def _lock_statement(filt: str) -> str:
     """
 
 
-def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
+def _claim_statement(filt: str, rated: int, prestart: bool, capped: bool = False) -> str:
     cols = (
         "id, {src} AS src, priority, available_at, ctid AS tid, queue, concurrency_key AS k"
         f" FROM {RUN}"
@@ -324,6 +328,18 @@ def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
         else ""
     )
     per_queue = " AND concurrency_key IS NULL AND queue = queues.q"
+    # A queue's worker_concurrency caps every run of it this worker takes, a retaken expired
+    # lease too (which the queue's fleet-wide room leaves out: it is running already). Its
+    # runs come best first, expired leases ahead, so the cap keeps a prefix of them.
+    wrank, wcap = "", ""
+    if capped:
+        wrank = (
+            ", row_number() OVER (PARTITION BY c.queue"
+            " ORDER BY c.src, c.priority DESC, c.available_at, c.tid) AS wrank"
+        )
+        wcap = (
+            f" AND c.wrank <= coalesce((SELECT wroom FROM queues WHERE queues.q = c.queue), {BIG})"
+        )
     # The plain claim's start of the first steps, its named parameters in their order.
     ks = ", " + _positional(query("claim_prestart")) if prestart else ""
     select = prestarted_select(True) if prestart else "SELECT * FROM k"
@@ -338,9 +354,11 @@ def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
                 CASE WHEN j.conc IS NULL THEN {BIG} ELSE j.conc - (SELECT count(*) FROM {RUN} r
                     WHERE r.status = 'running' AND r.queue = j.q) END,
                 CASE WHEN j.rate IS NULL THEN {BIG}
-                    ELSE j.rate - coalesce(n.seq - o.seq + o.claims, 0) END
-            ) AS room
-            FROM json_to_recordset(%s::json) AS j(q text, conc int, rate int, since timestamptz)
+                    ELSE j.rate - coalesce(n.seq - o.seq + o.claims, 0) END,
+                coalesce(j.wroom, {BIG})
+            ) AS room, coalesce(j.wroom, {BIG}) AS wroom
+            FROM json_to_recordset(%s::json)
+                AS j(q text, conc int, rate int, since timestamptz, wroom int)
             LEFT JOIN LATERAL (
                 SELECT c.seq, c.claimed_at FROM {CLAIMS} c WHERE j.rate IS NOT NULL
                 AND c.queue = j.q ORDER BY c.queue, c.seq DESC LIMIT 1
@@ -376,11 +394,11 @@ def _claim_statement(filt: str, rated: int, prestart: bool) -> str:
         ), admitted AS MATERIALIZED (
             SELECT c.id, c.src, c.queue FROM (
                 SELECT c.*, row_number() OVER (PARTITION BY c.src = 0, c.queue
-                    ORDER BY c.src, c.priority DESC, c.available_at, c.tid) AS qrank
+                    ORDER BY c.src, c.priority DESC, c.available_at, c.tid) AS qrank{wrank}
                 FROM key_ok c
             ) AS c
-            WHERE c.src = 0
-            OR c.qrank <= coalesce((SELECT room FROM queues WHERE queues.q = c.queue), {BIG})
+            WHERE (c.src = 0
+            OR c.qrank <= coalesce((SELECT room FROM queues WHERE queues.q = c.queue), {BIG})){wcap}
             ORDER BY c.src, c.priority DESC, c.available_at, c.tid LIMIT %s
         ), k AS (
             {claim_update()} WHERE id = ANY(ARRAY(SELECT id FROM admitted))

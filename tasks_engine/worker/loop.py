@@ -73,6 +73,11 @@ class Worker:
         if prefetch is None:
             prefetch = config.concurrency * PREFETCH_PER_SLOT
         self.slots = SlotPool(config.concurrency, prefetch)
+        self.slots.caps = {
+            q: lim.worker_concurrency
+            for q, lim in flow.limited_queues(self.queues).items()
+            if lim.worker_concurrency
+        }
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
         self._signals = 0
@@ -133,6 +138,7 @@ class Worker:
                     free,
                     self.config.lease_seconds,
                     slots.held_ids(),
+                    slots.worker_room(),
                 )
                 outage.ok()
             except DB_ERRORS as exc:

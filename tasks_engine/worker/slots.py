@@ -23,7 +23,7 @@ import math
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -71,6 +71,11 @@ class SlotPool:
         # The claim loop claims ahead (the prefetch), not the group: flow control guards the
         # claims (worker/loop.py).
         self.claims_ahead = False
+        # Queues with a worker_concurrency: their runs this worker holds, from the claim that
+        # took them until their slot releases them (or they go back from the queue).
+        self.caps: dict[str, int] = {}
+        self._capped: dict[Key, str] = {}
+        self._per_queue: Counter[str] = Counter()
 
     # -- reserving and filling ------------------------------------------------------------------
 
@@ -117,6 +122,11 @@ class SlotPool:
         take."""
         metrics.record_claims([item.run for item in claimed])
         with self._lock:
+            if self.caps:
+                for c in claimed:
+                    if c.run.queue in self.caps:
+                        self._capped[c.lease.key] = c.run.queue
+                        self._per_queue[c.run.queue] += 1
             self._queued.extend(claimed)
             self._busy -= reserved - len(claimed)
             self._ready.notify(len(claimed))
@@ -151,6 +161,7 @@ class SlotPool:
             stale = [c for c in self._queued if c is not None and now - c.at > max_age]
             for c in stale:
                 self._queued.remove(c)
+                self._uncap(c.lease.key)
             self._busy -= len(stale)
         if stale:
             self.freed.set()
@@ -195,6 +206,7 @@ class SlotPool:
             handed_over = held is not None and held.handed_over
             retired = k in self._written_off  # its slot was already given to a new thread
             self._written_off.discard(k)
+            self._uncap(k)
             if not retired and not handed_over:
                 self._busy -= 1
         if not handed_over:
@@ -211,11 +223,22 @@ class SlotPool:
             held.lost = True
             del self._held[k]
             self._written_off.add(k)
+            self._uncap(k)  # like its slot, its place under a worker_concurrency is given up
             self._busy -= 1
         self.freed.set()
         return True
 
+    def _uncap(self, k: Key) -> None:
+        queue = self._capped.pop(k, None)
+        if queue is not None:
+            self._per_queue[queue] -= 1
+
     # -- reading --------------------------------------------------------------------------------
+
+    def worker_room(self) -> dict[str, int]:
+        """Places left under each queue's worker_concurrency (ClaimRequest.worker_room)."""
+        with self._lock:
+            return {q: cap - self._per_queue[q] for q, cap in self.caps.items()}
 
     def busy(self) -> int:
         return self._busy

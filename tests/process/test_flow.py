@@ -76,3 +76,20 @@ def test_rate_limit_holds_across_workers(workers: Any) -> None:
     # 2/s: any three claims span at least a second (the claims' own clock, as the log records)
     for first, third in zip(starts, starts[2:], strict=False):
         assert (third - first).total_seconds() >= 1.0, starts
+
+
+def test_worker_concurrency_caps_each_worker_not_the_fleet(workers: Any, tmp_path: Path) -> None:
+    """A queue's worker_concurrency of 1 with three workers of --concurrency 4: never more
+    than one of its runs at once in any worker, and the workers run them side by side (a
+    fleet-wide reading of the cap would never reach two at once)."""
+    trace = str(tmp_path / "trace")
+    for _ in range(9):
+        tasks_engine.enqueue("flow-plain", {"disk": "io", "seconds": 0.3, "trace": trace})
+    env = {"TEST_TASKS_QUEUES": json.dumps({"flow-io": {"worker_concurrency": 1}})}
+    procs = [workers(*ARGS, env=env, tag=f"w{i}") for i in range(3)]
+    finish_all(procs)
+    records = trace_lines(trace)
+    assert len(records) == 2 * 9
+    per_worker = most_at_once([{**r, "w": str(r["pid"])} for r in records], "w")
+    assert set(per_worker.values()) == {1}, per_worker
+    assert len(per_worker) >= 2 and most_at_once(records, "q")["flow-io"] >= 2, per_worker

@@ -4,6 +4,7 @@ compute how many runs of a queue or key were running at once."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -28,9 +29,19 @@ def _work(ctx: TaskContext) -> dict:
     if inp.sleep:
         ctx.step.sleep("rest", inp.sleep)
 
-    def body() -> str:
+    def mark(event: str) -> None:
         if inp.trace:
-            _append(inp.trace, event="start", run=str(ctx.run_id), key=inp.disk, q=ctx.queue)
+            _append(
+                inp.trace,
+                event=event,
+                run=str(ctx.run_id),
+                key=inp.disk,
+                q=ctx.queue,
+                pid=os.getpid(),
+            )
+
+    def body() -> str:
+        mark("start")
         if inp.touch:
             Path(inp.touch).touch()
         if inp.await_path:  # runs side by side, or this one never ends
@@ -40,8 +51,7 @@ def _work(ctx: TaskContext) -> dict:
                     raise NonRetryableError(f"{inp.await_path} never appeared")
                 time.sleep(0.05)
         time.sleep(inp.seconds)
-        if inp.trace:
-            _append(inp.trace, event="end", run=str(ctx.run_id), key=inp.disk, q=ctx.queue)
+        mark("end")
         return inp.disk
 
     return {"disk": ctx.step.run("work", body)}
