@@ -10,6 +10,7 @@ import traceback
 from typing import Any
 
 from pydantic import BaseModel
+from pydantic_core import PydanticSerializationError
 
 from .exceptions import StepFailedError, UnstorableValueError
 
@@ -31,8 +32,7 @@ def to_jsonable(value: Any, what: str = "value") -> Any:
             raise _unstorable(what, value)
         return value
     if isinstance(value, BaseModel):
-        _refuse_unstorable(what, value.model_dump())  # JSON mode would turn NaN into null
-        return value.model_dump(mode="json")
+        return _model_jsonable(what, value)
     try:
         text = json.dumps(value, default=_default, allow_nan=False)
     except (TypeError, ValueError):
@@ -42,10 +42,22 @@ def to_jsonable(value: Any, what: str = "value") -> Any:
     return json.loads(text)
 
 
+def _model_jsonable(what: str, model: BaseModel) -> Any:
+    """The model dumped in JSON mode (datetimes, UUIDs, enums ... as pydantic writes them), but
+    not a NaN or ±Infinity (JSON mode would write null) nor a NUL character."""
+    if unstorable(model) is not None:
+        raise _unstorable(what, model)
+    try:
+        dumped = model.model_dump(mode="json")
+    except PydanticSerializationError:  # a field of a type pydantic cannot write as JSON
+        raise _unstorable(what, model) from None
+    _refuse_unstorable(what, dumped)  # bytes holding a NUL, say
+    return dumped
+
+
 def _default(value: Any) -> Any:
     if isinstance(value, BaseModel):
-        _refuse_unstorable("value", value.model_dump())
-        return value.model_dump(mode="json")
+        return _model_jsonable("value", value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import uuid
 from io import StringIO
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError, connection
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 import tasks_engine
 from tasks_engine import RetryPolicy, UnstorableValueError, executor, fencing, transitions
@@ -22,6 +23,7 @@ from tasks_engine.models import OpLedger, StepAttempt, WorkflowRun
 from tasks_engine.serialization import to_jsonable
 from tests.helpers import FakeClock, drain
 from tests.testapp.models import SideEffect
+from tests.testapp.promise_workflows import Reading, Stamped
 
 pytestmark = pytest.mark.django_db
 
@@ -185,6 +187,30 @@ def test_unstorable_values_are_named_in_the_message() -> None:
     assert to_jsonable({"text": "the six characters \\u0000"}) == {
         "text": "the six characters \\u0000"
     }
+
+
+def test_pydantic_results_are_stored_in_json_mode(fake_clock: FakeClock) -> None:
+    rid = tasks_engine.enqueue("model_results").run_id
+    assert drain(fake_clock) == ["suspended", "completed"]
+    r = run(rid)
+    written = {"when": "2026-01-01T03:00:00Z", "id": str(uuid.UUID(int=5))}
+    assert r.output == {**written, "reading": 1.5}
+    assert StepAttempt.objects.get(run_id=rid, name="stamp").output == {**written, "reading": 0.0}
+
+
+def test_a_model_holding_what_json_cannot_is_still_refused() -> None:
+    class Odd(BaseModel):
+        model_config = {"arbitrary_types_allowed": True}
+        thing: object
+
+    when = __import__("datetime").datetime(2026, 1, 1)
+    assert to_jsonable(Stamped(when=when, id=uuid.UUID(int=1)))["when"] == "2026-01-01T00:00:00"
+    with pytest.raises(UnstorableValueError, match=r"float nan at \['reading'\]"):
+        to_jsonable(Stamped(when=when, id=uuid.UUID(int=1), reading=math.nan))
+    with pytest.raises(UnstorableValueError, match=r"NUL"):
+        to_jsonable({"nested": [Reading(celsius=1.0, label="a\x00b")]})
+    with pytest.raises(UnstorableValueError, match="cannot be stored as JSON"):
+        to_jsonable(Odd(thing=threading.Lock()), "step 'x' result")
 
 
 @pytest.mark.parametrize("celsius", [math.nan, math.inf, -math.inf])

@@ -5,6 +5,7 @@ workflow retries of children, the op ledger across runs."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 from pydantic import BaseModel
@@ -73,6 +74,24 @@ def bad_step_result(ctx: TaskContext) -> Any:
 def bad_output_after_sleep(ctx: TaskContext) -> Any:
     ctx.step.sleep("nap", 1)
     return bad_value(ctx.input.kind)
+
+
+class Stamped(BaseModel):
+    when: dt.datetime
+    id: uuid.UUID
+    reading: float = 0.0
+
+
+STAMP = Stamped(when=dt.datetime(2026, 1, 1, 3, tzinfo=dt.UTC), id=uuid.UUID(int=5))
+
+
+@workflow(name="model_results")
+def model_results(ctx: TaskContext) -> Any:
+    """A step and the run return pydantic models with a datetime and a UUID: stored in JSON mode,
+    as pydantic writes them; the step's value comes back the same on replay, past a sleep."""
+    first = ctx.step.run("stamp", lambda: STAMP)
+    ctx.step.sleep("nap", 1)
+    return Stamped(when=first["when"], id=first["id"], reading=1.5)
 
 
 class Reading(BaseModel):
