@@ -148,7 +148,7 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
     if isinstance(reason, WorkerStopping):
         # A graceful stop aborted the step: give the run back now rather than let it wait for
         # its lease to expire (the abort is not the step's failure and does not count).
-        transitions.requeue_run(lease, clock.now())
+        transitions.requeue_run(lease, clock.now(), progress=state.progress_to_carry())
         ctx.logger.info("run handed back", why=str(reason))
         return "handed-back"
     if isinstance(reason, LeaseLostError) or isinstance(exc, LeaseLostError):
@@ -177,10 +177,16 @@ def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any)
     ):
         delay = wf.retry.delay(failures)
         transitions.requeue_run(
-            lease, clock.now() + timedelta(seconds=delay), error=error, count_failure=True
+            lease,
+            clock.now() + timedelta(seconds=delay),
+            error=error,
+            count_failure=True,
+            progress=state.progress_to_carry(),
         )
         ctx.logger.warning("workflow failed, retrying", failures=failures, error=str(exc))
         return "retrying"
-    transitions.fail_run(lease, error, has_parent=handle.has_parent)
+    transitions.fail_run(
+        lease, error, has_parent=handle.has_parent, progress=state.progress_to_carry()
+    )
     ctx.logger.error("run failed", error=error["type"], message=error["message"])
     return "failed"

@@ -47,6 +47,17 @@ class RunState:
     def lease(self) -> transitions.Lease:
         return self.handle.lease
 
+    def progress_to_carry(self) -> dict[str, Any] | None:
+        """The progress reported and not yet written: the write that lets the run go (a park,
+        a hand-back) carries it, since the heartbeat's flush needs the lease it gives up."""
+        return self.handle.take_dirty_progress()
+
+    def progress_not_carried(self, progress: dict[str, Any] | None) -> None:
+        """The write did not let the run go (the awaited thing came, or a cancel): the
+        progress waits for the next write or flush again."""
+        if progress is not None:
+            self.handle.report_progress(progress)
+
     def first_step_begins(self, task: str, version: int, key: str | None) -> int | None:
         """A fresh run's first step begins (`key`; None: anything but a plain function step,
         or the run ends without any step); later calls do nothing. Returns the attempt its
@@ -116,7 +127,7 @@ class StepBase:
         self._ctx.raise_if_canceled()
         s = self._s
         if s.draining.is_set():
-            transitions.requeue_run(s.lease, clock.now())
+            transitions.requeue_run(s.lease, clock.now(), progress=s.progress_to_carry())
             raise Suspend("handed back: worker stopping")
         if s.history.attempts_made >= s.max_attempts_per_run:
             err = MaxStepAttemptsExceeded(

@@ -148,6 +148,7 @@ class StepAPI(WaitSteps, PatchSteps):
             self._s.lease,
             clock.now() + timedelta(seconds=delay),
             failed_step=(step_id, error),
+            progress=self._s.progress_to_carry(),
         )
         raise Suspend(f"step {key} retry in {delay}s") from exc
 

@@ -77,9 +77,11 @@ class WaitSteps(StepBase):
             self._resolve(armed)
             return
         self._ctx.raise_if_canceled()
+        progress = self._s.progress_to_carry()
         if not transitions.park_run(
-            self._s.lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at
+            self._s.lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at, progress
         ):
+            self._s.progress_not_carried(progress)
             self._canceled()
         raise Suspend(f"sleeping until {armed.wake_at.isoformat()}")
 
@@ -120,13 +122,17 @@ class WaitSteps(StepBase):
             if check is not None:
                 next_check = clock.now() + timedelta(seconds=check_interval)
                 wake = next_check if wake is None else min(wake, next_check)
+            progress = self._s.progress_to_carry()
             parking = transitions.park_run_unless(
                 lease,
                 f"fact:{name}",
                 wake,
                 self._s.deadline_at,
                 lambda: transitions.fact_available(lease.run_id, name),
+                progress,
             )
+            if parking is not Parking.PARKED:
+                self._s.progress_not_carried(progress)
             if parking is Parking.CANCELED:
                 self._canceled()
             if parking is Parking.PARKED:
@@ -194,13 +200,17 @@ class WaitSteps(StepBase):
                     raise err
                 continue  # it finished meanwhile: take its outcome
             self._ctx.raise_if_canceled()
+            progress = self._s.progress_to_carry()
             parking = transitions.park_run_unless(
                 lease,
                 f"child:{child_id}",
                 armed.wake_at,
                 self._s.deadline_at,
                 lambda: transitions.child_outcome(child_id)[0] in FINISHED,
+                progress,
             )
+            if parking is not Parking.PARKED:
+                self._s.progress_not_carried(progress)
             if parking is Parking.CANCELED:
                 self._canceled()
             if parking is Parking.PARKED:

@@ -208,3 +208,16 @@ def test_the_last_progress_of_a_quick_run_is_kept(fake_clock: FakeClock) -> None
     view = tasks_engine.get_run(res.run_id)
     assert view.status == "completed"
     assert view.progress == {"done": 5, "total": 5, "message": "chunk 5/5"}
+
+
+@pytest.mark.parametrize("how", ["sleep", "fact", "child", "retry", "fail"])
+def test_progress_reported_just_before_the_run_lets_go_is_kept(
+    fake_clock: FakeClock, how: str
+) -> None:
+    """The heartbeat's flush writes progress at most once a second, under the lease: the
+    park or the step's backoff that gives the lease up carries what it has not written."""
+    res = tasks_engine.enqueue("progress_then_park", {"how": how})
+    drain(fake_clock, horizon=0)
+    view = tasks_engine.get_run(res.run_id)
+    assert view.status == {"retry": "pending", "fail": "failed"}.get(how, "waiting")
+    assert view.progress == {"done": 3, "total": 10, "message": "three"}

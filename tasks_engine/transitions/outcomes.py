@@ -27,11 +27,21 @@ from .steps import _close_running_attempts, flush_deferred
 # -- run outcomes -----------------------------------------------------------------------------
 
 
-def _cas_run(lease: Lease, assignments: str, params: list[Any], *, condition: str = "") -> int:
+def _cas_run(
+    lease: Lease,
+    assignments: str,
+    params: list[Any],
+    *,
+    condition: str = "",
+    progress: dict[str, Any] | None = None,
+) -> int:
     """Compare-and-set on the run row, after the deferred step completions (rare here: the
     steps' starts and the run's completion carry them). With `condition`, a held run that does
-    not meet it is left as it is and 0 is returned."""
+    not meet it is left as it is and 0 is returned. `progress`: the handler's last report, not
+    yet written (the heartbeat's flush cannot write it once the run is let go)."""
     flush_deferred(lease)
+    if progress is not None:
+        assignments, params = f"{assignments}, progress = %s", [*params, p_json(progress)]
     sql = (
         f"UPDATE {RUN} SET {assignments}, updated_at = %s"
         f" WHERE id = %s AND lease_token = %s{condition}"
@@ -69,7 +79,13 @@ def complete_run(
 
 
 @attempt_write
-def fail_run(lease: Lease, error: dict[str, Any], *, has_parent: bool = False) -> None:
+def fail_run(
+    lease: Lease,
+    error: dict[str, Any],
+    *,
+    has_parent: bool = False,
+    progress: dict[str, Any] | None = None,
+) -> None:
     _end_run(
         lease,
         "status = 'failed', error = %s, failures = failures + 1, finished_at = %s,"
@@ -77,6 +93,7 @@ def fail_run(lease: Lease, error: dict[str, Any], *, has_parent: bool = False) -
         [p_json(error), p_dt(clock.now())],
         has_parent=has_parent,
         children_reason=f"parent run {lease.run_id} failed",
+        progress=progress,
     )
 
 
@@ -87,6 +104,7 @@ def _end_run(
     *,
     has_parent: bool,
     children_reason: str | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> None:
     """The one way a run ends but completing: lock the parent first (see lock_parent),
     compare-and-set the run, close attempts still open, cancel children still unfinished
@@ -95,7 +113,7 @@ def _end_run(
     with lease.deferred.until_commit(), transaction.atomic():
         if has_parent:
             lock_parent(lease.run_id)
-        _cas_run(lease, assignments, params)
+        _cas_run(lease, assignments, params, progress=progress)
         _close_running_attempts(lease, counted=False)
         if children_reason is not None:
             cancel_children(lease.run_id, children_reason)
@@ -112,6 +130,7 @@ def requeue_run(
     count_failure: bool = False,
     interrupted_count: bool = False,
     failed_step: tuple[int, dict[str, Any]] | None = None,
+    progress: dict[str, Any] | None = None,
 ) -> None:
     """Back to `pending`: step retry backoff, workflow retry, or a graceful hand-back."""
     with lease.deferred.until_commit(), transaction.atomic():
@@ -120,6 +139,7 @@ def requeue_run(
             "status = 'pending', lease_token = NULL, available_at = %s, waiting_on = '',"
             " failures = failures + %s, error = COALESCE(%s, error)",
             [p_dt(available_at), 1 if count_failure else 0, p_json(error)],
+            progress=progress,
         )
         if failed_step is not None:
             step_id, step_error = failed_step
@@ -133,7 +153,11 @@ def requeue_run(
 
 @attempt_write
 def park_run(
-    lease: Lease, waiting_on: str, wake_at: datetime | None, deadline: datetime | None
+    lease: Lease,
+    waiting_on: str,
+    wake_at: datetime | None,
+    deadline: datetime | None,
+    progress: dict[str, Any] | None = None,
 ) -> bool:
     """Running -> waiting, unless cancel was requested (then False, and nothing changes: the
     holder ends the run canceled). One statement: a cancel that commits first is seen by its
@@ -147,6 +171,7 @@ def park_run(
             "status = 'waiting', lease_token = NULL, available_at = %s, waiting_on = %s",
             [p_dt(wake_at), waiting_on],
             condition=" AND cancel_requested_at IS NULL",
+            progress=progress,
         )
     )
 

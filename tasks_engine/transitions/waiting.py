@@ -63,6 +63,7 @@ def park_run_unless(
     wake_at: datetime | None,
     deadline: datetime | None,
     arrived: Callable[[], bool],
+    progress: dict[str, Any] | None = None,
 ) -> Parking:
     """Running -> waiting, unless `arrived()` says the awaited thing came meanwhile, or cancel
     was requested.
@@ -77,7 +78,7 @@ def park_run_unless(
             raise LeaseLostError(f"run {lease.run_id}: lease lost before parking")
         if arrived():
             return Parking.ARRIVED
-        if park_run(lease, waiting_on, wake_at, deadline):
+        if park_run(lease, waiting_on, wake_at, deadline, progress):
             return Parking.PARKED
         return Parking.CANCELED
 

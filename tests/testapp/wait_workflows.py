@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from tasks_engine import FactTimeoutError, RetryPolicy, TaskContext, workflow
+from tasks_engine import FactTimeoutError, NonRetryableError, RetryPolicy, TaskContext, workflow
 
 from .models import Marker, SideEffect
 
@@ -203,3 +203,33 @@ def quick_progress(ctx: TaskContext) -> str:
         return "ok"
 
     return ctx.step.run("body", body)
+
+
+class Parks(BaseModel):
+    how: str  # "sleep", "fact", "retry" (a step's backoff), "child" or "fail"
+
+
+@workflow(name="progress_then_park", input=Parks)
+def progress_then_park(ctx: TaskContext) -> str:
+    """Reports progress, then lets the run go at once: the report must not be lost with it."""
+    ctx.progress(3, 10, "three")
+    how = ctx.input.how
+    if how == "sleep":
+        ctx.step.sleep("nap", 3600)
+    elif how == "fact":
+        ctx.step.wait_for_fact("go")
+    elif how == "child":
+        ctx.step.run_child("progress_then_park", {"how": "fact"}, name="child")
+    elif how == "fail":
+        raise NonRetryableError("gave up at three")
+    else:
+
+        def flaky() -> str:
+            if not SideEffect.objects.filter(key="flaky-ran", run_id=ctx.run_id).exists():
+                SideEffect.objects.create(key="flaky-ran", run_id=ctx.run_id)
+                raise RuntimeError("first try fails")
+            return "ok"
+
+        ctx.step.run("flaky", flaky, retry=RetryPolicy(max_attempts=2, initial_interval=600))
+    ctx.progress(10, 10, "done")
+    return how
