@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
 from django.db import IntegrityError, transaction
 
 from tasks_engine import clock, tracing
+from tasks_engine.exceptions import UnstorableValueError
+from tasks_engine.serialization import to_jsonable
 
 from .models import EventStatus, OutboxEvent
 from .notify import wake_relay
@@ -86,14 +87,15 @@ def revive_dead(ids: Iterable[int]) -> list[int]:
 
 
 def _as_json(event_type: str, payload: Any) -> Any:
-    """The payload as the route will see it; NaN and infinities are refused (not JSON)."""
-    what = f"outbox payload for {event_type!r} is not JSON-serialisable"
+    """The payload as the route will see it (pydantic models in JSON mode). Refused, the same
+    on both databases: what JSON has no form for, NaN and infinities (not standard JSON), and
+    a NUL character (PostgreSQL's jsonb cannot hold one)."""
     try:
-        return json.loads(json.dumps(payload, allow_nan=False))
-    except TypeError as exc:
-        raise TypeError(f"{what}: {exc}") from exc
-    except ValueError as exc:
-        raise ValueError(f"{what}: {exc}") from exc
+        return to_jsonable(payload, "the payload")
+    except UnstorableValueError as exc:  # a TypeError and a ValueError
+        raise UnstorableValueError(
+            f"outbox payload for {event_type!r} is not JSON-serialisable: {exc}"
+        ) from None
 
 
 def _check_args(type: str, idempotency_key: str | None, max_attempts: int | None) -> None:

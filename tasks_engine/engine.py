@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import clock, notify, tracing, transitions
+from . import notify, tracing, transitions
 from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import QUEUED, Fact, StepAttempt, WorkflowRun
@@ -167,6 +167,8 @@ def _check_priority(priority: Any) -> None:
 def _check_reason(reason: Any) -> None:
     if reason is not None and not isinstance(reason, str):
         raise TypeError(f"reason must be a string, not {type(reason).__name__}")
+    if reason is not None and "\x00" in reason:
+        raise ValueError("reason must not contain a NUL character (a database cannot store it)")
 
 
 def _run_id(run_id: uuid.UUID | str) -> uuid.UUID:
@@ -229,7 +231,8 @@ def enqueue(
         "input_hash": digest,
         "trace_id": trace_id or tracing.new_trace_id(),
         "available_at": available_at,
-        "deadline_at": deadline_at if deadline_at is not None else _default_deadline(wf),
+        "deadline_at": deadline_at,
+        "deadline_after": wf.deadline,  # without deadline_at: created + the workflow's
         "parent_run_id": parent_run_id,
         "parent_step": parent_step,
         "concurrency_key": key,
@@ -263,10 +266,6 @@ def _queued_with(queueing_key: str) -> uuid.UUID | None:
     held = WorkflowRun.objects.filter(queueing_key=queueing_key, **QUEUED)
     row: uuid.UUID | None = held.values_list("pk", flat=True).first()
     return row
-
-
-def _default_deadline(wf: Workflow) -> datetime | None:
-    return clock.now() + wf.deadline if wf.deadline is not None else None
 
 
 def _existing(task_name: str, key: str, digest: str) -> Enqueued | None:

@@ -316,3 +316,24 @@ def test_engine_enqueued_run_can_be_canceled_from_the_admin(admin_client: Client
     view = tasks_engine.get_run(res.run_id)
     assert view is not None
     assert (view.status, view.cancel_reason) == ("canceled", "enqueued")
+
+
+def test_a_reason_with_a_nul_character_is_refused_and_nothing_changes(
+    admin_client: Client,
+) -> None:
+    """PostgreSQL cannot store a NUL: refused with a message on both databases, not a 500."""
+    run = make_run("waiting", waiting_on="sleep:nap")
+    cancel_url = url("workflowrun", "cancel", run.pk)
+    response = admin_client.post(cancel_url, {"reason": "a\x00b"}, follow=True)
+    assert response.status_code == 200
+    assert b"NUL character" in response.content
+    run.refresh_from_db()
+    assert (run.status, run.cancel_reason, run.cancel_requested_at) == ("waiting", "", None)
+    changelist = url("workflowrun", "changelist")
+    selected = {"action": "cancel_selected", "_selected_action": [str(run.pk)]}
+    response = admin_client.post(
+        changelist, {**selected, "confirm": "yes", "reason": "x\x00"}, follow=True
+    )
+    assert b"NUL character" in response.content
+    run.refresh_from_db()
+    assert run.status == "waiting"

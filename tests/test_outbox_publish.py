@@ -119,6 +119,8 @@ def test_unique_key_is_enforced_by_the_database() -> None:
         ({1, 2}, TypeError),
         ({"x": math.nan}, ValueError),
         ({"x": math.inf}, ValueError),
+        ({"x": "a\x00b"}, ValueError),  # jsonb cannot hold it: refused on SQLite as well
+        ({"a\x00": 1}, ValueError),
     ],
 )
 def test_payload_must_be_json_serialisable(payload: object, error: type[Exception]) -> None:

@@ -302,3 +302,16 @@ def test_list_runs_by_version() -> None:
         tasks_engine.list_runs(version="2")  # type: ignore[arg-type]
     with pytest.raises(SystemExit):
         tasks("list", "--version", "x")
+
+
+def test_a_reason_with_a_nul_character_is_refused_and_nothing_changes(
+    fake_clock: FakeClock,
+) -> None:
+    rid = failed_gated(fake_clock)
+    with pytest.raises(ValueError, match="NUL"):
+        tasks_engine.retry_run(rid, reason="a\x00b")
+    assert WorkflowRun.objects.get(pk=rid).status == "failed"
+    waiting = tasks_engine.enqueue("fact_waiter").run_id
+    with pytest.raises(ValueError, match="NUL"):
+        tasks_engine.cancel(waiting, reason="a\x00b")
+    assert WorkflowRun.objects.get(pk=waiting).cancel_requested_at is None

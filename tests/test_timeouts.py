@@ -8,12 +8,12 @@ runs the real heartbeat).
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 import tasks_engine
-from tasks_engine import StepTimeoutError, executor, transitions
+from tasks_engine import StepTimeoutError, clock, executor, transitions
 from tasks_engine.context import AbortSignal
 from tasks_engine.exceptions import TasksEngineError
 from tasks_engine.models import StepAttempt, WorkflowRun
@@ -158,7 +158,14 @@ def test_write_off_requeues_with_the_step_failed_and_fences_the_old_attempt(
 # -- default deadlines --------------------------------------------------------------------------
 
 
-def test_default_deadline_is_created_plus_deadline(fake_clock: FakeClock) -> None:
+def test_default_deadline_is_created_plus_deadline(
+    fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def ticking() -> datetime:  # every reading of the clock a moment later than the one before
+        fake_clock.advance(0.001)
+        return fake_clock.current
+
+    monkeypatch.setattr(clock, "now", ticking)
     res = tasks_engine.enqueue("deadline_sleeper")
     run = WorkflowRun.objects.get(pk=res.run_id)
     assert run.deadline_at == run.created_at + timedelta(seconds=2)

@@ -83,6 +83,9 @@ class OperatorActionsMixin:
                 act(run, reason_from(request))
             except UnknownRunError:
                 raise Http404("no such run") from None
+            except ValueError as exc:  # a reason the engine refuses: nothing was changed
+                messages.error(request, str(exc))
+                return HttpResponseRedirect(request.path)
             return HttpResponseRedirect(run_url)
         page = {
             **self.admin_site.each_context(request),
@@ -129,6 +132,9 @@ class OperatorActionsMixin:
                 done += bool(act(run, reason))
             except UnknownRunError:  # pruned between the page and the click
                 continue
+            except ValueError as exc:  # a reason the engine refuses, for every run alike
+                messages.error(request, str(exc))
+                return None
         messages.success(request, action.done.format(n=done))
         if done == MAX_BULK:
             messages.info(request, f"At most {MAX_BULK} runs per action; run it again.")

@@ -85,12 +85,16 @@ def create_run(
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
     queueing_key: str | None = None,
+    deadline_after: timedelta | None = None,
 ) -> uuid.UUID | None:
     """Insert a pending run on the caller's connection (and transaction) in one statement,
     which on PostgreSQL also NOTIFYs idle workers (delivered at commit). With an idempotency
     key that is taken, or a queueing key that a queued run holds, nothing is inserted and None
-    is returned."""
+    is returned. `deadline_after`: without a `deadline_at`, the deadline is the run's creation
+    time plus this."""
     now = clock.now()
+    if deadline_at is None and deadline_after is not None:
+        deadline_at = now + deadline_after
     run_id = uuid.uuid4()
     if queueing_key is not None:  # either key may be the one taken
         conflict = " ON CONFLICT DO NOTHING"
