@@ -49,6 +49,54 @@ def test_the_list_shows_next_fire_last_run_and_a_button(admin_client: Client, ni
     assert url("pause", nightly.pk) in page
 
 
+@pytest.fixture
+def missed(settings: Any, fake_clock: FakeClock) -> Schedule:
+    """A schedule every minute whose leader last ran at 14:18:30 (next fire 14:19), seen at
+    14:20:30 with no leader since: 14:19 and 14:20 are missed."""
+    settings.TASKS_ENGINE = {
+        **settings.TASKS_ENGINE,
+        "SCHEDULES": {"minutely": {"task": "repeat_names", "cron": "* * * * *"}},
+    }
+    fake_clock.current = datetime(2026, 12, 1, 14, 18, 30, tzinfo=UTC)
+    schedules.run_once()
+    fake_clock.current = datetime(2026, 12, 1, 14, 20, 30, tzinfo=UTC)
+    row = Schedule.objects.get()
+    assert row.next_fire_at == datetime(2026, 12, 1, 14, 19, tzinfo=UTC)
+    return row
+
+
+def test_after_a_gap_the_list_and_page_show_the_slot_the_leader_fires(
+    admin_client: Client, missed: Schedule
+) -> None:
+    for page in (
+        admin_client.get(url("changelist")).content.decode(),
+        admin_client.get(url("change", missed.pk)).content.decode(),
+    ):
+        assert "2026-12-01 14:20:00 UTC" in page and "missed" in page
+        assert "14:19" not in page
+    assert schedules.run_once() == {"fired": 1, "failed": 0}  # the leader runs again
+    assert WorkflowRun.objects.get().idempotency_key == (
+        "schedule:minutely:2026-12-01T14:20:00+00:00"
+    )
+    page = admin_client.get(url("changelist")).content.decode()
+    assert "2026-12-01 14:21:00 UTC" in page and "missed" not in page
+
+
+def test_a_paused_or_removed_schedule_shows_no_next_fire(
+    admin_client: Client, missed: Schedule, settings: Any
+) -> None:
+    schedules.pause("minutely")
+    for page in (
+        admin_client.get(url("changelist")).content.decode(),
+        admin_client.get(url("change", missed.pk)).content.decode(),
+    ):
+        assert "paused" in page and "2026-12-01 14:2" not in page
+    schedules.resume("minutely")
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "SCHEDULES": {}}  # before any round
+    page = admin_client.get(url("changelist")).content.decode()
+    assert "removed" in page and "2026-12-01 14:2" not in page
+
+
 def test_the_list_gives_a_defined_schedule_its_row(admin_client: Client, settings: Any) -> None:
     settings.TASKS_ENGINE = {
         **settings.TASKS_ENGINE,

@@ -74,6 +74,45 @@ def test_schedules_json_lists_every_field(defined: FakeClock) -> None:
     assert "nightly-scan" in text and str(run.pk) in text and "active" in text
 
 
+@pytest.fixture
+def every_minute(settings: Any, fake_clock: FakeClock) -> FakeClock:
+    settings.TASKS_ENGINE = {
+        **settings.TASKS_ENGINE,
+        "SCHEDULES": {"minutely": {"task": "noop", "cron": "* * * * *", "timezone": "UTC"}},
+    }
+    fake_clock.current = datetime(2026, 12, 1, 14, 18, 30, tzinfo=UTC)
+    schedules.run_once()  # the leader's last round: next fire 14:19
+    return fake_clock
+
+
+def test_missed_slots_list_the_latest_one_which_is_the_one_that_fires(
+    every_minute: FakeClock,
+) -> None:
+    every_minute.current = datetime(2026, 12, 1, 14, 20, 30, tzinfo=UTC)  # no leader since
+    assert Schedule.objects.get().next_fire_at == datetime(2026, 12, 1, 14, 19, tzinfo=UTC)
+    [listed] = json.loads(tasks("schedules", "--json"))
+    assert listed["next_fire_at"] == "2026-12-01T14:20:00+00:00"
+    text = tasks("schedules")
+    assert "next=2026-12-01T14:20:00+00:00 (missed)" in text and "14:19" not in text
+    assert schedules.run_once() == {"fired": 1, "failed": 0}  # the leader runs again
+    run = WorkflowRun.objects.get()
+    assert run.idempotency_key == f"schedule:minutely:{listed['next_fire_at']}"
+    [listed] = json.loads(tasks("schedules", "--json"))
+    assert (listed["next_fire_at"], listed["last_run_id"]) == (
+        "2026-12-01T14:21:00+00:00",
+        str(run.pk),
+    )
+    assert "(missed)" not in tasks("schedules")
+
+
+def test_a_paused_schedule_has_no_next_fire_after_a_gap(every_minute: FakeClock) -> None:
+    tasks("schedule", "pause", "minutely")
+    every_minute.current = datetime(2026, 12, 1, 15, tzinfo=UTC)
+    [listed] = json.loads(tasks("schedules", "--json"))
+    assert (listed["paused"], listed["next_fire_at"]) == (True, None)
+    assert "paused  next=- " in tasks("schedules")
+
+
 def test_pause_and_resume_from_the_cli(defined: FakeClock) -> None:
     assert json.loads(tasks("schedule", "pause", "nightly-scan", "--json")) == {
         "name": "nightly-scan",

@@ -264,6 +264,69 @@ def test_list_shows_next_fire_and_last_run(nightly: FakeClock) -> None:
     assert view.to_dict()["next_fire_at"] == "2026-12-03T03:00:00+00:00"
 
 
+def fired_slot() -> str:
+    """The slot of the one run fired so far, from its key schedule:<name>:<slot>."""
+    [key] = keys()
+    assert key is not None
+    return key.split(":", 2)[2]
+
+
+@pytest.mark.parametrize(
+    ("cron", "gap_until", "fires"),
+    [
+        # the audit's case: stored next 14:19, listed at 14:20:30, the leader fires 14:20
+        ("* * * * *", datetime(2026, 12, 1, 14, 20, 30), datetime(2026, 12, 1, 14, 20)),
+        # only the first slot missed: it is the one
+        ("* * * * *", datetime(2026, 12, 1, 14, 19, 30), datetime(2026, 12, 1, 14, 19)),
+        # days without a leader
+        ("0 3 * * *", datetime(2026, 12, 7, 9, 0), datetime(2026, 12, 7, 3, 0)),
+        ("*/5 * * * * *", datetime(2026, 12, 1, 16, 0, 2), datetime(2026, 12, 1, 16, 0)),
+    ],
+)
+def test_after_a_gap_with_no_leader_the_listed_next_fire_is_the_slot_that_fires(
+    settings: Any, fake_clock: FakeClock, cron: str, gap_until: datetime, fires: datetime
+) -> None:
+    define(settings, gap={"task": "repeat_names", "cron": cron})
+    fake_clock.current = datetime(2026, 12, 1, 14, 18, 30, tzinfo=UTC)
+    schedules.run_once()  # the leader's last round before the gap
+    stored = row("gap").next_fire_at
+    fake_clock.current = gap_until.replace(tzinfo=UTC)  # no leader ran since
+    [view] = schedules.list_schedules()
+    assert stored is not None and stored <= fake_clock.current  # the stored slot is past
+    assert view.next_fire_at == fires.replace(tzinfo=UTC)
+    assert schedules.run_once() == {"fired": 1, "failed": 0}  # the leader is back
+    assert fired_slot() == view.to_dict()["next_fire_at"]
+    [after] = schedules.list_schedules()  # and then the next future slot
+    assert after.next_fire_at == row("gap").next_fire_at
+    assert after.next_fire_at is not None and after.next_fire_at > fake_clock.current
+
+
+def test_a_paused_schedule_lists_no_next_fire_however_long_no_leader_ran(
+    nightly: FakeClock,
+) -> None:
+    schedules.run_once()
+    nightly.current = datetime(2026, 12, 7, 9, tzinfo=UTC)
+    schedules.pause("nightly-scan")
+    [view] = schedules.list_schedules()
+    assert (view.paused, view.next_fire_at) == (True, None)
+    assert schedules.run_once() == {"fired": 0, "failed": 0}  # and none fires
+    schedules.resume("nightly-scan")
+    [view] = schedules.list_schedules()
+    assert view.next_fire_at == datetime(2026, 12, 8, 3, tzinfo=UTC)
+
+
+def test_a_changed_cron_lists_the_slot_its_next_round_starts_from(
+    settings: Any, nightly: FakeClock
+) -> None:
+    schedules.run_once()  # stored next fire: 03:00 Dec 2 for "0 3 * * *"
+    define(settings, **{"nightly-scan": {"task": "repeat_names", "cron": "0 5 * * *"}})
+    nightly.current = datetime(2026, 12, 2, 4, tzinfo=UTC)  # the old slot is past, not fired
+    [view] = schedules.list_schedules()
+    assert view.next_fire_at == datetime(2026, 12, 2, 5, tzinfo=UTC)
+    assert schedules.run_once() == {"fired": 0, "failed": 0}
+    assert row().next_fire_at == view.next_fire_at
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_rounds_enqueue_one_run_per_slot(settings: Any, fake_clock: FakeClock) -> None:
     """Two threads (two connections) run rounds at the same instants; both pass the unlocked

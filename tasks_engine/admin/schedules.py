@@ -52,6 +52,23 @@ class ScheduleAdmin(ReadOnlyAdmin):
     ordering = ("name",)
     sortable_by = ("name",)
     actions = ("pause_selected", "resume_selected")
+    # The schedule's page shows the slot that fires next, not the stored `next_fire_at` (after
+    # downtime the first missed slot, which is not the one that fires).
+    fields = (
+        "name",
+        "cron",
+        "timezone",
+        "paused",
+        "paused_at",
+        "next_fire",
+        "last_slot_at",
+        "last_fired_at",
+        "last_run_id",
+        "last_error",
+        "created_at",
+        "updated_at",
+    )
+    readonly_fields = ("next_fire",)
 
     def has_pause_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(PAUSE_PERMISSION) and self.has_view_permission(request, obj)
@@ -80,7 +97,10 @@ class ScheduleAdmin(ReadOnlyAdmin):
         return cl
 
     def _spec(self, row: Schedule) -> schedules.ScheduleSpec | None:
-        return getattr(row, "schedule_spec", None)
+        spec: schedules.ScheduleSpec | None = getattr(row, "schedule_spec", None)
+        if spec is None and not hasattr(row, "schedule_spec"):  # the schedule's own page
+            spec = schedules.defined().get(row.name)
+        return spec
 
     @admin.display(description="task")
     def task(self, row: Schedule) -> str:
@@ -106,7 +126,13 @@ class ScheduleAdmin(ReadOnlyAdmin):
 
     @admin.display(description="next fire")
     def next_fire(self, row: Schedule) -> str:
-        return _exact(row.next_fire_at)
+        """The slot the leader fires next (schedules.next_fire): after downtime the latest
+        missed slot, fired as soon as the leader runs; none when paused or removed."""
+        now = clock.now()
+        slot = schedules.next_fire(self._spec(row), row, now)
+        if slot is not None and slot <= now:
+            return _exact(slot, "missed: fires when the leader next runs")
+        return _exact(slot)
 
     @admin.display(description="last slot")
     def last_slot(self, row: Schedule) -> str:
@@ -206,12 +232,12 @@ class ScheduleAdmin(ReadOnlyAdmin):
         self._apply(request, "resume", list(queryset), reason_from(request))
 
 
-def _exact(value: datetime | None) -> str:
-    """A slot as an exact UTC time, with how far away it is."""
+def _exact(value: datetime | None, note: str = "") -> str:
+    """A slot as an exact UTC time, with how far away it is (or `note`)."""
     if value is None:
         return "-"
     now = clock.now()
-    relative = f"in {timesince(now, value, depth=1)}" if value > now else when(value)
+    relative = note or (f"in {timesince(now, value, depth=1)}" if value > now else when(value))
     return format_html(
         '<span class="te-mono">{} UTC</span> <span class="te-muted">{}</span>',
         value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),

@@ -15,7 +15,7 @@ See docs/schedules.md.
 from __future__ import annotations
 
 from .control import ScheduleView, ensure_rows, list_schedules, pause, resume
-from .firing import run_once
+from .firing import next_fire, run_once
 from .slots import Cron, InvalidSchedule, idempotency_key
 from .specs import ScheduleSpec, collect, defined
 
@@ -29,6 +29,7 @@ __all__ = [
     "ensure_rows",
     "idempotency_key",
     "list_schedules",
+    "next_fire",
     "pause",
     "resume",
     "run_once",

@@ -12,7 +12,7 @@ from django.db import transaction
 from .. import clock
 from ..exceptions import UnknownScheduleError
 from ..models import Schedule
-from .firing import in_step, new_row, state_row
+from .firing import new_row, next_fire, state_row
 from .specs import ScheduleSpec, defined
 
 
@@ -44,17 +44,13 @@ class ScheduleView:
 
 
 def list_schedules() -> list[ScheduleView]:
-    """Every defined schedule, by name. A schedule no round has seen yet shows the next fire
-    it will get."""
+    """Every defined schedule, by name, with the slot that fires next (`firing.next_fire`):
+    after downtime the latest missed slot, which the leader fires as soon as it runs."""
     now = clock.now()
     rows = {row.name: row for row in Schedule.objects.all()}
     views = []
     for name, spec in sorted(defined().items()):
         row = rows.get(name)
-        if row is None or not in_step(row, spec):
-            next_fire = None if row is not None and row.paused else spec.cron.next_after(now)
-        else:
-            next_fire = row.next_fire_at
         views.append(
             ScheduleView(
                 name=name,
@@ -62,7 +58,7 @@ def list_schedules() -> list[ScheduleView]:
                 cron=spec.cron.expr,
                 timezone=spec.cron.timezone,
                 paused=bool(row and row.paused),
-                next_fire_at=next_fire,
+                next_fire_at=next_fire(spec, row, now),
                 last_slot_at=row.last_slot_at if row else None,
                 last_fired_at=row.last_fired_at if row else None,
                 last_run_id=row.last_run_id if row else None,

@@ -53,6 +53,28 @@ def _due(row: Schedule, now: datetime) -> bool:
     return not row.paused and row.next_fire_at is not None and row.next_fire_at <= now
 
 
+def due_slot(row: Schedule, spec: ScheduleSpec, now: datetime) -> datetime | None:
+    """The slot a round at `now` fires for an in-step row, None when none is due: the latest
+    slot in [next fire, `now`], which after downtime is the latest missed one."""
+    if not _due(row, now):
+        return None
+    assert row.next_fire_at is not None
+    return spec.cron.latest_at_or_before(now, not_before=row.next_fire_at)
+
+
+def next_fire(spec: ScheduleSpec | None, row: Schedule | None, now: datetime) -> datetime | None:
+    """The slot that fires next as seen at `now`, for listings (CLI, admin): what the next
+    round would do with this row. A slot already due (missed while no leader ran) is the one
+    `due_slot` fires, the latest missed one, not the first missed one the row stores; a
+    schedule that is paused or no longer defined has none; one no round has seen since it was
+    defined or changed starts from its first slot after `now`."""
+    if spec is None or (row is not None and row.paused):
+        return None
+    if row is None or not in_step(row, spec):
+        return spec.cron.next_after(now)
+    return due_slot(row, spec, now) or row.next_fire_at
+
+
 def forget_removed(names: list[str], now: datetime) -> None:
     """Schedules no longer defined keep their row (pause, last run) but no next fire; if one is
     defined again it starts afresh rather than firing for the time it was gone."""
@@ -90,10 +112,9 @@ def fire_if_due(spec: ScheduleSpec, now: datetime) -> str | None:
             row.updated_at = now
             row.save(update_fields=["cron", "timezone", "next_fire_at", "updated_at"])
             return None
-        if not _due(row, now):
+        slot = due_slot(row, spec, now)
+        if slot is None:
             return None  # paused meanwhile, or another caller fired this slot
-        assert row.next_fire_at is not None
-        slot = spec.cron.latest_at_or_before(now, not_before=row.next_fire_at)
         outcome = _enqueue(spec, row, slot, now)
         row.last_slot_at, row.last_fired_at = slot, now
         row.next_fire_at = spec.cron.next_after(slot)

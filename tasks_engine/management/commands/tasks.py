@@ -226,13 +226,17 @@ class Command(OneLineErrors, BaseCommand):
         return {"json": counts, "text": f"pruned {text}"}
 
     def do_schedules(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine import clock
         from tasks_engine.schedules import list_schedules
 
-        views = list_schedules()
+        # next= is the slot that fires next; "(missed)" when it has passed with no leader to
+        # fire it: the leader fires it (the latest missed slot) as soon as it runs.
+        views, now = list_schedules(), clock.now()
         lines = [
             f"{v.name:<24} {v.task:<24} {v.cron:<16} {v.timezone:<16}"
             f" {'paused' if v.paused else 'active':<7}"
             f" next={v.next_fire_at.isoformat() if v.next_fire_at else '-'}"
+            f"{' (missed)' if v.next_fire_at and v.next_fire_at <= now else ''}"
             f" last_run={v.last_run_id or '-'}"
             for v in views
         ]
