@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -414,9 +414,10 @@ def _first_answer(run_id: uuid.UUID, key: str | None) -> Signaled | None:
     return None if status is None else Signaled(True, status)
 
 
-def wait(run_id: uuid.UUID | str, timeout: float | None = None) -> RunView:
+def wait(run_id: uuid.UUID | str, timeout: float | timedelta | None = None) -> RunView:
     """Block until the run has finished (completed, failed or canceled) and return its view.
-    Raises `TimeoutError` after `timeout` seconds, `UnknownRunError` for an unknown id."""
+    Raises `TimeoutError` after `timeout` (seconds or a timedelta), `UnknownRunError` for an
+    unknown id."""
     rid = _run_id(run_id)
     wait_finished(rid, timeout)
     view = get_run(rid)

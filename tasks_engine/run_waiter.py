@@ -12,6 +12,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from . import notify
@@ -24,8 +25,11 @@ POLL_SECONDS = 0.05
 RECHECK_SECONDS = 1.0
 
 
-def wait_finished(run_id: uuid.UUID, timeout: float | None) -> None:
-    """Return once the run has finished; TimeoutError after `timeout` seconds."""
+def wait_finished(run_id: uuid.UUID, timeout: float | timedelta | None) -> None:
+    """Return once the run has finished; TimeoutError after `timeout` (seconds, or a
+    timedelta as a step's `timeout=` takes)."""
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
     if timeout is not None:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float):
             raise ValueError(f"timeout must be a number of seconds, not {timeout!r}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -40,10 +41,12 @@ def test_timeout_on_an_unfinished_run() -> None:
     run_id = tasks_engine.enqueue("fact_waiter", {}).run_id
     with pytest.raises(TimeoutError, match=str(run_id)):
         tasks_engine.wait(run_id, timeout=0.2)
+    with pytest.raises(TimeoutError, match=str(run_id)):
+        tasks_engine.wait(run_id, timeout=timedelta(seconds=0.2))  # as a step's timeout= takes
     assert WorkflowRun.objects.get(pk=run_id).status == "pending"
 
 
-@pytest.mark.parametrize("bad", [-1, float("nan"), "1", True])
+@pytest.mark.parametrize("bad", [-1, float("nan"), "1", True, timedelta(seconds=-1)])
 def test_a_bad_timeout_is_refused(bad: object) -> None:
     run_id = tasks_engine.enqueue("noop", {}).run_id
     with pytest.raises(ValueError, match="timeout"):
