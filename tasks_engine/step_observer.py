@@ -1,7 +1,21 @@
 """Around each executed step attempt: its metrics and its span, in one `with` block.
 
-When neither metrics nor tracing is on, `observed_step` returns a shared object whose enter
-and exit do nothing: a step pays one function call and one attribute read for both.
+Every kind of step a workflow calls is observed: function steps (steps.py), sleeps, fact waits
+and child runs (waits.py); `patched` markers run nothing and are not. A step is observed once
+per attempt that ends in an execution, never when replay already knows its outcome:
+
+- a function step: each attempt of its body, `completed`, `failed` (retried or not), or
+  `aborted` (cancel, deadline, lost lease, worker stopping);
+- a wait: once, by the claim that resolves it (`completed`, or `failed`: a fact timeout, the
+  child's failure or timeout), from its armed attempt to its outcome in that claim, not the
+  time the run spent parked. A claim that parks it, hands the run back, loses its lease or
+  meets an outage observes nothing (a later claim goes on with the same attempt); one that
+  ends it for the run's cancel or deadline observes it `aborted`.
+
+The span is made once the attempt has ended, with the time it began as its start (so a claim
+that parks a wait makes none). When neither metrics nor tracing is on, `observed_step` returns
+a shared object whose enter and exit do nothing: a step pays one function call and one
+attribute read for both.
 """
 
 from __future__ import annotations
@@ -10,7 +24,8 @@ import time
 from typing import Any
 
 from . import metrics, tracing
-from .exceptions import Suspend
+from .exceptions import LeaseLostError, Suspend, TaskCanceledError
+from .states import StepKind
 
 
 class _Unobserved:
@@ -27,21 +42,41 @@ UNOBSERVED = _Unobserved()
 
 
 class _Observed:
-    __slots__ = ("ctx", "key", "kind", "span", "started")
+    __slots__ = ("ctx", "key", "kind", "span", "started", "started_ns", "token")
 
     def __init__(self, ctx: Any, key: str, kind: str) -> None:
         self.ctx, self.key, self.kind = ctx, key, kind
+        self.span: Any = None
+        self.token: Any = None
 
     def __enter__(self) -> None:
-        self.span = tracing.start_step_span(self.ctx, self.key, self.kind)
+        self.started_ns = 0
+        if self.ctx._state.span is not None:
+            if self.kind == StepKind.FUNCTION:
+                # The body's own spans (an HTTP client's, say) nest under its step.
+                self.span = tracing.start_step_span(self.ctx, self.key, self.kind)
+                self.token = tracing.make_current(self.span)
+            else:
+                self.started_ns = time.time_ns()
         self.started = time.monotonic()
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        status = _status(self.ctx, exc)
-        metrics.record_step(self.ctx.task_name, self.kind, status, time.monotonic() - self.started)
-        if self.span is not None:
+        seconds = time.monotonic() - self.started
+        if self.token is not None:
+            tracing.stop_current(self.token)
+        if self.kind == StepKind.FUNCTION:
+            status = _status(self.ctx, exc)
+        elif (wait_status := _wait_status(self.ctx, exc)) is not None:
+            status = wait_status
+        else:
+            return  # the wait goes on in a later claim, which observes it
+        metrics.record_step(self.ctx.task_name, self.kind, status, seconds)
+        span = self.span
+        if self.started_ns:
+            span = tracing.start_step_span(self.ctx, self.key, self.kind, self.started_ns)
+        if span is not None:
             cause = exc.__cause__ if isinstance(exc, Suspend) else exc
-            tracing.end_step_span(self.span, status, cause)
+            tracing.end_step_span(span, status, cause)
 
 
 def _status(ctx: Any, exc: BaseException | None) -> str:
@@ -52,6 +87,25 @@ def _status(ctx: Any, exc: BaseException | None) -> str:
     if ctx.abort_signal.aborted:
         return "aborted"  # canceled, lease lost, deadline, worker stopping
     return "failed" if isinstance(exc, Exception) else "aborted"
+
+
+def _wait_status(ctx: Any, exc: BaseException | None) -> str | None:
+    """A wait's outcome in this claim; None when its attempt stays armed for a later claim:
+    parked or handed back (Suspend), an outage (EngineUnavailable), a lost lease."""
+    if exc is None:
+        return "completed"
+    reason = ctx.abort_signal.reason
+    if (
+        not isinstance(exc, Exception)
+        or isinstance(exc, LeaseLostError)
+        or isinstance(reason, LeaseLostError)
+    ):
+        return None
+    if reason is not None or (
+        isinstance(exc, TaskCanceledError) and ctx._state.handle.cancel_requested
+    ):
+        return "aborted"  # this run's cancel or deadline (a canceled child fails the wait)
+    return "failed"
 
 
 def observed_step(ctx: Any, key: str, kind: str) -> _Observed | _Unobserved:

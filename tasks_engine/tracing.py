@@ -5,7 +5,9 @@
   the same trace. `enqueue` stores the caller's trace id as the run's `trace_id` when a span
   is current (else the run's trace id is its own id), so a run joins the trace of whoever
   started it.
-- `step <name>`: one span per executed step attempt, a child of its claim's span.
+- `step <name>`: one span per executed step attempt (function, sleep, fact wait, child run),
+  a child of its claim's span; a wait's span is made by the claim that resolves it
+  (step_observer.py).
 - The outbox stores the publisher's trace context (W3C `traceparent`) on the event, and the
   relay makes it current around the route, so the runs a route enqueues join that trace.
 
@@ -112,8 +114,10 @@ def claim_span(ctx: Any) -> Iterator[Any]:
         yield span
 
 
-def start_step_span(ctx: Any, key: str, kind: str) -> Any:
-    """Start the span of an executed step under the claim's span (None: no tracing)."""
+def start_step_span(ctx: Any, key: str, kind: str, start_time: int | None = None) -> Any:
+    """Start the span of an executed step under the claim's span (None: no tracing);
+    `start_time` (ns since the epoch) when it began earlier (step_observer.py makes the span
+    once the attempt has ended)."""
     if ctx._state.span is None:
         return None
     tracer = _tracer()
@@ -127,7 +131,19 @@ def start_step_span(ctx: Any, key: str, kind: str) -> Any:
             "tasks.step.name": key,
             "tasks.step.kind": str(kind),  # a StepKind is a str enum: its value, not its repr
         },
+        start_time=start_time,
     )
+
+
+def make_current(span: Any) -> Any:
+    """Make `span` the current span of this thread; returns the token `stop_current` takes."""
+    if span is None:
+        return None
+    return otel_context.attach(trace.set_span_in_context(span))
+
+
+def stop_current(token: Any) -> None:
+    otel_context.detach(token)
 
 
 def end_step_span(span: Any, status: str, exc: BaseException | None) -> None:

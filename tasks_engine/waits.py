@@ -2,6 +2,8 @@
 
 Each wait is a step attempt that is `running` while armed and `completed` (or `failed`) once
 resolved; the run parks as `waiting` in between and a fact, a child's end or a timer wakes it.
+Each is observed (metrics, span) from its armed attempt to its outcome, by the claim that
+resolves it; a claim that parks it observes nothing (step_observer.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from .models import WorkflowRun
 from .serialization import encode_error, rebuild_error, to_jsonable
 from .states import FINISHED, RunStatus, StepKind, StepStatus
 from .step_base import StepBase
+from .step_observer import observed_step
 from .step_timeouts import timeout_seconds
 from .transitions import Parking
 
@@ -73,17 +76,18 @@ class WaitSteps(StepBase):
         wake_at = clock.now() + timedelta(seconds=max(seconds, 0))
         armed = self._arm(key, StepKind.SLEEP, rec, wake_at=wake_at)  # keeps an armed wake time
         assert armed.wake_at is not None
-        if clock.now() >= armed.wake_at:
-            self._resolve(armed)
-            return
-        self._ctx.raise_if_canceled()
-        progress = self._s.progress_to_carry()
-        if not transitions.park_run(
-            self._s.lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at, progress
-        ):
-            self._s.progress_not_carried(progress)
-            self._canceled()
-        raise Suspend(f"sleeping until {armed.wake_at.isoformat()}")
+        with observed_step(self._ctx, key, StepKind.SLEEP):
+            if clock.now() >= armed.wake_at:
+                self._resolve(armed)
+                return
+            self._ctx.raise_if_canceled()
+            progress = self._s.progress_to_carry()
+            if not transitions.park_run(
+                self._s.lease, f"sleep:{key}", armed.wake_at, self._s.deadline_at, progress
+            ):
+                self._s.progress_not_carried(progress)
+                self._canceled()
+            raise Suspend(f"sleeping until {armed.wake_at.isoformat()}")
 
     # -- facts --------------------------------------------------------------------------------
 
@@ -104,39 +108,40 @@ class WaitSteps(StepBase):
         deadline = clock.now() + timedelta(seconds=seconds) if seconds is not None else None
         armed = self._arm(key, StepKind.FACT_WAIT, rec, wake_at=deadline, output={"fact": name})
         lease = self._s.lease
-        while True:
-            taken, payload = transitions.take_fact(lease, armed.id, key, name)
-            if taken:
-                armed.status, armed.output = StepStatus.COMPLETED, payload
-                return payload
-            if check is not None and (result := check()) is not None:
-                result = to_jsonable(result)
-                self._resolve(armed, output=result)
-                return result
-            if armed.wake_at is not None and clock.now() >= armed.wake_at:
-                err = FactTimeoutError(f"no fact {name!r} arrived within {seconds} seconds")
-                self._resolve(armed, error=err)
-                raise err
-            self._ctx.raise_if_canceled()
-            wake = armed.wake_at
-            if check is not None:
-                next_check = clock.now() + timedelta(seconds=check_interval)
-                wake = next_check if wake is None else min(wake, next_check)
-            progress = self._s.progress_to_carry()
-            parking = transitions.park_run_unless(
-                lease,
-                f"fact:{name}",
-                wake,
-                self._s.deadline_at,
-                lambda: transitions.fact_available(lease.run_id, name),
-                progress,
-            )
-            if parking is not Parking.PARKED:
-                self._s.progress_not_carried(progress)
-            if parking is Parking.CANCELED:
-                self._canceled()
-            if parking is Parking.PARKED:
-                raise Suspend(f"waiting for fact {name}")
+        with observed_step(self._ctx, key, StepKind.FACT_WAIT):
+            while True:
+                taken, payload = transitions.take_fact(lease, armed.id, key, name)
+                if taken:
+                    armed.status, armed.output = StepStatus.COMPLETED, payload
+                    return payload
+                if check is not None and (result := check()) is not None:
+                    result = to_jsonable(result)
+                    self._resolve(armed, output=result)
+                    return result
+                if armed.wake_at is not None and clock.now() >= armed.wake_at:
+                    err = FactTimeoutError(f"no fact {name!r} arrived within {seconds} seconds")
+                    self._resolve(armed, error=err)
+                    raise err
+                self._ctx.raise_if_canceled()
+                wake = armed.wake_at
+                if check is not None:
+                    next_check = clock.now() + timedelta(seconds=check_interval)
+                    wake = next_check if wake is None else min(wake, next_check)
+                progress = self._s.progress_to_carry()
+                parking = transitions.park_run_unless(
+                    lease,
+                    f"fact:{name}",
+                    wake,
+                    self._s.deadline_at,
+                    lambda: transitions.fact_available(lease.run_id, name),
+                    progress,
+                )
+                if parking is not Parking.PARKED:
+                    self._s.progress_not_carried(progress)
+                if parking is Parking.CANCELED:
+                    self._canceled()
+                if parking is Parking.PARKED:
+                    raise Suspend(f"waiting for fact {name}")
 
     # -- child runs ---------------------------------------------------------------------------
 
@@ -177,44 +182,45 @@ class WaitSteps(StepBase):
                 )
         else:
             child_id = _child_of(lease.run_id, _child_key(lease.run_id, key, armed.run_pass))
-        while True:
-            status, output, error = transitions.child_outcome(child_id)
-            if status == RunStatus.COMPLETED:
-                self._resolve(armed, output=output)
-                return output
-            if status in FINISHED:
-                exc: BaseException = (
-                    rebuild_error(error)
-                    if error
-                    else TaskCanceledError(f"child run {child_id} was {status}")
+        with observed_step(self._ctx, key, StepKind.CHILD):
+            while True:
+                status, output, error = transitions.child_outcome(child_id)
+                if status == RunStatus.COMPLETED:
+                    self._resolve(armed, output=output)
+                    return output
+                if status in FINISHED:
+                    exc: BaseException = (
+                        rebuild_error(error)
+                        if error
+                        else TaskCanceledError(f"child run {child_id} was {status}")
+                    )
+                    self._resolve(armed, error=exc)
+                    raise exc
+                if armed.wake_at is not None and clock.now() >= armed.wake_at:
+                    err = StepTimeoutError(
+                        f"child run {child_id} (step {key!r}) did not finish in time; canceled"
+                    )
+                    stored = _terminal(err)
+                    if transitions.time_out_child(lease, armed.id, child_id, stored):
+                        armed.status, armed.error = StepStatus.FAILED, stored
+                        raise err
+                    continue  # it finished meanwhile: take its outcome
+                self._ctx.raise_if_canceled()
+                progress = self._s.progress_to_carry()
+                parking = transitions.park_run_unless(
+                    lease,
+                    f"child:{child_id}",
+                    armed.wake_at,
+                    self._s.deadline_at,
+                    lambda: transitions.child_outcome(child_id)[0] in FINISHED,
+                    progress,
                 )
-                self._resolve(armed, error=exc)
-                raise exc
-            if armed.wake_at is not None and clock.now() >= armed.wake_at:
-                err = StepTimeoutError(
-                    f"child run {child_id} (step {key!r}) did not finish in time; canceled"
-                )
-                stored = _terminal(err)
-                if transitions.time_out_child(lease, armed.id, child_id, stored):
-                    armed.status, armed.error = StepStatus.FAILED, stored
-                    raise err
-                continue  # it finished meanwhile: take its outcome
-            self._ctx.raise_if_canceled()
-            progress = self._s.progress_to_carry()
-            parking = transitions.park_run_unless(
-                lease,
-                f"child:{child_id}",
-                armed.wake_at,
-                self._s.deadline_at,
-                lambda: transitions.child_outcome(child_id)[0] in FINISHED,
-                progress,
-            )
-            if parking is not Parking.PARKED:
-                self._s.progress_not_carried(progress)
-            if parking is Parking.CANCELED:
-                self._canceled()
-            if parking is Parking.PARKED:
-                raise Suspend(f"waiting for child run {child_id}")
+                if parking is not Parking.PARKED:
+                    self._s.progress_not_carried(progress)
+                if parking is Parking.CANCELED:
+                    self._canceled()
+                if parking is Parking.PARKED:
+                    raise Suspend(f"waiting for child run {child_id}")
 
 
 def _terminal(error: BaseException) -> dict[str, Any]:

@@ -205,3 +205,40 @@ def test_the_view_can_require_a_bearer_token() -> None:
         ok = Client().get("/metrics/", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert b"# TYPE tasks_runs gauge" in ok.content
+
+
+def _steps_since(before: dict[tuple[str, ...], float]) -> dict[tuple[str, ...], float]:
+    """tasks_steps_total{task,kind,status} counted since `before` (the counters are global)."""
+    now = _samples(metrics.STEPS, "tasks_steps_total")
+    return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+
+
+@pytest.mark.django_db
+def test_every_step_kind_is_counted_once_by_the_claim_that_ends_it(recording: None) -> None:
+    steps = _samples(metrics.STEPS, "tasks_steps_total")
+    durations = _samples(metrics.STEP_DURATION, "tasks_step_duration_seconds_count")
+    with testing.WorkflowTester() as t:
+        run = t.start("observe_acquire", {"plan_id": 7})
+        t.run_until_idle()  # submit, then the fact wait parks the run: not counted yet
+        assert _steps_since(steps) == {("observe_acquire", "function", "completed"): 1}
+        t.signal(run, "download-done", {"size": 3})
+        # claim 2 takes the fact, copies and parks on the sleep; claim 3 (a week later)
+        # replays both waits and completes the sleep: each wait counted once, when it ended
+        assert t.run_to_completion(run).status == "completed"
+        timed_out = t.start("observe_fact_timeout")
+        assert t.run_to_completion(timed_out).output == "timed out"
+        child = t.start("parent", {"value": 2})
+        assert t.run_to_completion(child).output == {"child": {"double": 4}}
+        refused = t.start("parent_catches", {"value": 3, "fail": True})
+        assert t.run_to_completion(refused).output == "caught: child refused 3"
+    assert _steps_since(steps) == {
+        ("observe_acquire", "function", "completed"): 3,
+        ("observe_acquire", "fact_wait", "completed"): 1,
+        ("observe_acquire", "sleep", "completed"): 1,
+        ("observe_fact_timeout", "fact_wait", "failed"): 1,
+        ("parent", "child", "completed"): 1,
+        ("parent_catches", "child", "failed"): 1,
+    }
+    counts = _samples(metrics.STEP_DURATION, "tasks_step_duration_seconds_count")
+    assert counts[("observe_acquire",)] - durations.get(("observe_acquire",), 0) == 5
+    assert counts[("parent",)] - durations.get(("parent",), 0) == 1

@@ -68,14 +68,20 @@ def test_every_claim_of_a_run_shares_its_trace(spans: InMemorySpanExporter) -> N
     assert all(c.parent is not None and c.parent.is_remote for c in claims)
 
     steps = _named(spans, "step ")
-    assert [s.name for s in steps] == ["step before", "step after"]
-    for step, claim in zip(steps, claims, strict=True):
+    # the sleep is the second claim's: the first one parked it (no span), the second ended it
+    assert [s.name for s in steps] == ["step before", "step nap", "step after"]
+    for step, claim, kind in zip(
+        steps, [claims[0], claims[1], claims[1]], ["function", "sleep", "function"], strict=True
+    ):
         assert step.context.trace_id == claim.context.trace_id
         assert step.parent is not None and step.parent.span_id == claim.context.span_id
         assert step.attributes["tasks.run_id"] == str(run)
         assert step.attributes["tasks.attempt"] == claim.attributes["tasks.attempt"]
-        assert step.attributes["tasks.step.kind"] == "function"
+        assert step.attributes["tasks.step.kind"] == kind
         assert step.attributes["tasks.step.status"] == "completed"
+        assert step.start_time is not None and claim.start_time is not None
+        assert step.end_time is not None and claim.end_time is not None
+        assert claim.start_time <= step.start_time <= step.end_time <= claim.end_time
 
 
 def test_a_failed_step_attempt_is_an_error_span(spans: InMemorySpanExporter) -> None:
@@ -90,6 +96,47 @@ def test_a_failed_step_attempt_is_an_error_span(spans: InMemorySpanExporter) -> 
     assert steps[0].status.status_code == trace.StatusCode.ERROR
     assert "attempt 1 failed" in (steps[0].status.description or "")
     assert len({s.context.trace_id for s in steps}) == 1
+
+
+def test_waits_and_child_runs_make_one_span_each_when_they_end(
+    spans: InMemorySpanExporter,
+) -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("observe_acquire", {"plan_id": 1})
+        t.run_until_idle()
+        assert [s.name for s in _named(spans, "step ")] == ["step submit"]  # the wait parked
+        t.signal(run, "download-done", {"size": 5})
+        t.run_to_completion(run)
+        timed_out = t.start("observe_fact_timeout")
+        t.run_to_completion(timed_out)
+        parent = t.start("parent_catches", {"value": 4, "fail": True})
+        t.run_to_completion(parent)
+    claims = {c.context.span_id: c for c in _named(spans, "workflow ")}
+    steps = _named(spans, "step ")
+    seen = [
+        (
+            s.name,
+            s.attributes["tasks.step.kind"],
+            s.attributes["tasks.step.status"],
+            claims[s.parent.span_id].attributes["tasks.attempt"],  # type: ignore[union-attr]
+        )
+        for s in steps
+    ]
+    assert seen == [
+        ("step submit", "function", "completed", 1),
+        ("step download-done", "fact_wait", "completed", 2),
+        ("step copy", "function", "completed", 2),
+        ("step retention", "sleep", "completed", 3),
+        ("step cleanup", "function", "completed", 3),
+        ("step approval", "fact_wait", "failed", 2),
+        ("step kid", "child", "failed", 2),
+    ]
+    by_name = {s.name: s for s in steps}
+    assert by_name["step approval"].status.status_code == trace.StatusCode.ERROR
+    assert "no fact 'approval' arrived" in (by_name["step approval"].status.description or "")
+    assert by_name["step kid"].status.status_code == trace.StatusCode.ERROR
+    assert by_name["step kid"].attributes["tasks.run_id"] == str(parent)
+    assert by_name["step retention"].status.status_code == trace.StatusCode.UNSET
 
 
 def test_a_run_enqueued_under_a_span_joins_its_trace(spans: InMemorySpanExporter) -> None:
@@ -156,3 +203,14 @@ def test_a_caller_s_own_trace_id_still_maps_to_one_trace() -> None:
     assert tracing.otel_trace_id("deploy-42") != tracing.otel_trace_id("deploy-43")
     assert tracing.otel_trace_id("0" * 32) != 0
     assert tracing.otel_trace_id("ab" * 16) == int("ab" * 16, 16)
+
+
+def test_spans_made_inside_a_step_body_nest_under_its_step(spans: InMemorySpanExporter) -> None:
+    with testing.WorkflowTester() as t:
+        assert t.run_to_completion(t.start("observe_inner_span")).status == "completed"
+    [claim], [step], [inner] = (
+        _named(spans, p) for p in ("workflow ", "step ", "GET /api/torrents")
+    )
+    assert step.parent is not None and step.parent.span_id == claim.context.span_id
+    assert inner.parent is not None and inner.parent.span_id == step.context.span_id
+    assert trace.get_current_span() is trace.INVALID_SPAN  # the step's span left no trace here

@@ -65,3 +65,16 @@ def observe_nap(ctx: TaskContext) -> str:
     ctx.step.sleep("nap", 30)
     ctx.step.run("after", lambda: 2)
     return "rested"
+
+
+@workflow(name="observe_inner_span")
+def observe_inner_span(ctx: TaskContext) -> str:
+    """A step whose body makes a span of its own, as an instrumented HTTP client would."""
+
+    def fetch() -> str:
+        from opentelemetry import trace
+
+        with trace.get_tracer("tests.http").start_as_current_span("GET /api/torrents"):
+            return "fetched"
+
+    return ctx.step.run("fetch", fetch)
