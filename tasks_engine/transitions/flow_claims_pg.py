@@ -331,8 +331,11 @@ def _claim_statement(filt: str, rated: int, prestart: bool, capped: bool = False
     # A queue's worker_concurrency caps every run of it this worker takes, a retaken expired
     # lease too (which the queue's fleet-wide room leaves out: it is running already). Its
     # runs come best first, expired leases ahead, so the cap keeps a prefix of them.
-    wrank, wcap = "", ""
-    if capped:
+    wrank, wcap, wroom, wcol, wdef = "", "", "", "", ""
+    if capped:  # only then: a claim without caps keeps the statement it had
+        wroom = f",\n                coalesce(j.wroom, {BIG})"
+        wcol = f", coalesce(j.wroom, {BIG}) AS wroom"
+        wdef = ", wroom int"
         wrank = (
             ", row_number() OVER (PARTITION BY c.queue"
             " ORDER BY c.src, c.priority DESC, c.available_at, c.tid) AS wrank"
@@ -354,11 +357,10 @@ def _claim_statement(filt: str, rated: int, prestart: bool, capped: bool = False
                 CASE WHEN j.conc IS NULL THEN {BIG} ELSE j.conc - (SELECT count(*) FROM {RUN} r
                     WHERE r.status = 'running' AND r.queue = j.q) END,
                 CASE WHEN j.rate IS NULL THEN {BIG}
-                    ELSE j.rate - coalesce(n.seq - o.seq + o.claims, 0) END,
-                coalesce(j.wroom, {BIG})
-            ) AS room, coalesce(j.wroom, {BIG}) AS wroom
+                    ELSE j.rate - coalesce(n.seq - o.seq + o.claims, 0) END{wroom}
+            ) AS room{wcol}
             FROM json_to_recordset(%s::json)
-                AS j(q text, conc int, rate int, since timestamptz, wroom int)
+                AS j(q text, conc int, rate int, since timestamptz{wdef})
             LEFT JOIN LATERAL (
                 SELECT c.seq, c.claimed_at FROM {CLAIMS} c WHERE j.rate IS NOT NULL
                 AND c.queue = j.q ORDER BY c.queue, c.seq DESC LIMIT 1
