@@ -148,6 +148,7 @@ def check_misconfiguration(app_configs: Any = None, **kwargs: Any) -> list[check
     found = _lease_holds_three_heartbeats(s)
     if settings.DATABASES.get("default", {}).get("ENGINE") == SQLITE:
         found += _postgres_only_settings_on_sqlite(raw)
+        found += _sqlite_transaction_mode(settings.DATABASES["default"])
     if behind_transaction_pooler():
         found += _transaction_pooler(s)
     found += _workflow_queues_declared(raw)
@@ -183,6 +184,26 @@ def _postgres_only_settings_on_sqlite(raw: dict[str, Any]) -> list[checks.CheckM
         )
         for key, why in POSTGRES_ONLY_SETTINGS.items()
         if raw.get(key)
+    ]
+
+
+def _sqlite_transaction_mode(db: dict[str, Any]) -> list[checks.CheckMessage]:
+    """The engine's writes on SQLite rely on BEGIN IMMEDIATE: it takes the one write lock up
+    front (waiting up to the busy timeout), where a deferred transaction reads first and then
+    fails with "database is locked" when another process wrote meanwhile."""
+    options = db.get("OPTIONS") or {}
+    if str(options.get("transaction_mode", "")).upper() == "IMMEDIATE":
+        return []
+    return [
+        checks.Warning(
+            "DATABASES['default'] is SQLite without OPTIONS transaction_mode IMMEDIATE: with "
+            "a worker beside the web process (or two workers), engine writes fail with "
+            "'database is locked', and the steps they interrupt run again",
+            hint='Set DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", '
+            '"timeout": 30, "init_command": "PRAGMA journal_mode=WAL; PRAGMA '
+            'synchronous=FULL;"} (docs/SQLITE.md).',
+            id="tasks_engine.W026",
+        )
     ]
 
 
@@ -226,12 +247,14 @@ def _workflow_queues_declared(raw: dict[str, Any]) -> list[checks.CheckMessage]:
     declared = declared_queues(raw)
     if declared is None:
         return []
-    from .definitions import registry
+    from .definitions import DEFAULT_QUEUE, registry
 
     found: list[checks.CheckMessage] = []
     for name, version in registry.pairs():
         queue = registry.get(name, version).queue
-        if queue not in declared:
+        # "default" is no typo: the queue of every workflow that names none (the engine's
+        # own django_task too), and QUEUES need not list it to leave it unlimited.
+        if queue not in declared and queue != DEFAULT_QUEUE:
             found.append(
                 checks.Warning(
                     f"workflow {name}@{version} uses queue {queue!r}, which TASKS_ENGINE "

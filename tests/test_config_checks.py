@@ -20,6 +20,7 @@ from tasks_engine.models import WorkflowRun
 
 SQLITE = "django.db.backends.sqlite3"
 POSTGRES = "django.db.backends.postgresql"
+IMMEDIATE = {"transaction_mode": "IMMEDIATE", "timeout": 30}
 
 
 def ids(found: list[Any]) -> list[str]:
@@ -75,7 +76,7 @@ def test_a_lease_shorter_than_three_heartbeats_is_a_warning(engine: Any) -> None
 
 
 def test_postgres_only_settings_on_sqlite_are_warned_as_ignored(engine: Any, database: Any) -> None:
-    database(SQLITE)
+    database(SQLITE, OPTIONS=IMMEDIATE)
     engine(NOTIFY=True, PREPARED_STATEMENTS=True, GROUP_COMMIT=False)
     found = check_misconfiguration()
     assert ids(found) == ["tasks_engine.W021", "tasks_engine.W021"]
@@ -216,3 +217,23 @@ def test_a_misspelt_engine_setting_is_warned_with_the_nearest_key(engine: Any) -
     [found] = check_settings()
     assert found.id == "tasks_engine.W003" and "'LEASE_SECOND'" in found.msg
     assert found.hint == "Did you mean 'LEASE_SECONDS'?"
+
+
+def test_sqlite_without_immediate_transactions_is_warned(database: Any) -> None:
+    """The engine's writes on SQLite take the write lock at BEGIN (IMMEDIATE); deferred ones
+    fail with "database is locked" under a concurrent writer."""
+    database(SQLITE, OPTIONS={})
+    (found,) = [m for m in check_misconfiguration() if m.id != "tasks_engine.W021"]
+    assert found.id == "tasks_engine.W026" and "transaction_mode IMMEDIATE" in found.msg
+    assert found.hint is not None and '"transaction_mode": "IMMEDIATE"' in found.hint
+    database(SQLITE, OPTIONS=IMMEDIATE)
+    assert [m for m in check_misconfiguration() if m.id == "tasks_engine.W026"] == []
+    database(POSTGRES, OPTIONS={})
+    assert [m for m in check_misconfiguration() if m.id == "tasks_engine.W026"] == []
+
+
+def test_workflows_on_the_default_queue_need_no_declaration(engine: Any) -> None:
+    """QUEUES lists the queues it limits; "default" (every workflow's that names none, the
+    engine's own django_task's too) is never a typo."""
+    engine(QUEUES={"io": {"concurrency": 2}})
+    assert [m for m in check_misconfiguration() if "'default'" in m.msg] == []

@@ -118,7 +118,7 @@ class Command(OneLineErrors, BaseCommand):
     def handle(self, *args: Any, **opts: Any) -> None:
         for found in worker_checks(opts["queue"], opts.get("processes") or 1):
             if found.is_serious():
-                raise CommandError(found.msg)
+                raise CommandError(f"{found.msg} ({found.id})")
             self.stderr.write(f"warning: {found.msg} ({found.id})")
         workflows = []
         if opts["task"]:
