@@ -131,7 +131,7 @@ class Workflow:
     ) -> str | None:
         key: Any = override
         if key is None and declared is not None:
-            key = declared(self.load_input(stored)) if callable(declared) else declared
+            key = self._call_key(what, declared, stored) if callable(declared) else declared
         if key is None:
             return None
         if not isinstance(key, str) or not key or len(key) > 255:
@@ -140,6 +140,22 @@ class Workflow:
                 f" characters, not {key!r}"
             )
         return key
+
+    def _call_key(self, what: str, declared: Callable[[Any], str], stored: Any) -> Any:
+        """The key callable's answer; what it raises becomes a ValueError naming the workflow
+        (nothing is written), saying what the callable was given."""
+        try:
+            return declared(self.load_input(stored))
+        except Exception as exc:
+            given = (
+                f"an instance of {self.input_model.__name__}"
+                if self.input_model is not None
+                else "the input as a dict (declare input= for a model)"
+            )
+            raise ValueError(
+                f"{what} callable of {self.key} raised {type(exc).__name__}: {exc}"
+                f" (it is given {given})"
+            ) from exc
 
     def limit_for(self, key: str | None, override: int | None = None) -> int | None:
         """The run's concurrency limit: `override`, else the workflow's; None without a key.

@@ -258,6 +258,24 @@ def test_bad_keys_and_limits_write_nothing() -> None:
         workflow(name="flow-bad", concurrency_key=3)(lambda ctx: None)  # type: ignore[arg-type]
 
 
+def test_a_key_callable_that_raises_is_a_clear_value_error_and_writes_nothing() -> None:
+    from tasks_engine.definitions import registry
+
+    @workflow(name="flow-dict-key", concurrency_key=lambda inp: f"disk:{inp.disk}")
+    def dict_key(ctx: Any) -> None: ...
+
+    try:
+        with pytest.raises(
+            ValueError,
+            match=r"concurrency_key callable of flow-dict-key@1 raised"
+            r" AttributeError: .* \(it is given the input as a dict",
+        ):
+            tasks_engine.enqueue("flow-dict-key", {"disk": "a"})
+    finally:
+        registry.unregister("flow-dict-key", 1)
+    assert WorkflowRun.objects.count() == 0
+
+
 def test_unlimited_unkeyed_claims_stay_one_plain_statement() -> None:
     from django.test.utils import CaptureQueriesContext
 

@@ -114,3 +114,18 @@ def test_a_step_timeout_aborts_the_step_in_the_tester_as_in_a_worker() -> None:
     assert view.output["slow"] == {"attempt": 2}  # the first attempt timed out, the retry ran
     failed = [s for s in t.steps(run) if s.name == "slow" and s.status == "failed"]
     assert len(failed) == 1 and "timed out after 0.3 seconds" in failed[0].error["message"]
+
+
+def test_a_fact_wait_s_checks_are_jumped_by_run_to_completion_not_run_until_idle() -> None:
+    """A check= wait is due again at every interval: idle never comes by jumping to it (the
+    test says when, with advance() or run_to_completion())."""
+    from tests.testapp.models import Marker
+
+    with testing.WorkflowTester() as t:
+        started = t.now
+        run = t.start("fact_check")  # checks every 10 s, no timeout
+        assert t.run_until_idle() == ["suspended"]
+        assert t.now == started and t.get_run(run).status == "waiting"
+        Marker.objects.create(key=f"ready:{run}", value="7")
+        assert t.run_to_completion(run).output == {"value": "7"}  # the next check found it
+        assert timedelta(seconds=10) <= t.now - started < timedelta(seconds=11)
