@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -124,7 +125,7 @@ class Command(BaseCommand):
                 f"registered {item.registered_at:%H:%M:%S}"
             )
         run_id = AcquisitionPlan.objects.get(pk=plan_id).run_id
-        self.stdout.write(f"inspect it: python manage.py tasks inspect {run_id}")
+        self.stdout.write(f"inspect it: {_python()} manage.py tasks inspect {run_id}")
         self.stdout.write("browse it:  make admin")
 
     @staticmethod
@@ -177,3 +178,15 @@ class Command(BaseCommand):
                 proc.kill()
                 code = proc.wait()
             self.stdout.write(f"{name} stopped (exit {code})")
+
+
+def _python() -> str:
+    """This interpreter as the user can type it here: `.venv/bin/python` after `make demo`
+    (no virtualenv is activated), `python` when it is the one on PATH."""
+    exe = Path(sys.executable)
+    if shutil.which("python") == str(exe):  # an activated virtualenv's, say
+        return "python"
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
