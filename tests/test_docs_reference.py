@@ -58,7 +58,11 @@ def own_options(parser: argparse.ArgumentParser) -> set[str]:
         if isinstance(action, argparse._SubParsersAction):
             continue
         names = set(action.option_strings) or {action.dest}
-        if not names & COMMON_OPTIONS:
+        # Django's own --version prints its version; a subcommand's (tasks list) is its own.
+        common = names & COMMON_OPTIONS - (
+            set() if isinstance(action, argparse._VersionAction) else {"--version"}
+        )
+        if not common:
             found.add(max(names, key=len))
     return found
 
