@@ -83,9 +83,10 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
         "the steps sleep, wait_for_fact and run_child (park_run_unless)",
     ),
     (RunStatus.RUNNING, RunStatus.CANCELED): Edge(
-        "cancel reached the worker",
-        "cancel_running_run",
-        "the executor; the heartbeat when a step ignores its cancel",
+        "cancel reached the worker, or committed as the handler returned",
+        "cancel_running_run, complete_run",
+        "the executor; the heartbeat when a step ignores its cancel; the completion's write"
+        " when a cancel committed before it (it ends the run canceled, without its output)",
     ),
     (RunStatus.WAITING, RunStatus.RUNNING): Edge(
         "timer due (sleep, timeout, deadline)", "claim_runs", "a worker's claim"

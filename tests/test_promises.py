@@ -54,6 +54,29 @@ def test_a_cancel_during_a_step_is_not_lost_when_the_run_then_parks(
     assert not StepAttempt.objects.filter(run_id=rid, status="running").exists()
 
 
+def test_a_cancel_that_commits_as_the_handler_returns_wins_over_the_completion(
+    fake_clock: FakeClock,
+) -> None:
+    """cancel() answered True: the run must not then end completed (the completion's write
+    saw the cancel only as a row it replaced, and wrote over it)."""
+    rid = tasks_engine.enqueue("canceled_as_it_returns").run_id
+    drain(fake_clock, horizon=0)
+    r = run(rid)
+    assert (r.status, r.cancel_reason, r.output) == ("canceled", "late", None)
+    assert StepAttempt.objects.get(run_id=rid, name="work").status == "completed"
+    assert r.finished_at is not None and r.lease_token is None
+
+
+def test_a_child_completing_as_its_parent_is_canceled_ends_canceled_too(
+    fake_clock: FakeClock,
+) -> None:
+    parent = tasks_engine.enqueue("parent_of_late_child").run_id
+    drain(fake_clock, horizon=0)
+    [child] = WorkflowRun.objects.filter(parent_run_id=parent)
+    assert (run(parent).status, run(child.pk).status) == ("canceled", "canceled")
+    assert run(child.pk).output is None
+
+
 def test_a_child_started_before_the_cancel_is_canceled_with_its_parent(
     fake_clock: FakeClock,
 ) -> None:

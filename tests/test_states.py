@@ -22,9 +22,13 @@ TRANSITIONS_DIR = ROOT / "tasks_engine" / "transitions"
 # (None today: the writes the worker's group commit carries are reached from complete_run.)
 INDIRECT: dict[str, str] = {}
 
+_STATUS = "(" + "|".join(RunStatus.values) + ")"
+# status = 'x', or status = CASE WHEN ... THEN 'x' ELSE 'y' END (each branch a status written)
 SET_STATUS = re.compile(
-    r"(?:^|SET|,)\s*status\s*=\s*'(" + "|".join(RunStatus.values) + r")'", re.IGNORECASE
+    r"(?:^|SET|,)\s*status\s*=\s*(?:'" + _STATUS + r"'|(CASE\b.*?\bEND))",
+    re.IGNORECASE | re.DOTALL,
 )
+CASE_BRANCH = re.compile(r"(?:THEN|ELSE)\s+'" + _STATUS + "'", re.IGNORECASE)
 RUN_TABLES = {"RUN", "tasks_engine_workflowrun"}  # as an f-string names it, and in .sql files
 UPDATE_TABLE = re.compile(r"UPDATE\s+\{?(\w+)\}?", re.IGNORECASE)
 INSERT_RUN = re.compile(r"INSERT\s+INTO\s+(?:\{RUN\}|tasks_engine_workflowrun\b)", re.IGNORECASE)
@@ -62,7 +66,10 @@ def _sql_writes(text: str) -> set[str]:
     for match in SET_STATUS.finditer(text):
         updates = UPDATE_TABLE.findall(text[: match.start()])
         if not updates or updates[-1] in RUN_TABLES:  # a bare assignment list: _cas_run's
-            found.add(match.group(1).lower())
+            if match.group(1):
+                found.add(match.group(1).lower())
+            else:
+                found.update(s.lower() for s in CASE_BRANCH.findall(match.group(2)))
     if INSERT_RUN.search(text):
         found.add(RunStatus.PENDING)  # a new run starts pending
     return found
@@ -180,6 +187,8 @@ def test_the_reader_finds_status_writes() -> None:
     assert _sql_writes("UPDATE {RUN} SET status = 'failed' WHERE status = 'running'") == {"failed"}
     assert _sql_writes("status = 'waiting', lease_token = NULL") == {"waiting"}
     assert _sql_writes("UPDATE {STEP} SET status = 'failed' WHERE id = %s") == set()
+    case = "UPDATE {RUN} SET status = CASE WHEN x IS NULL THEN 'completed' ELSE 'canceled' END"
+    assert _sql_writes(case) == {"completed", "canceled"}
     assert _sql_writes("UPDATE {RUN} SET status = %s") == set()
     assert _sql_writes("UPDATE tasks_engine_workflowrun r SET status = 'completed'") == {
         "completed"

@@ -50,9 +50,11 @@ RETURNING id, run_id, lease_token
 run_id uuid, token uuid, output jsonb, unreached jsonb, at timestamptz, progress jsonb
 
 -- hot_completes --
--- Run completions (CTE `c`), each if its attempt still holds the run (the row it replaces is the fence). {lookup} as in hot_deferred; {after} references the write's other fenced parts, so their fences lock the run rows before this statement replaces them (a group's deferred completions come after it instead: hot_deferred_gated).
+-- Run completions (CTE `c`), each if its attempt still holds the run (the row it replaces is the fence). {lookup} as in hot_deferred; {after} references the write's other fenced parts, so their fences lock the run rows before this statement replaces them (a group's deferred completions come after it instead: hot_deferred_gated). A cancel that committed before this write (after the handler's last look at it) wins: the run ends canceled, without the output; one that waits for this write's row lock finds the run completed and answers False.
 UPDATE tasks_engine_workflowrun r
-SET status = 'completed', output = cv.output, unreached_steps = cv.unreached,
+SET status = CASE WHEN r.cancel_requested_at IS NULL THEN 'completed' ELSE 'canceled' END,
+    output = CASE WHEN r.cancel_requested_at IS NULL THEN cv.output END,
+    unreached_steps = cv.unreached,
     finished_at = cv.at, updated_at = cv.at, lease_token = NULL, available_at = NULL,
     waiting_on = '', error = NULL, progress = COALESCE(cv.progress, r.progress)
 FROM cv

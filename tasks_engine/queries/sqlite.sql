@@ -24,9 +24,11 @@ WHERE EXISTS (SELECT 1 FROM tasks_engine_workflowrun
 RETURNING id
 
 -- complete_run --
--- Running -> completed, if the attempt still holds the run.
+-- Running -> completed, if the attempt still holds the run; canceled instead, without the output, if a cancel committed first (postgresql.sql, hot_completes).
 UPDATE tasks_engine_workflowrun
-SET status = 'completed', output = %(output)s, unreached_steps = %(unreached)s,
+SET status = CASE WHEN cancel_requested_at IS NULL THEN 'completed' ELSE 'canceled' END,
+    output = CASE WHEN cancel_requested_at IS NULL THEN %(output)s END,
+    unreached_steps = %(unreached)s,
     finished_at = %(at)s, updated_at = %(at)s, lease_token = NULL, available_at = NULL,
     waiting_on = '', error = NULL, progress = COALESCE(%(progress)s, progress)
 WHERE id = %(run_id)s AND lease_token = %(token)s

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 import tasks_engine
 from tasks_engine import RetryPolicy, TaskContext, workflow
+from tasks_engine.models import WorkflowRun
 
 from .models import SideEffect
 
@@ -130,3 +131,24 @@ class Op(BaseModel):
 @workflow(name="op_user", input=Op)
 def op_user(ctx: TaskContext) -> Any:
     return ctx.with_attempt_token(ctx.input.op_key, lambda info: _once(ctx, "op-fn", "done"))
+
+
+class Late(BaseModel):
+    cancel: str = "self"  # "self", or "parent": whose cancel commits as the handler returns
+
+
+@workflow(name="canceled_as_it_returns", input=Late)
+def canceled_as_it_returns(ctx: TaskContext) -> str:
+    """Its step is done and its handler returns; a cancel commits in between (here, from the
+    handler itself, after its last look at the cancel flag): the cancel must win."""
+    ctx.step.run("work", lambda: "done")
+    target = ctx.run_id
+    if ctx.input.cancel == "parent":
+        target = WorkflowRun.objects.get(pk=ctx.run_id).parent_run_id
+    tasks_engine.cancel(target, reason="late")
+    return "finished"
+
+
+@workflow(name="parent_of_late_child")
+def parent_of_late_child(ctx: TaskContext) -> Any:
+    return ctx.step.run_child("canceled_as_it_returns", {"cancel": "parent"}, name="child")
