@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -127,21 +127,9 @@ class WaitSteps(StepBase):
                 if check is not None:
                     next_check = clock.now() + timedelta(seconds=check_interval)
                     wake = next_check if wake is None else min(wake, next_check)
-                progress = self._s.progress_to_carry()
-                parking = transitions.park_run_unless(
-                    lease,
-                    f"fact:{name}",
-                    wake,
-                    self._s.deadline_at,
-                    lambda: transitions.fact_available(lease.run_id, name),
-                    progress,
+                self._park_unless(
+                    f"fact:{name}", wake, lambda: transitions.fact_available(lease.run_id, name)
                 )
-                if parking is not Parking.PARKED:
-                    self._s.progress_not_carried(progress)
-                if parking is Parking.CANCELED:
-                    self._canceled()
-                if parking is Parking.PARKED:
-                    raise Suspend(f"waiting for fact {name}")
 
     # -- child runs ---------------------------------------------------------------------------
 
@@ -206,21 +194,26 @@ class WaitSteps(StepBase):
                         raise err
                     continue  # it finished meanwhile: take its outcome
                 self._ctx.raise_if_canceled()
-                progress = self._s.progress_to_carry()
-                parking = transitions.park_run_unless(
-                    lease,
+                self._park_unless(
                     f"child:{child_id}",
                     armed.wake_at,
-                    self._s.deadline_at,
                     lambda: transitions.child_outcome(child_id)[0] in FINISHED,
-                    progress,
                 )
-                if parking is not Parking.PARKED:
-                    self._s.progress_not_carried(progress)
-                if parking is Parking.CANCELED:
-                    self._canceled()
-                if parking is Parking.PARKED:
-                    raise Suspend(f"waiting for child run {child_id}")
+
+    def _park_unless(
+        self, waiting_on: str, wake: datetime | None, arrived: Callable[[], bool]
+    ) -> None:
+        """Park the run on `waiting_on` (Suspend) unless what it waits for `arrived()`
+        meanwhile (return: the caller looks again) or a cancel came (end the run)."""
+        progress = self._s.progress_to_carry()
+        parking = transitions.park_run_unless(
+            self._s.lease, waiting_on, wake, self._s.deadline_at, arrived, progress
+        )
+        if parking is Parking.PARKED:
+            raise Suspend(f"waiting on {waiting_on}")
+        self._s.progress_not_carried(progress)
+        if parking is Parking.CANCELED:
+            self._canceled()
 
 
 def _terminal(error: BaseException) -> dict[str, Any]:
