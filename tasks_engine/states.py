@@ -84,9 +84,10 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
     ),
     (RunStatus.RUNNING, RunStatus.CANCELED): Edge(
         "cancel reached the worker, or committed as the handler returned",
-        "cancel_running_run, complete_run",
-        "the executor; the heartbeat when a step ignores its cancel; the completion's write"
-        " when a cancel committed before it (it ends the run canceled, without its output)",
+        "cancel_running_run, complete_run, fail_run",
+        "the executor; the heartbeat when a step ignores its cancel; the completion's or the"
+        " failure's write when a cancel committed before it (the run ends canceled, without"
+        " its output, with its error)",
     ),
     (RunStatus.WAITING, RunStatus.RUNNING): Edge(
         "timer due (sleep, timeout, deadline)", "claim_runs", "a worker's claim"

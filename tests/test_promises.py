@@ -67,6 +67,16 @@ def test_a_cancel_that_commits_as_the_handler_returns_wins_over_the_completion(
     assert r.finished_at is not None and r.lease_token is None
 
 
+def test_a_cancel_that_commits_as_the_handler_fails_wins_over_the_failure(
+    fake_clock: FakeClock,
+) -> None:
+    rid = tasks_engine.enqueue("canceled_as_it_fails").run_id
+    drain(fake_clock, horizon=0)
+    r = run(rid)
+    assert (r.status, r.cancel_reason) == ("canceled", "late")
+    assert r.error["message"] == "broke at the end"  # kept for the record
+
+
 def test_a_child_completing_as_its_parent_is_canceled_ends_canceled_too(
     fake_clock: FakeClock,
 ) -> None:

@@ -86,9 +86,12 @@ def fail_run(
     has_parent: bool = False,
     progress: dict[str, Any] | None = None,
 ) -> None:
+    # A cancel that committed first wins, as over a completion (hot_completes): the run ends
+    # canceled, its error kept for the record.
     _end_run(
         lease,
-        "status = 'failed', error = %s, failures = failures + 1, finished_at = %s,"
+        "status = CASE WHEN cancel_requested_at IS NULL THEN 'failed' ELSE 'canceled' END,"
+        " error = %s, failures = failures + 1, finished_at = %s,"
         " lease_token = NULL, available_at = NULL, waiting_on = ''",
         [p_json(error), p_dt(clock.now())],
         has_parent=has_parent,

@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import tasks_engine
-from tasks_engine import RetryPolicy, TaskContext, workflow
+from tasks_engine import NonRetryableError, RetryPolicy, TaskContext, workflow
 from tasks_engine.models import WorkflowRun
 
 from .models import SideEffect
@@ -152,3 +152,10 @@ def canceled_as_it_returns(ctx: TaskContext) -> str:
 @workflow(name="parent_of_late_child")
 def parent_of_late_child(ctx: TaskContext) -> Any:
     return ctx.step.run_child("canceled_as_it_returns", {"cancel": "parent"}, name="child")
+
+
+@workflow(name="canceled_as_it_fails")
+def canceled_as_it_fails(ctx: TaskContext) -> str:
+    """A cancel commits, then the handler raises for good: the cancel must win."""
+    tasks_engine.cancel(ctx.run_id, reason="late")
+    raise NonRetryableError("broke at the end")
