@@ -119,7 +119,8 @@ class Command(OneLineErrors, BaseCommand):
         for found in worker_checks(opts["queue"], opts.get("processes") or 1):
             if found.is_serious():
                 raise CommandError(f"{found.msg} ({found.id})")
-            self.stderr.write(f"warning: {found.msg} ({found.id})")
+            if not supervisor.is_child():  # the supervisor warned once for all of them
+                self.stderr.write(f"warning: {found.msg} ({found.id})")
         workflows = []
         if opts["task"]:
             for name, version in opts["task"]:
