@@ -19,7 +19,7 @@ import socket
 import threading
 import traceback
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -63,18 +63,24 @@ def relay_once(batch: int = 100) -> RelayCounts:
 
     First a short transaction claims them and counts the attempt, so a route that kills its
     relay still uses up attempts and ends `dead` instead of being retried forever. Then one
-    transaction dispatches the batch (on SQLite: one per event). Events whose previous claim
-    was interrupted are suspects: each is dispatched in a transaction of its own, so one poison
-    event cannot keep taking its batch-mates down with it.
+    transaction dispatches the batch (on SQLite: one per event). An event whose previous claim
+    was interrupted is a suspect: a pass claims one alone and dispatches it in a transaction of
+    its own, so one poison event cannot keep taking its batch-mates down with it.
+
+    A claim hides its events for CLAIM_SECONDS, after which another relay takes them as a dead
+    relay's (and may find their attempts used up). So nothing claimed waits for a route of
+    another claim: on PostgreSQL the batch is locked the moment it is claimed, and on SQLite,
+    where each event has its own transaction, the claims of the batch's rest are extended
+    while earlier routes run.
     """
     s = outbox_settings()
-    claimed, suspects, dead = _claim(batch, s)
+    claimed, dead, hidden_until = _claim(batch, s)
     counts = {EventStatus.DISPATCHED: 0, EventStatus.PENDING: 0, EventStatus.DEAD: dead}
-    if connection.vendor == "sqlite":  # one write lock for everyone: hold it per event
-        groups = [[pk] for pk in suspects + claimed]
-    else:
-        groups = [[pk] for pk in suspects] + ([claimed] if claimed else [])
-    for ids in groups:
+    sqlite = connection.vendor == "sqlite"  # one write lock for everyone: hold it per event
+    groups = [[pk] for pk in claimed] if sqlite else ([claimed] if claimed else [])
+    for i, ids in enumerate(groups):
+        if i and s.claim_seconds and hidden_until - clock.now() < _half(s):
+            hidden_until = _extend_claims([g[0] for g in groups[i:]], hidden_until, s)
         with transaction.atomic():
             events = OutboxEvent.objects.select_for_update().filter(
                 pk__in=ids, status=EventStatus.PENDING
@@ -82,15 +88,30 @@ def relay_once(batch: int = 100) -> RelayCounts:
             for event in events.order_by("created_at", "id"):
                 counts[_dispatch(event, s)] += 1
     return RelayCounts(
-        claimed=len(claimed) + len(suspects) + dead,
+        claimed=len(claimed) + dead,
         dispatched=counts[EventStatus.DISPATCHED],
         retried=counts[EventStatus.PENDING],
         dead=counts[EventStatus.DEAD],
     )
 
 
-def _claim(batch: int, s: OutboxSettings) -> tuple[list[int], list[int], int]:
-    """Claim due events: (ids to dispatch together, suspects to dispatch alone, dead count)."""
+def _half(s: OutboxSettings) -> timedelta:
+    return timedelta(seconds=s.claim_seconds / 2)
+
+
+def _extend_claims(ids: list[int], hidden_until: datetime, s: OutboxSettings) -> datetime:
+    """Hide this pass's claimed events for another CLAIM_SECONDS (those still as it left them:
+    one another relay took meanwhile is that relay's)."""
+    later = clock.now() + timedelta(seconds=s.claim_seconds)
+    OutboxEvent.objects.filter(
+        pk__in=ids, status=EventStatus.PENDING, next_attempt_at=hidden_until
+    ).update(next_attempt_at=later)
+    return later
+
+
+def _claim(batch: int, s: OutboxSettings) -> tuple[list[int], int, datetime]:
+    """Claim due events: (the ids to dispatch, dead count, when their claim runs out). The ids
+    are a batch, or one suspect alone (the first due; the others wait for later passes)."""
     now = clock.now()
     with transaction.atomic():
         # Reads only the partial index on pending rows. Locked rows belong to another relay.
@@ -108,6 +129,8 @@ def _claim(batch: int, s: OutboxSettings) -> tuple[list[int], list[int], int]:
                 suspects.append(pk)
             else:
                 together.append(pk)
+        if suspects:  # alone: the rest stay due for the passes after it
+            together, suspects = [], suspects[:1]
         if exhausted:
             OutboxEvent.objects.filter(pk__in=exhausted).update(
                 status=EventStatus.DEAD, last_error=f"{INTERRUPTED} on every attempt"
@@ -122,7 +145,7 @@ def _claim(batch: int, s: OutboxSettings) -> tuple[list[int], list[int], int]:
         OutboxEvent.objects.filter(pk__in=suspects).update(
             attempts=F("attempts") + 1, next_attempt_at=hide_until
         )
-    return together, suspects, len(exhausted)
+    return suspects or together, len(exhausted), hide_until
 
 
 def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:

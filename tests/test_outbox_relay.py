@@ -194,3 +194,84 @@ def test_a_stored_route_error_is_redacted_like_the_logs() -> None:
     text = _describe(ValueError("POST http://umt:hunter2@qbt.local/api failed\x00"))
     assert "hunter2" not in text and "\x00" not in text
     assert "umt:[redacted]@qbt.local" in text
+
+
+# -- a claim is never taken from a relay that is still at work ----------------------------------
+
+
+def _interrupted(event: OutboxEvent) -> None:
+    """As a relay killed while dispatching it leaves it: one attempt counted, the mark."""
+    from outbox.relay import INTERRUPTED
+
+    OutboxEvent.objects.filter(pk=event.pk).update(
+        attempts=1, last_error=INTERRUPTED, next_attempt_at=clock.now()
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_relay_takes_nothing_a_live_relay_claimed_while_a_suspect_runs(
+    fake_clock: FakeClock, is_postgres: bool
+) -> None:
+    """Relay A dispatches a suspect whose route outlasts CLAIM_SECONDS; relay B then runs.
+    A's claim held the suspect alone: B dispatches the other events once each, none dead
+    (when A also claimed them and left them unlocked behind the suspect, B found them due with
+    their one attempt used and marked them dead, their routes never called)."""
+    if not is_postgres:
+        pytest.skip("two relays at once: on SQLite the suspect's transaction holds the lock")
+    import threading
+
+    from django.db import connection
+
+    from tests.testapp import outbox_routes
+
+    started, release = threading.Event(), threading.Event()
+
+    def block(event: OutboxEvent) -> None:
+        started.set()
+        assert release.wait(30)
+
+    outbox_routes.HOOKS["block"] = block
+    suspect = publish("test.hook", {"key": "suspect", "hook": "block"})
+    _interrupted(suspect)
+    others = [publish("test.record", {"key": f"e{i}"}, max_attempts=1) for i in range(4)]
+    relay_a = threading.Thread(target=lambda: (relay_once(10), connection.close()))
+    relay_a.start()
+    try:
+        assert started.wait(30)
+        fake_clock.advance(61)  # A's claims ran out while its suspect's route runs
+        relay_once(10)  # relay B
+    finally:
+        release.set()
+        relay_a.join(30)
+        outbox_routes.HOOKS.clear()
+    rows = {e.pk: e for e in OutboxEvent.objects.all()}
+    assert [(rows[e.pk].status, rows[e.pk].attempts) for e in others] == [("dispatched", 1)] * 4
+    assert rows[suspect.pk].status == "dispatched"
+    assert effects() == ["outbox:e0", "outbox:e1", "outbox:e2", "outbox:e3", "outbox:suspect"]
+
+
+def test_a_batch_s_later_events_stay_hidden_while_its_earlier_routes_run(
+    fake_clock: FakeClock, is_postgres: bool
+) -> None:
+    """On SQLite each event of a batch has its own transaction: while the first routes take
+    longer than CLAIM_SECONDS, the rest of the batch must not become due for another relay."""
+    if is_postgres:
+        pytest.skip("PostgreSQL dispatches the batch in one transaction: its rows are locked")
+    from tests.testapp import outbox_routes
+
+    seen: list[bool] = []
+
+    def slow(event: OutboxEvent) -> None:
+        fake_clock.advance(40)  # two of these outlast CLAIM_SECONDS (60)
+        later = OutboxEvent.objects.filter(status="pending").exclude(pk=event.pk)
+        seen.extend(e.next_attempt_at > clock.now() for e in later)
+
+    outbox_routes.HOOKS["slow"] = slow
+    try:
+        for i in range(3):
+            publish("test.hook", {"key": f"s{i}", "hook": "slow"}, max_attempts=1)
+        assert relay_once(10) == RelayCounts(claimed=3, dispatched=3)
+    finally:
+        outbox_routes.HOOKS.clear()
+    assert seen == [True, True, True]  # 2 waiting during the first route, 1 during the second
+    assert effects() == ["outbox:s0", "outbox:s1", "outbox:s2"]

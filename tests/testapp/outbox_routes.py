@@ -90,3 +90,16 @@ def poison(event: OutboxEvent) -> None:
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+HOOKS: dict[str, object] = {}  # payload["hook"] -> a callable of the event, set by a test
+
+
+@route("test.hook")
+def hook(event: OutboxEvent) -> None:
+    """Calls the test's hook named in the payload (to block, or to move a fake clock), then
+    writes a row as test.record does."""
+    call = HOOKS[event.payload["hook"]]
+    assert callable(call)
+    call(event)
+    SideEffect.objects.create(key=f"outbox:{event.payload['key']}")
