@@ -361,7 +361,9 @@ def retry_run(
     """
     rid = _run_id(run_id)
     _check_reason(reason)
-    if from_step is not None and (not isinstance(from_step, str) or not from_step):
+    if from_step is not None and (
+        not isinstance(from_step, str) or not from_step or "\x00" in from_step
+    ):  # a NUL would fail the lookup's statement on PostgreSQL: no step has one
         raise UnknownStepError(f"from_step must be a step name, not {from_step!r}")
     return transitions.retry_run(rid, from_step=from_step, reason=reason or "", by=by)
 

@@ -179,3 +179,15 @@ def test_every_cancel_from_the_admin_is_in_the_run_history(admin_client: Client)
 def test_superusers_have_the_retry_permission() -> None:
     root = User.objects.create_superuser("root2", "r@example.com", "pw")
     assert root.has_perm("tasks_engine.retry_workflowrun")
+
+
+def test_a_from_step_with_a_nul_character_is_a_clear_error(
+    fake_clock: FakeClock, admin_client: Client
+) -> None:
+    """No step has one; on PostgreSQL the lookup's statement failed (a 500 in the admin)."""
+    run_id = failed_run(fake_clock, "nul", gate_step="c")
+    with pytest.raises(tasks_engine.UnknownStepError):
+        tasks_engine.retry_run(run_id, from_step="a\x00b")
+    response = admin_client.post(url("retry", run_id), {"from_step": "a\x00b"}, follow=True)
+    assert response.status_code == 200
+    assert WorkflowRun.objects.get(pk=run_id).status == "failed"

@@ -41,3 +41,20 @@ def test_queues_page_needs_view_permission(client: Client, django_user_model: An
     user = django_user_model.objects.create_user("s", password="p", is_staff=True)
     client.force_login(user)
     assert client.get(URL).status_code == 403
+
+
+def test_oldest_pending_is_the_longest_wait_of_a_due_run(
+    admin_client: Client, fake_clock: Any
+) -> None:
+    """A run deferred to later is not waiting yet: it does not make the queue look stuck."""
+    from datetime import timedelta
+
+    tasks_engine.enqueue("flow-plain", {}, available_at=fake_clock.now() + timedelta(hours=5))
+    fake_clock.advance(20 * 60)
+    page = admin_client.get(URL).content.decode()
+    io = page.split('data-queue="flow-io"')[1].split("</tr>")[0]
+    assert io.split("</td>")[5].split(">")[-1] == "-"  # pending, but not due
+    tasks_engine.enqueue("flow-plain", {})
+    fake_clock.advance(90)
+    io = admin_client.get(URL).content.decode().split('data-queue="flow-io"')[1]
+    assert io.split("</tr>")[0].split("</td>")[5].split(">")[-1] == "1 m 30 s"

@@ -177,3 +177,15 @@ def test_a_removed_schedule_shows_without_buttons(
     assert "removed" in page and url("pause", nightly.pk) not in page
     admin_client.post(url("pause", nightly.pk), {"reason": "x"})
     assert not Schedule.objects.get().paused
+
+
+def test_a_reason_with_a_nul_character_changes_nothing(
+    admin_client: Client, nightly: Schedule
+) -> None:
+    """Its admin log entry could not be stored (PostgreSQL): the pause committed, then a 500."""
+    response = admin_client.post(url("pause", nightly.pk), {"reason": "a\x00b"}, follow=True)
+    assert response.status_code == 200 and b"NUL character" in response.content
+    action = {"action": "pause_selected", "_selected_action": [nightly.pk], "reason": "x\x00"}
+    response = admin_client.post(url("changelist"), action, follow=True)
+    assert response.status_code == 200 and b"NUL character" in response.content
+    assert not Schedule.objects.get().paused and not LogEntry.objects.exists()

@@ -50,8 +50,12 @@ def queue_rows(now: datetime) -> list[Row]:
     active = WorkflowRun.objects.filter(status__in=ACTIVE)
     for r in active.values("queue", "status").annotate(n=Count("id")).order_by():
         rows.setdefault(r["queue"], Row(r["queue"])).counts[r["status"]] = r["n"]
-    pending = WorkflowRun.objects.filter(status="pending").values_list("queue")
-    for queue, oldest in pending.annotate(oldest=Min("created_at")).order_by():
+    # How long the longest-waiting due run has waited since it was due: a run deferred to later
+    # (available_at ahead) is not waiting yet, and a long wait says the queue is stuck or full.
+    pending = WorkflowRun.objects.filter(status="pending", available_at__lte=now)
+    for queue, oldest in (
+        pending.values_list("queue").annotate(oldest=Min("available_at")).order_by()
+    ):
         rows[queue].oldest_pending = humanize_seconds((now - oldest).total_seconds())
     for name, lim in limits.items():
         parts = [f"{lim.concurrency} at once"] if lim.concurrency else []

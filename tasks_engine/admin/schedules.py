@@ -208,6 +208,9 @@ class ScheduleAdmin(ReadOnlyAdmin):
         )
 
     def _apply(self, request: HttpRequest, op: str, rows: list[Schedule], reason: str) -> None:
+        if "\x00" in reason:  # its admin log entry could not be stored: change nothing
+            messages.error(request, "The reason must not contain a NUL character; nothing changed.")
+            return
         verb, act = ACTIONS[op]
         changed = []
         for row in rows:
