@@ -234,7 +234,12 @@ def test_a_second_relay_takes_nothing_a_live_relay_claimed_while_a_suspect_runs(
     suspect = publish("test.hook", {"key": "suspect", "hook": "block"})
     _interrupted(suspect)
     others = [publish("test.record", {"key": f"e{i}"}, max_attempts=1) for i in range(4)]
-    relay_a = threading.Thread(target=lambda: (relay_once(10), connection.close()))
+
+    def relay() -> None:
+        relay_once(10)
+        connection.close()  # this thread's own connection
+
+    relay_a = threading.Thread(target=relay)
     relay_a.start()
     try:
         assert started.wait(30)

@@ -144,7 +144,9 @@ def canceled_as_it_returns(ctx: TaskContext) -> str:
     ctx.step.run("work", lambda: "done")
     target = ctx.run_id
     if ctx.input.cancel == "parent":
-        target = WorkflowRun.objects.get(pk=ctx.run_id).parent_run_id
+        parent = WorkflowRun.objects.get(pk=ctx.run_id).parent_run_id
+        assert parent is not None
+        target = parent
     tasks_engine.cancel(target, reason="late")
     return "finished"
 
