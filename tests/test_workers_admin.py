@@ -3,10 +3,12 @@ the `check --deploy` warning for runs no live worker serves."""
 
 from __future__ import annotations
 
+import html
 from datetime import timedelta
 
 import pytest
 from django.core import checks
+from django.db.models import F
 from django.test import Client
 from django.urls import reverse
 
@@ -16,6 +18,7 @@ from tasks_engine.checks import check_unserved_runs
 from tasks_engine.definitions import registry
 from tasks_engine.leader import Elector
 from tasks_engine.models import Worker as WorkerRow
+from tasks_engine.models import WorkflowRun
 from tasks_engine.sql import db_clock
 from tasks_engine.worker import Worker, WorkerConfig
 from tests.test_admin import VIEW_ALL, staff_client
@@ -63,13 +66,20 @@ def test_the_workers_page_is_read_only(viewer: Client) -> None:
 
 
 def test_the_runs_list_links_the_workers_and_flags_unserved_runs(viewer: Client) -> None:
-    tasks_engine.enqueue("a", version=2)
+    pending = tasks_engine.enqueue("a", version=2).run_id
     page = viewer.get(RUNS).content.decode()
     assert WORKERS in page and "0 alive" in page and "no live worker serves" not in page
     live_worker("noop")
     page = viewer.get(RUNS).content.decode()
     assert "1 alive" in page
     assert "1 unfinished run of a@2 in queue default" in page
+    done = tasks_engine.enqueue("a", version=2).run_id  # a finished run of the same version
+    WorkflowRun.objects.filter(pk=done).update(status="completed", finished_at=F("created_at"))
+    link = page.split('class="messagelist te-unserved"')[1].split('href="')[1].split('"')[0]
+    listed = viewer.get(html.unescape(link))
+    assert listed.status_code == 200
+    assert str(pending) in listed.content.decode()
+    assert str(done) not in listed.content.decode()  # the link lists the unfinished ones
 
 
 def test_the_run_page_warns_when_no_live_worker_serves_it(viewer: Client) -> None:

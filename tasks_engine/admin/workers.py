@@ -34,8 +34,7 @@ def fleet_summary() -> dict[str, Any]:
         "workers_live": len(live),
         "leader_id": leader.worker_id if leader else None,
         "unserved": [
-            {**u, "url": runs_url(task_name=u["task"], version=u["version"], queue=u["queue"])}
-            for u in unserved_runs(live) or []
+            {**u, "url": runs_url(**unserved_filters(u))} for u in unserved_runs(live) or []
         ],
     }
 
@@ -48,6 +47,16 @@ def warn_if_unserved(request: HttpRequest, run: WorkflowRun) -> None:
             f"No live worker serves {run.task_name}@{run.version} in queue {run.queue}: "
             "this run will not move until one does.",
         )
+
+
+def unserved_filters(u: dict[str, Any]) -> dict[str, Any]:
+    """The runs list's own filters (the sidebar's parameters) for these unfinished runs."""
+    return {
+        "task": u["task"],
+        "version": u["version"],
+        "queue": u["queue"],
+        "status__in": "pending,running,waiting",
+    }
 
 
 def runs_url(**filters: Any) -> str:
