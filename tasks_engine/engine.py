@@ -15,7 +15,7 @@ from .definitions import Workflow, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import QUEUED, Fact, StepAttempt, WorkflowRun
 from .run_waiter import wait_finished
-from .serialization import input_hash, to_jsonable
+from .serialization import check_reason, input_hash, to_jsonable
 from .states import FINISHED, RunStatus
 
 
@@ -162,13 +162,6 @@ def _check_priority(priority: Any) -> None:
         raise TypeError(f"priority must be an integer, not {priority!r}")
     if not _INT32[0] <= priority <= _INT32[1]:
         raise ValueError(f"priority must be between {_INT32[0]} and {_INT32[1]}, not {priority}")
-
-
-def _check_reason(reason: Any) -> None:
-    if reason is not None and not isinstance(reason, str):
-        raise TypeError(f"reason must be a string, not {type(reason).__name__}")
-    if reason is not None and "\x00" in reason:
-        raise ValueError("reason must not contain a NUL character (a database cannot store it)")
 
 
 def _run_id(run_id: uuid.UUID | str) -> uuid.UUID:
@@ -333,7 +326,7 @@ def list_runs(
 def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:
     """Cancel a run and its children. False when the run had already finished."""
     rid = _run_id(run_id)
-    _check_reason(reason)
+    check_reason(reason)
     with transaction.atomic():
         transitions.lock_parent(rid)  # a parent parking on this run must see the cancel
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
@@ -360,7 +353,7 @@ def retry_run(
     Raises `UnknownRunError`, or `UnknownStepError` for a `from_step` the run never recorded.
     """
     rid = _run_id(run_id)
-    _check_reason(reason)
+    check_reason(reason)
     if from_step is not None and (
         not isinstance(from_step, str) or not from_step or "\x00" in from_step
     ):  # a NUL would fail the lookup's statement on PostgreSQL: no step has one

@@ -27,6 +27,19 @@ def limited_queues(queues: list[str] | None) -> dict[str, QueueLimits]:
     return {q: limits[q] for q in queues if q in limits}
 
 
+def worker_caps(limited: dict[str, QueueLimits]) -> dict[str, int]:
+    """Each of these queues' `worker_concurrency`, where it has one: its runs at once in one
+    worker process."""
+    return {q: lim.worker_concurrency for q, lim in limited.items() if lim.worker_concurrency}
+
+
+def worker_room(given: list[tuple[str, int]], limited: dict[str, QueueLimits]) -> dict[str, int]:
+    """How many more runs of each capped queue this worker may take: what its slot pool counted
+    (`given`, ClaimRequest.worker_room), else the whole cap."""
+    counted = dict(given)
+    return {q: counted.get(q, cap) for q, cap in worker_caps(limited).items()}
+
+
 def note_keyed() -> None:
     _keyed_seen.set()
 

@@ -15,6 +15,15 @@ from pydantic_core import PydanticSerializationError
 from .exceptions import StepFailedError, UnstorableValueError
 
 
+def check_reason(reason: Any) -> None:
+    """An operator's reason (a cancel's, a retry's, a schedule's pause) is None or text the
+    database can store: TypeError or ValueError otherwise."""
+    if reason is not None and not isinstance(reason, str):
+        raise TypeError(f"reason must be a string, not {type(reason).__name__}")
+    if reason is not None and "\x00" in reason:
+        raise ValueError("reason must not contain a NUL character (a database cannot store it)")
+
+
 def to_jsonable(value: Any, what: str = "value") -> Any:
     """The JSON-decoded form of `value`: what replay will return. Pydantic models dump as JSON.
 

@@ -26,6 +26,7 @@ from django.utils.timesince import timesince
 from .. import clock, schedules
 from ..exceptions import UnknownScheduleError
 from ..models import Schedule
+from ..serialization import check_reason
 from . import ReadOnlyAdmin, run_link, when
 from .audit import record
 from .operator_actions import reason_from
@@ -208,8 +209,10 @@ class ScheduleAdmin(ReadOnlyAdmin):
         )
 
     def _apply(self, request: HttpRequest, op: str, rows: list[Schedule], reason: str) -> None:
-        if "\x00" in reason:  # its admin log entry could not be stored: change nothing
-            messages.error(request, "The reason must not contain a NUL character; nothing changed.")
+        try:  # its admin log entry must be storable: check before anything changes
+            check_reason(reason)
+        except ValueError as exc:
+            messages.error(request, f"The {exc}; nothing changed.")
             return
         verb, act = ACTIONS[op]
         changed = []

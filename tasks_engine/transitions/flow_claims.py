@@ -69,7 +69,7 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
         queue_room = {q: room for q, (room, _log) in rooms.items()}
         logs = {q: log for q, (_room, log) in rooms.items() if log is not None}
         key_room = _key_room(keys)
-        worker_room = _worker_room(req, limited)
+        worker_room = flow.worker_room(req.worker_room, limited)
         # No more of a capped queue's runs read than this worker may take.
         reads = {q: min(room, worker_room.get(q, BIG)) for q, room in queue_room.items()}
         candidates = _candidates(req, params, limited, reads, key_room)
@@ -108,16 +108,6 @@ def _key_room(keys: dict[str, int]) -> dict[str, int]:
 
 
 # -- queues -----------------------------------------------------------------------------------
-
-
-def _worker_room(req: ClaimRequest, limited: dict[str, QueueLimits]) -> dict[str, int]:
-    """How many more runs of each queue with a worker_concurrency this worker may take."""
-    given = dict(req.worker_room)
-    return {
-        q: given.get(q, lim.worker_concurrency)
-        for q, lim in limited.items()
-        if lim.worker_concurrency
-    }
 
 
 def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _Log | None]:

@@ -32,7 +32,7 @@ from typing import Any
 
 from django.db import connection
 
-from .. import first_steps
+from .. import first_steps, flow
 from ..conf import QueueLimits, engine_settings
 from ..models import QueueClaim
 from ..sql import p_dt, query, statement_cursor
@@ -121,15 +121,14 @@ def statements(
     lock_params += [*fparams]  # roomy
     lock_params += [t, t, *fparams, walk, req.limit]  # heads, loose
     lock_params += [2 * req.limit, req.limit, req.limit]
-    worker_room = dict(req.worker_room)
-    capped = {q: lim.worker_concurrency for q, lim in limited.items() if lim.worker_concurrency}
+    capped = flow.worker_room(req.worker_room, limited)
     queues = [
         {
             "q": q,
             "conc": lim.concurrency,
             "rate": lim.rate[0] if lim.rate else None,
             "since": (now - timedelta(seconds=lim.rate[1])).isoformat() if lim.rate else None,
-            "wroom": worker_room.get(q, capped[q]) if q in capped else None,
+            "wroom": capped.get(q),
         }
         for q, lim in limited.items()
     ]

@@ -73,11 +73,7 @@ class Worker:
         if prefetch is None:
             prefetch = config.concurrency * PREFETCH_PER_SLOT
         self.slots = SlotPool(config.concurrency, prefetch)
-        self.slots.caps = {
-            q: lim.worker_concurrency
-            for q, lim in flow.limited_queues(self.queues).items()
-            if lim.worker_concurrency
-        }
+        self.slots.caps = flow.worker_caps(flow.limited_queues(self.queues))
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
         self._signals = 0
