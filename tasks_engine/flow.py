@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 
 from .conf import QueueLimits, engine_settings
 
@@ -33,7 +34,9 @@ def worker_caps(limited: dict[str, QueueLimits]) -> dict[str, int]:
     return {q: lim.worker_concurrency for q, lim in limited.items() if lim.worker_concurrency}
 
 
-def worker_room(given: list[tuple[str, int]], limited: dict[str, QueueLimits]) -> dict[str, int]:
+def worker_room(
+    given: Iterable[tuple[str, int]], limited: dict[str, QueueLimits]
+) -> dict[str, int]:
     """How many more runs of each capped queue this worker may take: what its slot pool counted
     (`given`, ClaimRequest.worker_room), else the whole cap."""
     counted = dict(given)
