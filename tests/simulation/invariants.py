@@ -182,6 +182,20 @@ def check_cancels(state: DbState) -> list[str]:
     return out
 
 
+def check_cancel_promises(
+    state: DbState, promised: dict[uuid.UUID, int], retried: Counter[uuid.UUID]
+) -> list[str]:
+    """A run whose cancel() answered True, and that no operator retried since, is not finished
+    in any other way than canceled."""
+    return [
+        f"{state.runs[run_id].label}: cancel answered True, the run ended {status}"
+        for run_id, retries in promised.items()
+        if retried[run_id] == retries
+        and (status := state.runs[run_id].status) in FINISHED
+        and status != "canceled"
+    ]
+
+
 def check_flow_limits() -> list[str]:
     """No key ever has more runs `running` than its limit (crashed and stale attempts
     included: their runs keep their places until the run leaves `running`)."""

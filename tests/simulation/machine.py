@@ -38,6 +38,8 @@ Invariants, after every rule (invariants.py)
     the name it waits on, its child has not finished, its cancel was not requested, and it has
     an armed wait of that kind
   - canceled runs had a cancel request; a parent's cancel reaches every child not finished;
+    a cancel that answered True ends its run canceled (until an operator retries it), and one
+    that answered False found the run finished;
     no step, sleep, wait or child starts after the run's cancel committed
   - completed runs return what their workflow computes; failed runs failed as their workflow
     means to, or after interruptions (crash, lost lease) used up a step's retry budget, or for
@@ -81,6 +83,7 @@ import tasks_engine
 from tasks_engine import first_steps, transitions
 from tasks_engine.exceptions import LeaseLostError, TaskCanceledError, WorkerStopping
 from tasks_engine.models import WorkflowRun
+from tasks_engine.states import FINISHED
 
 from . import harness
 from .defects import known
@@ -89,6 +92,7 @@ from .invariants import (
     CompletedSteps,
     check_answered_by_queued,
     check_attempts,
+    check_cancel_promises,
     check_cancels,
     check_flow_limits,
     check_log,
@@ -241,6 +245,9 @@ class EngineSimulation(RuleBasedStateMachine):
         self.disrupted: Counter[uuid.UUID] = Counter()  # kills and lost leases, per run
         self.outages: Counter[uuid.UUID] = Counter()  # attempts ended by a database error
         self.retried: Counter[uuid.UUID] = Counter()  # operator retries, per run
+        # Runs whose cancel() answered True, with their retries then: until an operator retries
+        # it again, such a run ends canceled, never completed or failed.
+        self.cancel_promised: dict[uuid.UUID, int] = {}
         self.ended: set[int] = set()  # attempts whose end was looked at
         self.completed_steps = CompletedSteps()
         self.broken = False
@@ -377,7 +384,16 @@ class EngineSimulation(RuleBasedStateMachine):
         candidates = [r for r in runs() if self._may_cancel(r)]
         if candidates:
             run = data.draw(st.sampled_from(candidates), label="run")
-            tasks_engine.cancel(run.id)
+            if tasks_engine.cancel(run.id):
+                self.cancel_promised[run.id] = self.retried[run.id]
+            else:
+                now = WorkflowRun.objects.get(pk=run.id).status
+                self._report(
+                    "cancel-answer",
+                    []
+                    if now in FINISHED
+                    else [f"run {run.id}: cancel answered False, it is {now}"],
+                )
 
     @rule(data=st.data())
     def retry(self, data: st.DataObject) -> None:
@@ -417,6 +433,9 @@ class EngineSimulation(RuleBasedStateMachine):
             self._report(check, [m for c, m in self.log.violations if c == check])
         self._report("attempts-match-runs", check_attempts(state))
         self._report("cancel-reaches-children", check_cancels(state))
+        self._report(
+            "cancel-answer", check_cancel_promises(state, self.cancel_promised, self.retried)
+        )
         self._report("no-step-after-cancel", check_steps_after_cancel(state))
         self._report("no-lost-wakeup", check_waits(state))
         self._report("flow-limits", check_flow_limits())
