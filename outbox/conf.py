@@ -14,7 +14,8 @@ class OutboxSettings:
     backoff_base_seconds: float = 1.0
     backoff_max_seconds: float = 300.0
     # How long a claimed event stays hidden from other relays; after a relay dies mid-batch
-    # its events are due again once this passes (their attempt already counted).
+    # its events are due again once this passes (only routes known to have started spent an
+    # attempt: see relay_once).
     claim_seconds: float = 60.0
     # Dispatched events are pruned this many days after dispatch (None: kept for ever).
     retention_days: float | None = 7.0

@@ -2,8 +2,8 @@
 
 `relay_once(batch)` is one pass: claim up to `batch` due pending events (`FOR UPDATE SKIP
 LOCKED` on PostgreSQL, so relays never wait on each other; on SQLite the transaction is
-`BEGIN IMMEDIATE`, which serialises relays) and count their attempt, then run each route in its
-own savepoint inside the transaction that writes the event's outcome. A route's writes commit
+`BEGIN IMMEDIATE`, which serialises relays), then run each route in its own savepoint inside
+the transaction that writes the event's outcome and counts its attempt. A route's writes commit
 together with its event's `dispatched` status: a relay killed mid-batch rolls the batch back
 and nothing is dispatched twice. A failing route rolls back only its savepoint. On PostgreSQL
 the batch shares one transaction; on SQLite each event has its own, because a transaction there
@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Value
+from django.db.models import Case, F, PositiveIntegerField, Value, When
 from django.db.models.functions import Concat
 
 from tasks_engine import clock, tracing
@@ -61,11 +61,20 @@ INTERRUPTED = "interrupted: the relay stopped while dispatching it"
 def relay_once(batch: int = 100) -> RelayCounts:
     """Dispatch up to `batch` due pending events; return what happened.
 
-    First a short transaction claims them and counts the attempt, so a route that kills its
-    relay still uses up attempts and ends `dead` instead of being retried forever. Then one
-    transaction dispatches the batch (on SQLite: one per event). An event whose previous claim
-    was interrupted is a suspect: a pass claims one alone and dispatches it in a transaction of
-    its own, so one poison event cannot keep taking its batch-mates down with it.
+    First a short transaction claims them: it hides them from other relays for CLAIM_SECONDS,
+    marks them interrupted (the mark stays if this relay dies; an outcome replaces it) and
+    counts the attempt of the one event it dispatches first, whose route is about to start.
+    Then one transaction dispatches the batch (on SQLite: one per event); each other event's
+    attempt is counted with its outcome, in the transaction that writes it.
+
+    So a relay that dies mid-batch has spent the attempt of the batch's first event and of
+    those whose outcome committed, and no other: the rest of the batch (on PostgreSQL, where
+    its transaction rolls back, all of it; events whose route never started among them) come
+    back as suspects with their attempts as they were. A pass claims a suspect alone, counting
+    its attempt at the claim, just before its route starts: a route that kills its relay spends
+    an attempt each time it runs alone, and ends `dead`, one poison event never takes its
+    batch-mates down with it more than once, and an event whose route never ran never goes
+    dead for a relay's crash.
 
     A claim hides its events for CLAIM_SECONDS, after which another relay takes them as a dead
     relay's (and may find their attempts used up). So nothing claimed waits for a route of
@@ -86,7 +95,8 @@ def relay_once(batch: int = 100) -> RelayCounts:
                 pk__in=ids, status=EventStatus.PENDING
             )
             for event in events.order_by("created_at", "id"):
-                counts[_dispatch(event, s)] += 1
+                # The claim counted the attempt of the first (its order is this one).
+                counts[_dispatch(event, s, counted=event.pk == claimed[0])] += 1
     return RelayCounts(
         claimed=len(claimed) + dead,
         dispatched=counts[EventStatus.DISPATCHED],
@@ -110,8 +120,9 @@ def _extend_claims(ids: list[int], hidden_until: datetime, s: OutboxSettings) ->
 
 
 def _claim(batch: int, s: OutboxSettings) -> tuple[list[int], int, datetime]:
-    """Claim due events: (the ids to dispatch, dead count, when their claim runs out). The ids
-    are a batch, or one suspect alone (the first due; the others wait for later passes)."""
+    """Claim due events: (the ids to dispatch, in the order of their dispatch; dead count; when
+    their claim runs out). The ids are a batch, or one suspect alone (the first due; the others
+    wait for later passes). The attempt of the first is counted here."""
     now = clock.now()
     with transaction.atomic():
         # Reads only the partial index on pending rows. Locked rows belong to another relay.
@@ -119,37 +130,51 @@ def _claim(batch: int, s: OutboxSettings) -> tuple[list[int], int, datetime]:
             OutboxEvent.objects.filter(status=EventStatus.PENDING, next_attempt_at__lte=now)
             .order_by("next_attempt_at", "id")
             .select_for_update(skip_locked=True)
-            .values_list("pk", "attempts", "max_attempts", "last_error")[:batch]
+            .values_list("pk", "attempts", "max_attempts", "last_error", "created_at")[:batch]
         )
         together, suspects, exhausted = [], [], []
-        for pk, attempts, max_attempts, last_error in rows:
+        for pk, attempts, max_attempts, last_error, created_at in rows:
             if attempts >= (max_attempts or s.max_attempts):
-                exhausted.append(pk)  # every attempt so far died with its relay
+                # Every attempt so far died with its relay (an event whose route never started
+                # spent none: a batch-mate of the route that killed it, say).
+                exhausted.append(pk)
             elif last_error.startswith(INTERRUPTED):
                 suspects.append(pk)
             else:
-                together.append(pk)
-        if suspects:  # alone: the rest stay due for the passes after it
-            together, suspects = [], suspects[:1]
+                together.append((created_at, pk))
         if exhausted:
             OutboxEvent.objects.filter(pk__in=exhausted).update(
                 status=EventStatus.DEAD, last_error=f"{INTERRUPTED} on every attempt"
             )
         hide_until = now + timedelta(seconds=s.claim_seconds)
-        # The mark stays if this relay dies too; the outcome of the dispatch replaces it.
-        OutboxEvent.objects.filter(pk__in=together).update(
-            attempts=F("attempts") + 1,
-            next_attempt_at=hide_until,
-            last_error=Concat(Value(INTERRUPTED + "\n\n"), F("last_error")),
-        )
-        OutboxEvent.objects.filter(pk__in=suspects).update(
-            attempts=F("attempts") + 1, next_attempt_at=hide_until
-        )
-    return suspects or together, len(exhausted), hide_until
+        if suspects:  # alone: the rest stay due for the passes after it
+            claimed = suspects[:1]
+            OutboxEvent.objects.filter(pk__in=claimed).update(
+                attempts=F("attempts") + 1, next_attempt_at=hide_until
+            )
+        elif together:
+            claimed = [pk for _, pk in sorted(together)]  # the dispatch's order
+            # One statement: the mark stays if this relay dies too, the outcome of the dispatch
+            # replaces it; the attempt of the first is counted, its route is about to start.
+            OutboxEvent.objects.filter(pk__in=claimed).update(
+                attempts=Case(
+                    When(pk=claimed[0], then=F("attempts") + 1),
+                    default=F("attempts"),
+                    output_field=PositiveIntegerField(),
+                ),
+                next_attempt_at=hide_until,
+                last_error=Concat(Value(INTERRUPTED + "\n\n"), F("last_error")),
+            )
+        else:
+            claimed = []
+    return claimed, len(exhausted), hide_until
 
 
-def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
-    """Run the route of a claimed event (its attempt is already counted) in a savepoint."""
+def _dispatch(event: OutboxEvent, s: OutboxSettings, *, counted: bool) -> EventStatus:
+    """Run the route of a claimed event in a savepoint; count its attempt (unless the claim
+    `counted` it) with the outcome: the route sees the number of this attempt either way."""
+    if not counted:
+        event.attempts += 1
     found = registry.get(event.type)
     try:
         if found is None:
@@ -168,7 +193,7 @@ def _dispatch(event: OutboxEvent, s: OutboxSettings) -> EventStatus:
     event.status = EventStatus.DISPATCHED
     event.published_at = clock.now()
     event.last_error = event.last_error.removeprefix(INTERRUPTED + "\n\n")
-    event.save(update_fields=["status", "published_at", "last_error"])
+    event.save(update_fields=["status", "published_at", "last_error", "attempts"])
     return EventStatus.DISPATCHED
 
 
@@ -186,7 +211,7 @@ def _failed(event: OutboxEvent, exc: Exception, s: OutboxSettings) -> EventStatu
             error=str(exc),
             next_attempt_at=event.next_attempt_at.isoformat(),
         )
-    event.save(update_fields=["status", "last_error", "next_attempt_at"])
+    event.save(update_fields=["status", "last_error", "next_attempt_at", "attempts"])
     return EventStatus(event.status)
 
 

@@ -247,17 +247,22 @@ class DurableBackend(BaseTaskBackend):
     def _result(self, run: WorkflowRun) -> TaskResult:
         """The run as Django sees it. The task is rebuilt from its module path, so that
         `Task.get_result()`, which compares task functions, accepts it."""
+        from .history import is_give_up
         from .models import StepAttempt
 
         data = DjangoTaskInput.model_validate(run.input)
         alias = self._alias(data.backend)
-        calls = list(
+        rows = list(
             StepAttempt.objects.filter(run_id=run.pk, name=CALL_STEP)
             .order_by("id")
             .values_list("worker_id", "started_at", "error")
         )
-        errors = [_task_error(e) for _, _, e in calls if e]
-        last = calls[-1][2] if calls else None
+        # The attempts of the call that ran: not the give-up row a worker records without
+        # calling the task when every allowed attempt died with its worker (its error, the
+        # reason the task failed, stays in `errors`).
+        calls = [(w, at) for w, at, e in rows if not is_give_up(e)]
+        errors = [_task_error(e) for _, _, e in rows if e]
+        last = rows[-1][2] if rows else None
         if run.status == "failed" and run.error and not _same_error(last, run.error):
             # Failed outside a recorded call error: before the call (no DurableBackend under
             # that alias), by SystemExit or KeyboardInterrupt, or by a deadline.
@@ -274,7 +279,7 @@ class DurableBackend(BaseTaskBackend):
             kwargs=data.kwargs,
             backend=alias,
             errors=errors,
-            worker_ids=[w for w, _, _ in calls],
+            worker_ids=[w for w, _ in calls],
         )
         if run.status == "completed":
             object.__setattr__(result, "_return_value", run.output)

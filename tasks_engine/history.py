@@ -7,6 +7,7 @@ stored rows without a worker.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -14,6 +15,14 @@ from typing import Any
 from .exceptions import NonDeterminismError
 from .models import StepAttempt
 from .states import StepKind, StepStatus
+
+# The error of a give-up row: the failed attempt a step records, without calling its body, when
+# every attempt its retry policy allowed was interrupted (steps.py). It says why the step failed
+# but is no attempt that ran. Rows written before the key existed are known by their message.
+GAVE_UP = "gave_up"
+_LEGACY_GIVE_UP = re.compile(  # the message: f"step {key!r} was interrupted ..."
+    r"""step ('.*'|".*") was interrupted \d+ times without finishing""", re.DOTALL
+)
 
 
 @dataclass
@@ -117,6 +126,17 @@ class ReplayHistory:
             for key, rec in self.records.items()
             if key not in self.seen and rec.completed is not None and rec.kind != StepKind.PATCH
         )
+
+
+def is_give_up(error: dict[str, Any] | None) -> bool:
+    """Whether a step attempt's stored error is that of a give-up row (see GAVE_UP)."""
+    if not isinstance(error, dict) or not error.get("terminal"):
+        return False
+    if error.get(GAVE_UP) is True:
+        return True
+    return error.get("type") == "tasks_engine.exceptions.StepFailedError" and bool(
+        _LEGACY_GIVE_UP.fullmatch(str(error.get("message", "")))
+    )
 
 
 def load_history(run_id: Any) -> tuple[dict[str, StepRecord], int]:

@@ -17,7 +17,7 @@ from .exceptions import (
     Suspend,
     TaskCanceledError,
 )
-from .history import Attempt
+from .history import GAVE_UP, Attempt
 from .patches import PatchSteps
 from .serialization import encode_error, to_jsonable
 from .states import StepKind, StepStatus
@@ -58,7 +58,8 @@ class StepAPI(WaitSteps, PatchSteps):
             exc = StepFailedError(
                 f"step {key!r} was interrupted {failures} times without finishing"
             )
-            error = {**encode_error(exc), "terminal": True}
+            # A give-up row: why the step failed, not an attempt that ran (history.GAVE_UP).
+            error = {**encode_error(exc), "terminal": True, GAVE_UP: True}
             self._start(key, StepKind.FUNCTION, attempt_no, status="failed", error=error)
             self._remember(key, StepKind.FUNCTION, _att(0, "failed", run_pass, error=error))
             raise exc

@@ -273,3 +273,44 @@ def test_a_failing_signal_receiver_does_not_change_the_outcome(fake_clock: FakeC
     assert (got.status, got.return_value, got.attempts) == (SUCCESSFUL, 4, 1)
     failed = t.boom.get_result(bad.id)
     assert [e.exception_class for e in failed.errors] == [t.TaskBoom]
+
+
+def test_attempts_count_only_calls_that_ran_not_the_give_up(fake_clock: FakeClock) -> None:
+    """max_attempts=2 and both calls die with their worker: the worker that finds no attempt
+    left records a failed row without calling the task. The result reports the two calls that
+    ran, the give-up's error as the reason it failed (and so do rows written before the
+    give-up row said what it is)."""
+    import threading
+    import uuid
+
+    from tasks_engine import executor, transitions
+    from tasks_engine.models import StepAttempt
+
+    twice = t.record.using(max_attempts=2)  # type: ignore[call-arg]  # a DurableTask option
+    result = twice.enqueue("dies")
+    for i in range(2):
+        [claimed] = transitions.claim_runs(f"w{i}", [(DJANGO_TASK, 1)], None, 1, 30)
+        run = WorkflowRun.objects.get(pk=result.id)
+        executor.build_context(run, claimed.lease, threading.Event())  # closes the last one
+        transitions.start_step(claimed.lease, "call", "function", i + 1, 1)  # then it dies
+        fake_clock.advance(31)
+    assert drain(fake_clock) == ["failed"]
+    rows = StepAttempt.objects.filter(run_id=uuid.UUID(result.id)).order_by("id")
+    assert [(r.worker_id, r.status) for r in rows] == [
+        ("w0", "abandoned"),
+        ("w1", "abandoned"),
+        ("test-worker", "failed"),
+    ]
+    assert rows[2].error["gave_up"] is True
+    # As written before the key existed: known by its message.
+    legacy = {k: v for k, v in rows[2].error.items() if k != "gave_up"}
+    for error in (rows[2].error, legacy):
+        StepAttempt.objects.filter(pk=rows[2].pk).update(error=error)
+        got = t.record.get_result(result.id)
+        assert got.status == FAILED
+        assert (got.attempts, got.worker_ids) == (2, ["w0", "w1"])
+        assert got.last_attempted_at == rows[1].started_at
+        [reason] = got.errors
+        assert reason.exception_class_path == "tasks_engine.exceptions.StepFailedError"
+        assert "interrupted 2 times without finishing" in reason.traceback
+    assert effects("dies") == 0

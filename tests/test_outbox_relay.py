@@ -280,3 +280,37 @@ def test_a_batch_s_later_events_stay_hidden_while_its_earlier_routes_run(
         outbox_routes.HOOKS.clear()
     assert seen == [True, True, True]  # 2 waiting during the first route, 1 during the second
     assert effects() == ["outbox:s0", "outbox:s1", "outbox:s2"]
+
+
+# -- a relay's death costs an attempt only to a route known to have started ----------------------
+
+
+def test_a_dead_relay_s_batch_spends_the_attempt_of_its_first_event_only(
+    fake_clock: FakeClock,
+) -> None:
+    """A pass claims a batch and dies before any outcome commits (as on PostgreSQL, where its
+    routes share one transaction). Its first event's route was about to start: that attempt is
+    spent. The rest's routes may never have started: they spend nothing, come back as suspects
+    one at a time, and are delivered even with one attempt each."""
+    from outbox.conf import outbox_settings
+    from outbox.relay import INTERRUPTED, _claim
+
+    first = publish("test.record", {"key": "first"}, max_attempts=1)
+    mates = [publish("test.record", {"key": f"m{i}"}, max_attempts=1) for i in range(3)]
+    claimed, dead, _ = _claim(10, outbox_settings())  # ... and the relay died
+    assert (claimed, dead) == ([first.pk, *(m.pk for m in mates)], 0)
+    rows = {e.pk: e for e in OutboxEvent.objects.all()}
+    assert [rows[pk].attempts for pk in claimed] == [1, 0, 0, 0]
+    assert all(rows[pk].last_error.startswith(INTERRUPTED) for pk in claimed)
+
+    fake_clock.advance(61)  # its claim runs out
+    assert relay_once(10) == RelayCounts(claimed=2, dispatched=1, dead=1)  # one suspect alone
+    assert relay_once(10) == RelayCounts(claimed=1, dispatched=1)
+    assert relay_once(10) == RelayCounts(claimed=1, dispatched=1)
+    rows = {e.pk: e for e in OutboxEvent.objects.all()}
+    assert [(rows[m.pk].status, rows[m.pk].attempts, rows[m.pk].last_error) for m in mates] == [
+        ("dispatched", 1, "")
+    ] * 3
+    assert (rows[first.pk].status, rows[first.pk].attempts) == ("dead", 1)
+    assert rows[first.pk].last_error == f"{INTERRUPTED} on every attempt"
+    assert effects() == ["outbox:m0", "outbox:m1", "outbox:m2"]

@@ -94,6 +94,32 @@ def test_a_task_killed_mid_call_is_not_run_again_unless_it_asked(workers) -> Non
     assert SideEffect.objects.filter(key="once:start").count() == 1
 
 
+def test_a_task_killed_mid_call_reports_the_one_attempt_that_ran(workers) -> None:
+    """max_attempts=1, its worker SIGKILLed mid-call: the rescuer records that it gives up (a
+    failed row of the call step, the reason the task failed) without calling the task. The
+    result reports one attempt, by the killed worker, and that failure as its error (it
+    reported two attempts, the give-up's worker among them)."""
+    once = t.slow.enqueue("killed", 30)
+    doomed = workers("--lease-seconds", "2", "--poll-interval", "0.2", tag="doomed")
+    wait_for(lambda: SideEffect.objects.filter(key="killed:start").exists(), 30, "the call")
+    running = t.slow.get_result(once.id)
+    assert (running.status, running.attempts) == (TaskResultStatus.RUNNING, 1)
+    doomed.send(signal.SIGKILL)
+    doomed.wait(10)
+    workers("--lease-seconds", "2", "--poll-interval", "0.2", tag="rescuer")
+    wait_for(lambda: finished(once.id), 30, "the run to end")
+    got = t.slow.get_result(once.id)
+    assert got.status == TaskResultStatus.FAILED
+    assert got.attempts == 1
+    assert got.worker_ids == running.worker_ids  # the killed worker's, not the rescuer's
+    assert got.last_attempted_at == running.last_attempted_at
+    assert [e.exception_class_path for e in got.errors] == [
+        "tasks_engine.exceptions.StepFailedError"
+    ]
+    assert "interrupted 1 times" in got.errors[0].traceback
+    assert SideEffect.objects.filter(key="killed:start").count() == 1
+
+
 def test_async_tasks_and_bad_paths_do_not_wedge_the_worker(workers) -> None:
     bad = tasks_engine.enqueue(DJANGO_TASK, {"task": "tests.testapp.missing.task"})
     doubled = t.async_double.enqueue(8)

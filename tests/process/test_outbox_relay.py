@@ -15,6 +15,7 @@ from django.db.models import Max, Min
 
 from outbox import publish
 from outbox.models import OutboxEvent
+from outbox.relay import INTERRUPTED
 from tasks_engine.models import WorkflowRun
 from tests.helpers import WorkerProcess, wait_for
 from tests.testapp.models import SideEffect
@@ -90,17 +91,22 @@ def test_relay_sigkilled_mid_batch_loses_nothing_and_repeats_nothing(
     doomed.send(signal.SIGKILL)
     doomed.wait(10)
     calls_at_kill, done_at_kill = len(route_calls(trace)), dispatched()
-    # Claimed (their attempt counted) by the killed relay, and not dispatched.
-    orphaned = OutboxEvent.objects.filter(status="pending", attempts=1).count()
+    # Claimed by the killed relay, and not dispatched (marked interrupted).
+    orphaned = OutboxEvent.objects.filter(
+        status="pending", last_error__startswith=INTERRUPTED
+    ).count()
+    # The claim counted the attempt of its batch's first event only (if it is among them).
+    charged = OutboxEvent.objects.filter(status="pending", attempts=1).count()
     # A route's writes commit with its event's `dispatched`, or roll back with it.
     assert SideEffect.objects.count() == done_at_kill
     if connection.vendor == "postgresql":  # one transaction per batch
         assert done_at_kill % 20 == 0  # whole batches commit, or none of them
         assert done_at_kill < calls_at_kill, "the kill should land inside a batch"
-        assert orphaned == 20
+        assert (orphaned, charged) == (20, 1)
     else:  # SQLite: one transaction per event (one write lock for every process)
         assert calls_at_kill - 1 <= done_at_kill <= calls_at_kill
         assert orphaned > 0, "the kill should land inside a batch"
+        assert charged <= 1
 
     rescuer = relays("--batch", "20", "--poll-interval", "0.2", tag="rescuer", env=env)
     wait_for(lambda: dispatched() == 60, 30, "every event to be dispatched")
@@ -109,9 +115,9 @@ def test_relay_sigkilled_mid_batch_loses_nothing_and_repeats_nothing(
     keys: Counter[str] = Counter(SideEffect.objects.values_list("key", flat=True))
     assert keys == Counter(f"outbox:{i}" for i in range(60))  # each effect exactly once
     assert OutboxEvent.objects.filter(status="dispatched").count() == 60
-    # The killed batch's attempt was counted at its claim; the rest took one attempt each.
-    assert OutboxEvent.objects.filter(attempts=2).count() == orphaned
-    assert OutboxEvent.objects.filter(attempts=1).count() == 60 - orphaned
+    # The killed batch's first event spent an attempt at its claim; the others one each.
+    assert OutboxEvent.objects.filter(attempts=2).count() == charged
+    assert OutboxEvent.objects.filter(attempts=1).count() == 60 - charged
     # The rolled-back calls ran again, and committed once.
     assert len(route_calls(trace)) == 60 + calls_at_kill - done_at_kill
 
@@ -200,10 +206,51 @@ def test_a_route_that_kills_its_relay_ends_dead_and_spares_its_batch_mates(relay
     assert poison.status == "dead"
     assert poison.attempts == 3
     assert "interrupted" in poison.last_error
-    assert codes.count(-signal.SIGKILL) == 3  # one death per attempt, then no more
+    # One death per attempt, then no more; and one in its first batch, where it was not the
+    # first event: no route of a batch but the first is known to have started when its relay
+    # dies (on PostgreSQL the batch's transaction rolls back), so that death is charged to no one.
+    assert codes.count(-signal.SIGKILL) == 4
     for event in innocent:
         event.refresh_from_db()
         assert event.status == "dispatched"
         assert not event.last_error
     keys = sorted(SideEffect.objects.values_list("key", flat=True))
     assert keys == [f"outbox:i{i}" for i in range(5)]  # each exactly once
+
+
+def test_a_relay_killed_mid_route_costs_its_batch_mates_no_attempt(
+    relays: Start, tmp_path: Path
+) -> None:
+    """A relay SIGKILLed while the first route of its batch runs: that route was called, so its
+    event spent its one attempt and is dead; its batch-mates' routes never started, so they
+    spent nothing and the next relay delivers every one of them (a relay that counted the
+    attempt of every event at the batch's claim left them all dead, their routes never called).
+    Half of them take one attempt from the event, half from OUTBOX["MAX_ATTEMPTS"]."""
+    trace = tmp_path / "calls.txt"
+    env = {TRACE_ENV: str(trace), "OUTBOX_CLAIM_SECONDS": "1", "TEST_OUTBOX_MAX_ATTEMPTS": "1"}
+    with transaction.atomic():
+        first = publish("test.record", {"key": "blocks", "sleep": 60}, max_attempts=1)
+        for i in range(10):
+            publish("test.record", {"key": f"b{i}"}, max_attempts=1 if i % 2 else None)
+    doomed = relays("--batch", "20", "--poll-interval", "0.2", tag="doomed", env=env)
+    wait_for(lambda: route_calls(trace) == ["blocks"], 30, "the first route to be running")
+    doomed.send(signal.SIGKILL)
+    assert doomed.wait(10) == -signal.SIGKILL
+    assert dispatched() == 0
+
+    time.sleep(1.2)  # the killed relay's claim runs out (OUTBOX_CLAIM_SECONDS)
+    rescuer = relays("--burst", "--batch", "20", tag="rescuer", env=env)
+    assert rescuer.wait(60) == 0, rescuer.log()
+    events = {e.payload["key"]: e for e in OutboxEvent.objects.all()}
+    bystanders = [events[f"b{i}"] for i in range(10)]
+    assert [(e.status, e.attempts, e.last_error) for e in bystanders] == [
+        ("dispatched", 1, "")
+    ] * 10
+    keys = Counter(SideEffect.objects.values_list("key", flat=True))
+    assert keys == Counter(f"outbox:b{i}" for i in range(10))  # each delivered exactly once
+    # The route that was running when its relay died spent its attempt: not called again.
+    blocker = events["blocks"]
+    assert blocker.pk == first.pk
+    assert (blocker.status, blocker.attempts) == ("dead", 1)
+    assert "interrupted" in blocker.last_error
+    assert Counter(route_calls(trace)) == Counter(["blocks", *(f"b{i}" for i in range(10))])
