@@ -31,6 +31,7 @@ from ..states import RunStatus
 from . import stats as admin_stats
 from .cancel import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
+from .lookups import RefuseNulLookupsMixin
 from .paging import CappedPaginator, RunPaginator
 from .queues import QueuesMixin
 from .retry import RETRY, RetryMixin, step_choices
@@ -65,8 +66,9 @@ def when(value: Any) -> str:
     )
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """No add, change or delete for anyone; lists without full-table counts or facets."""
+class ReadOnlyAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
+    """No add, change or delete for anyone; lists without full-table counts or facets; a NUL
+    character in a list's filter parameters is an invalid lookup (lookups.py)."""
 
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
