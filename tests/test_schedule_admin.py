@@ -14,7 +14,7 @@ from django.urls import reverse
 from tasks_engine import schedules
 from tasks_engine.models import Schedule, WorkflowRun
 from tests.helpers import FakeClock
-from tests.test_admin import staff_client
+from tests.test_admin import GONE, staff_client
 
 pytestmark = pytest.mark.django_db
 
@@ -189,3 +189,17 @@ def test_a_reason_with_a_nul_character_changes_nothing(
     response = admin_client.post(url("changelist"), action, follow=True)
     assert response.status_code == 200 and b"NUL character" in response.content
     assert not Schedule.objects.get().paused and not LogEntry.objects.exists()
+
+
+@pytest.mark.parametrize("op", ["pause", "resume"])
+def test_an_unknown_schedule_is_answered_as_django_answers_an_unknown_object(
+    admin_client: Client, nightly: Schedule, op: str
+) -> None:
+    """A warning naming the id and a redirect to the list (before: a bare 404)."""
+    before = state()
+    for method in (admin_client.get, admin_client.post):
+        response = method(url(op, 999999), {"reason": "x"}, follow=True)
+        assert response.redirect_chain == [(url("changelist"), 302)]
+        text = response.content.decode()
+        assert GONE.format("Schedule", 999999) in text
+    assert state() == before and not LogEntry.objects.exists()

@@ -12,12 +12,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -32,6 +32,7 @@ from . import stats as admin_stats
 from .cancel import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .lookups import RefuseNulLookupsMixin
+from .operator_actions import unknown_object
 from .paging import CappedPaginator, RunPaginator
 from .queues import QueuesMixin
 from .retry import RETRY, RetryMixin, step_choices
@@ -236,8 +237,7 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
             .first()
         )
         if run is None:
-            messages.warning(request, f"No run with id {object_id!r}; perhaps it was pruned.")
-            return HttpResponseRedirect(reverse("admin:tasks_engine_workflowrun_changelist"))
+            return unknown_object(request, self.opts, object_id)
         if not self.has_view_permission(request, run):
             raise PermissionDenied
         warn_if_unserved(request, run)

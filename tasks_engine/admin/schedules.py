@@ -16,7 +16,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -28,7 +28,7 @@ from ..exceptions import UnknownScheduleError
 from ..models import Schedule
 from . import ReadOnlyAdmin, run_link, when
 from .audit import record
-from .operator_actions import reason_from
+from .operator_actions import reason_from, unknown_object
 
 PAUSE_PERMISSION = "tasks_engine.pause_schedule"
 ACTIONS = {"pause": ("Paused", schedules.pause), "resume": ("Resumed", schedules.resume)}
@@ -189,7 +189,7 @@ class ScheduleAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         row = self.get_object(request, unquote(object_id))
         if row is None:
-            raise Http404("no such schedule")
+            return unknown_object(request, self.model._meta, object_id)
         back = reverse("admin:tasks_engine_schedule_changelist")
         if request.method == "POST":
             self._apply(request, op, [row], reason_from(request))
