@@ -5,7 +5,9 @@ every cancel and retry from the admin is in the run's history with the user and 
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.admin.models import LogEntry
@@ -191,3 +193,25 @@ def test_a_from_step_with_a_nul_character_is_a_clear_error(
     response = admin_client.post(url("retry", run_id), {"from_step": "a\x00b"}, follow=True)
     assert response.status_code == 200
     assert WorkflowRun.objects.get(pk=run_id).status == "failed"
+
+
+def test_the_retry_history_shows_its_time_as_the_page_shows_its_other_times(
+    fake_clock: FakeClock, admin_client: Client, settings: Any
+) -> None:
+    """Formatted like the page's other times (Django's date filter, in the current time
+    zone), with the stored ISO string kept as its machine-readable form; it was the raw ISO
+    string."""
+    settings.TIME_ZONE = "Europe/Berlin"
+    run_id = failed_run(fake_clock, "at")
+    fake_clock.current = datetime(2026, 3, 1, 12, 0, 5, 250000, tzinfo=UTC)
+    admin_client.post(url("retry", run_id), {"reason": "disk replaced"})
+    stored = (WorkflowRun.objects.get(pk=run_id).retries or [])[0]["at"]
+    assert stored == "2026-03-01T12:00:05.250000+00:00"
+    page = admin_client.get(url("change", run_id)).content.decode()
+    cell = page.split('class="te-mono te-retry-at">', 1)[1].split("</td>", 1)[0]
+    assert cell == f'<time datetime="{stored}" title="{stored}">2026-03-01 13:00:05</time>'
+    created = WorkflowRun.objects.get(pk=run_id).created_at
+    assert (
+        f"<dt>created</dt><dd>{created.astimezone(ZoneInfo('Europe/Berlin')):%Y-%m-%d %H:%M:%S}"
+        in page
+    )

@@ -69,6 +69,23 @@ def progress_view(progress: Any) -> dict[str, Any] | None:
     }
 
 
+def retries_view(retries: Any) -> list[dict[str, Any]]:
+    """The run's operator retries, oldest first, each with `at` as a datetime (stored as an ISO
+    8601 string), so that the page formats it as it formats its other times; `at_iso` keeps
+    the stored string (shown as is should it not parse)."""
+    rows = []
+    for entry in retries or []:
+        if not isinstance(entry, dict):
+            continue
+        stored = entry.get("at")
+        try:
+            at: Any = datetime.fromisoformat(stored) if isinstance(stored, str) else None
+        except ValueError:
+            at = None
+        rows.append({**entry, "at": at, "at_iso": stored or ""})
+    return rows
+
+
 @dataclass(frozen=True)
 class TimelineRow:
     step: StepAttempt
@@ -136,6 +153,7 @@ def run_page(run: WorkflowRun) -> dict[str, Any]:
         "ops_truncated": len(ops) > MAX_OPS,
         "children": children[:MAX_CHILDREN],
         "children_truncated": len(children) > MAX_CHILDREN,
+        "retries": retries_view(run.retries),
         "wait": wait_description(run),
         "now": now,
     }
