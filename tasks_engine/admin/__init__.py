@@ -36,7 +36,7 @@ from .operator_actions import unknown_object
 from .paging import CappedPaginator, RunPaginator
 from .queues import QueuesMixin
 from .retry import RETRY, RetryMixin, step_choices
-from .run_page import elapsed, humanize_seconds, run_page
+from .run_page import elapsed, humanize_seconds, pass_timing, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
@@ -206,7 +206,7 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
 
     @admin.display(description="duration")
     def duration(self, run: WorkflowRun) -> str:
-        return humanize_seconds(elapsed(run.started_at, run.finished_at, clock.now()))
+        return pass_timing(run, clock.now()).duration
 
     # -- views -----------------------------------------------------------------------------
 

@@ -87,6 +87,30 @@ def retries_view(retries: Any) -> list[dict[str, Any]]:
 
 
 @dataclass(frozen=True)
+class PassTiming:
+    """How long the run has taken, counted plainly.
+
+    A run that an operator retried is counted from its latest retry (`retried_at`), not from
+    its first start: the time it sat failed or canceled before the retry is not its duration.
+    Until a worker claims the retried run (`retry_run` clears its worker) it has no duration.
+    """
+
+    duration: str  # humanized, "" when there is none
+    retried_at: datetime | None = None
+    unclaimed: bool = False  # retried, and no worker has claimed it since
+
+
+def pass_timing(run: WorkflowRun, now: datetime) -> PassTiming:
+    retries = retries_view(run.retries)
+    retried_at = retries[-1]["at"] if retries else None
+    if retried_at is None:
+        return PassTiming(humanize_seconds(elapsed(run.started_at, run.finished_at, now)))
+    if not run.worker_id:
+        return PassTiming("", retried_at, unclaimed=True)
+    return PassTiming(humanize_seconds(elapsed(retried_at, run.finished_at, now)), retried_at)
+
+
+@dataclass(frozen=True)
 class TimelineRow:
     step: StepAttempt
     duration: str
@@ -134,12 +158,14 @@ def run_page(run: WorkflowRun) -> dict[str, Any]:
     )
     error = run.error if isinstance(run.error, dict) or not run.error else {"message": run.error}
     active = run.status in ACTIVE
+    timing = pass_timing(run, now)
     return {
         "run": run,
         "trace_id": tracing.run_trace_id(run.trace_id, run.pk),
         "active": active,
         "refresh_seconds": REFRESH_SECONDS if active else None,
-        "duration": humanize_seconds(elapsed(run.started_at, run.finished_at, now)),
+        "duration": timing.duration,
+        "timing": timing,
         "queued_for": humanize_seconds(elapsed(run.created_at, run.started_at, now)),
         "progress": progress_view(run.progress),
         "input_json": pretty_json(run.input),
