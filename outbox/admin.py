@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
 from tasks_engine.admin.audit import record
+from tasks_engine.admin.lookups import RefuseNulLookupsMixin
 
 from .events import revive_dead
 from .models import OutboxEvent
@@ -20,7 +21,7 @@ RETRY_PERMISSION = "outbox.retry_outboxevent"
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(admin.ModelAdmin):
+class OutboxEventAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "type",

@@ -40,6 +40,9 @@ def staff_client(*perms: str) -> Client:
 
 VIEW_ALL = tuple(f"view_{m}" for m in MODELS)
 
+# Django's message for an unknown object (its change and history views), with its own quotes.
+GONE = "{} with ID \u201c{}\u201d doesn\u2019t exist. Perhaps it was deleted?"
+
 
 @pytest.fixture
 def staff() -> Client:
@@ -241,8 +244,44 @@ def test_cancel_of_a_finished_run_changes_nothing(admin_client: Client) -> None:
     assert snapshot() == before
 
 
-def test_cancel_of_an_unknown_run_is_404(admin_client: Client) -> None:
-    assert admin_client.post(url("workflowrun", "cancel", uuid.uuid4())).status_code == 404
+@pytest.mark.parametrize(
+    ("op", "method"),
+    [("cancel", "get"), ("cancel", "post"), ("retry", "get"), ("retry", "post"), ("change", "get")],
+)
+@pytest.mark.parametrize("run_id", [str(uuid.uuid4()), "not-a-uuid"])
+def test_an_unknown_run_is_answered_as_django_answers_an_unknown_object(
+    admin_client: Client, op: str, method: str, run_id: str
+) -> None:
+    """As Django's own change and history views: a warning naming the id, and a redirect (to
+    the runs list); before, cancel/ and retry/ answered a bare 404."""
+    before = snapshot()
+    response = getattr(admin_client, method)(url("workflowrun", op, run_id), follow=True)
+    assert response.redirect_chain == [(url("workflowrun", "changelist"), 302)]
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert GONE.format("Workflow run", run_id) in text
+    assert snapshot() == before
+
+
+def test_a_run_pruned_before_the_cancel_is_posted_is_answered_alike(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = make_run("pending")
+
+    def pruned(run_id: Any, reason: Any = None) -> bool:
+        raise tasks_engine.UnknownRunError(f"no run with id {run_id}")
+
+    monkeypatch.setattr(engine, "cancel", pruned)
+    response = admin_client.post(url("workflowrun", "cancel", run.pk), {"reason": "x"})
+    assert (response.status_code, response["Location"]) == (302, url("workflowrun", "changelist"))
+    page = admin_client.get(response["Location"]).content.decode()
+    assert GONE.format("Workflow run", run.pk) in page
+
+
+def test_an_unknown_run_is_403_for_staff_without_the_permission(staff: Client) -> None:
+    """The permission is checked first: an unknown id tells staff without it nothing."""
+    for op in ("cancel", "retry"):
+        assert staff.post(url("workflowrun", op, uuid.uuid4())).status_code == 403
 
 
 def test_cancel_goes_through_the_engine(admin_client: Client, monkeypatch) -> None:

@@ -4,16 +4,21 @@ every cancel and retry from the admin is in the run's history with the user and 
 
 from __future__ import annotations
 
+import re
 import uuid
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
+from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
 import tasks_engine
+from tasks_engine.admin import WorkflowRunAdmin
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tests.helpers import FakeClock, drain
 from tests.test_admin import MODELS, VIEW_ALL, staff_client
@@ -191,3 +196,71 @@ def test_a_from_step_with_a_nul_character_is_a_clear_error(
     response = admin_client.post(url("retry", run_id), {"from_step": "a\x00b"}, follow=True)
     assert response.status_code == 200
     assert WorkflowRun.objects.get(pk=run_id).status == "failed"
+
+
+def test_the_retry_history_shows_its_time_as_the_page_shows_its_other_times(
+    fake_clock: FakeClock, admin_client: Client, settings: Any
+) -> None:
+    """Formatted like the page's other times (Django's date filter, in the current time
+    zone), with the stored ISO string kept as its machine-readable form; it was the raw ISO
+    string."""
+    settings.TIME_ZONE = "Europe/Berlin"
+    run_id = failed_run(fake_clock, "at")
+    fake_clock.current = datetime(2026, 3, 1, 12, 0, 5, 250000, tzinfo=UTC)
+    admin_client.post(url("retry", run_id), {"reason": "disk replaced"})
+    stored = (WorkflowRun.objects.get(pk=run_id).retries or [])[0]["at"]
+    assert stored == "2026-03-01T12:00:05.250000+00:00"
+    page = admin_client.get(url("change", run_id)).content.decode()
+    cell = page.split('class="te-mono te-retry-at">', 1)[1].split("</td>", 1)[0]
+    assert cell == f'<time datetime="{stored}" title="{stored}">2026-03-01 13:00:05</time>'
+    created = WorkflowRun.objects.get(pk=run_id).created_at
+    assert (
+        f"<dt>created</dt><dd>{created.astimezone(ZoneInfo('Europe/Berlin')):%Y-%m-%d %H:%M:%S}"
+        in page
+    )
+
+
+def run_card(page: str, key: str) -> str:
+    """The text of the run page's <dd> after <dt>key</dt>, tags removed."""
+    cell = page.split(f"<dt>{key}</dt>", 1)[1].split("</dd>", 1)[0]
+    return " ".join(re.sub(r"<[^>]+>", " ", cell).split())
+
+
+def test_after_a_retry_the_run_page_shows_no_worker_and_counts_from_the_retry(
+    fake_clock: FakeClock, admin_client: Client
+) -> None:
+    """The old attempt's worker holds nothing, and the hours the run sat failed are not its
+    duration; before, the page showed the failed pass's worker and a duration from the first
+    start."""
+    run_id = failed_run(fake_clock, "pw")
+    assert WorkflowRun.objects.get(pk=run_id).worker_id == "test-worker"
+    page = admin_client.get(url("change", run_id)).content.decode()
+    assert run_card(page, "last worker") == "test-worker"  # failed: none holds it now
+    fake_clock.advance(2 * 3600)
+    admin_client.post(url("retry", run_id), {"reason": "disk replaced"})
+    assert WorkflowRun.objects.get(pk=run_id).worker_id == ""  # retry_run cleared it
+    page = admin_client.get(url("change", run_id)).content.decode()
+    assert "test-worker" not in page
+    assert run_card(page, "worker") == "none: not claimed since the retry"
+    assert run_card(page, "duration") == "- not started since the retry"
+    assert "<dt>first started</dt>" in page and 'id="retried-at"' in page
+    listed = admin_client.get(url("changelist")).context["cl"].result_list
+    assert [admin_site_duration(r) for r in listed] == [""]
+
+    Marker.objects.create(key="pw:open")
+    fake_clock.advance(30)
+    drain(fake_clock, worker_id="second-worker")
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.status == "completed" and run.worker_id == "second-worker"
+    page = admin_client.get(url("change", run_id)).content.decode()
+    assert run_card(page, "last worker") == "second-worker"
+    assert run_card(page, "duration") == "30.0 s since the retry"
+    listed = admin_client.get(url("changelist")).context["cl"].result_list
+    assert [admin_site_duration(r) for r in listed] == ["30.0 s"]
+
+
+def admin_site_duration(run: WorkflowRun) -> str:
+    """The runs list's duration column for `run`."""
+    model_admin = admin.site.get_model_admin(WorkflowRun)
+    assert isinstance(model_admin, WorkflowRunAdmin)
+    return model_admin.duration(run)

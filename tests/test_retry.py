@@ -56,6 +56,7 @@ def test_a_failed_run_reruns_its_failed_step_and_not_its_completed_one(
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.error, run.finished_at, run.output) == ("pending", None, None, None)
     assert run.available_at == fake_clock.now()
+    assert run.worker_id == ""  # the failed pass's worker holds nothing; a claim sets it again
     drain(fake_clock)
     view = tasks_engine.get_run(run_id)
     assert view is not None

@@ -14,7 +14,7 @@ from django.urls import reverse
 from tasks_engine import schedules
 from tasks_engine.models import Schedule, WorkflowRun
 from tests.helpers import FakeClock
-from tests.test_admin import staff_client
+from tests.test_admin import GONE, staff_client
 
 pytestmark = pytest.mark.django_db
 
@@ -151,13 +151,49 @@ def test_the_permission_without_view_permission_is_403(nightly: Schedule) -> Non
 
 def test_staff_with_the_permission_use_the_actions(nightly: Schedule) -> None:
     operator = staff_client("view_schedule", "pause_schedule")
-    action = {"action": "pause_selected", "_selected_action": [nightly.pk]}
+    action = {"action": "pause_selected", "_selected_action": [nightly.pk], "confirm": "yes"}
     assert operator.post(url("changelist"), action).status_code == 302
     assert Schedule.objects.get().paused
     action["action"] = "resume_selected"
     operator.post(url("changelist"), action)
     assert not Schedule.objects.get().paused
     assert LogEntry.objects.count() == 2
+
+
+def test_the_buttons_are_shown_only_to_users_who_may_pause(nightly: Schedule) -> None:
+    """A view-only user saw Pause/Resume on every row, and clicking one gave a 403."""
+    viewer = staff_client("view_schedule")
+    page = viewer.get(url("changelist")).content.decode()
+    assert "nightly-scan" in page
+    assert url("pause", nightly.pk) not in page and url("resume", nightly.pk) not in page
+    assert "pause_selected" not in page and "resume_selected" not in page
+    operator = staff_client("view_schedule", "pause_schedule")
+    page = operator.get(url("changelist")).content.decode()
+    assert url("pause", nightly.pk) in page and "pause_selected" in page
+
+
+@pytest.mark.parametrize("op", ["pause", "resume"])
+def test_the_list_actions_ask_for_a_reason_like_the_schedule_page(
+    admin_client: Client, nightly: Schedule, op: str
+) -> None:
+    """As the docs say (each pause or resume asks for a reason), the list actions first show
+    the confirmation with a reason field; they paused at once, logging no reason."""
+    if op == "resume":
+        schedules.pause(nightly.name)
+    before = state()
+    selected = {"action": f"{op}_selected", "_selected_action": [nightly.pk]}
+    confirm = admin_client.post(url("changelist"), selected)
+    assert confirm.status_code == 200
+    page = confirm.content.decode()
+    assert 'name="reason"' in page and "nightly-scan" in page
+    assert 'name="confirm" value="yes"' in page and f'value="{op}_selected"' in page
+    assert f'name="_selected_action" value="{nightly.pk}"' in page
+    assert state() == before and not LogEntry.objects.exists()  # asking changes nothing
+    done = admin_client.post(url("changelist"), {**selected, "confirm": "yes", "reason": "swap"})
+    assert done.status_code == 302
+    assert Schedule.objects.get().paused is (op == "pause")
+    verb = {"pause": "Paused", "resume": "Resumed"}[op]
+    assert list(LogEntry.objects.values_list("change_message", flat=True)) == [f"{verb}: swap"]
 
 
 def test_rows_cannot_be_added_changed_or_deleted(admin_client: Client, nightly: Schedule) -> None:
@@ -185,7 +221,26 @@ def test_a_reason_with_a_nul_character_changes_nothing(
     """Its admin log entry could not be stored (PostgreSQL): the pause committed, then a 500."""
     response = admin_client.post(url("pause", nightly.pk), {"reason": "a\x00b"}, follow=True)
     assert response.status_code == 200 and b"NUL character" in response.content
-    action = {"action": "pause_selected", "_selected_action": [nightly.pk], "reason": "x\x00"}
+    action = {
+        "action": "pause_selected",
+        "_selected_action": [nightly.pk],
+        "confirm": "yes",
+        "reason": "x\x00",
+    }
     response = admin_client.post(url("changelist"), action, follow=True)
     assert response.status_code == 200 and b"NUL character" in response.content
     assert not Schedule.objects.get().paused and not LogEntry.objects.exists()
+
+
+@pytest.mark.parametrize("op", ["pause", "resume"])
+def test_an_unknown_schedule_is_answered_as_django_answers_an_unknown_object(
+    admin_client: Client, nightly: Schedule, op: str
+) -> None:
+    """A warning naming the id and a redirect to the list (before: a bare 404)."""
+    before = state()
+    for method in (admin_client.get, admin_client.post):
+        response = method(url(op, 999999), {"reason": "x"}, follow=True)
+        assert response.redirect_chain == [(url("changelist"), 302)]
+        text = response.content.decode()
+        assert GONE.format("Schedule", 999999) in text
+    assert state() == before and not LogEntry.objects.exists()

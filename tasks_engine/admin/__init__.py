@@ -12,12 +12,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -31,10 +31,12 @@ from ..states import RunStatus
 from . import stats as admin_stats
 from .cancel import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
+from .lookups import RefuseNulLookupsMixin
+from .operator_actions import unknown_object
 from .paging import CappedPaginator, RunPaginator
 from .queues import QueuesMixin
 from .retry import RETRY, RetryMixin, step_choices
-from .run_page import elapsed, humanize_seconds, run_page
+from .run_page import elapsed, humanize_seconds, pass_timing, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
@@ -65,8 +67,9 @@ def when(value: Any) -> str:
     )
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """No add, change or delete for anyone; lists without full-table counts or facets."""
+class ReadOnlyAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
+    """No add, change or delete for anyone; lists without full-table counts or facets; a NUL
+    character in a list's filter parameters is an invalid lookup (lookups.py)."""
 
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
@@ -203,7 +206,7 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
 
     @admin.display(description="duration")
     def duration(self, run: WorkflowRun) -> str:
-        return humanize_seconds(elapsed(run.started_at, run.finished_at, clock.now()))
+        return pass_timing(run, clock.now()).duration
 
     # -- views -----------------------------------------------------------------------------
 
@@ -234,8 +237,7 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
             .first()
         )
         if run is None:
-            messages.warning(request, f"No run with id {object_id!r}; perhaps it was pruned.")
-            return HttpResponseRedirect(reverse("admin:tasks_engine_workflowrun_changelist"))
+            return unknown_object(request, self.opts, object_id)
         if not self.has_view_permission(request, run):
             raise PermissionDenied
         warn_if_unserved(request, run)

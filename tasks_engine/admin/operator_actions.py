@@ -18,9 +18,10 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.translation import gettext as _
 
 from ..exceptions import UnknownRunError
 from . import audit
@@ -31,6 +32,19 @@ MAX_BULK = 1000  # runs per action submission; repeat the action for more
 
 def reason_from(request: HttpRequest) -> str:
     return request.POST.get("reason", "").strip()[:MAX_REASON]
+
+
+def unknown_object(request: HttpRequest, opts: Any, object_id: str) -> HttpResponse:
+    """What Django's admin answers for an unknown object (its change and history views): a
+    warning naming the id, "... with ID "x" doesn't exist. Perhaps it was deleted?" (Django's
+    own, translated, text), and a redirect; here to the model's list rather than the admin
+    index, since a run is usually looked for there (a pruned run, a mistyped id)."""
+    message = _("%(name)s with ID “%(key)s” doesn’t exist. Perhaps it was deleted?") % {  # noqa: RUF001
+        "name": opts.verbose_name,
+        "key": unquote(object_id),
+    }
+    messages.warning(request, message)
+    return HttpResponseRedirect(reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"))
 
 
 @dataclass(frozen=True)
@@ -76,13 +90,13 @@ class OperatorActionsMixin:
             raise PermissionDenied
         run = self.get_object(request, unquote(object_id))  # type: ignore[attr-defined]
         if run is None:
-            raise Http404("no such run")
+            return unknown_object(request, self.model._meta, object_id)
         run_url = reverse("admin:tasks_engine_workflowrun_change", args=[run.pk])
         if request.method == "POST":
             try:
                 act(run, reason_from(request))
-            except UnknownRunError:
-                raise Http404("no such run") from None
+            except UnknownRunError:  # pruned since the page was shown
+                return unknown_object(request, self.model._meta, object_id)
             except ValueError as exc:  # a reason the engine refuses: nothing was changed
                 messages.error(request, str(exc))
                 return HttpResponseRedirect(request.path)

@@ -69,6 +69,47 @@ def progress_view(progress: Any) -> dict[str, Any] | None:
     }
 
 
+def retries_view(retries: Any) -> list[dict[str, Any]]:
+    """The run's operator retries, oldest first, each with `at` as a datetime (stored as an ISO
+    8601 string), so that the page formats it as it formats its other times; `at_iso` keeps
+    the stored string (shown as is should it not parse)."""
+    rows = []
+    for entry in retries or []:
+        if not isinstance(entry, dict):
+            continue
+        stored = entry.get("at")
+        try:
+            at: Any = datetime.fromisoformat(stored) if isinstance(stored, str) else None
+        except ValueError:
+            at = None
+        rows.append({**entry, "at": at, "at_iso": stored or ""})
+    return rows
+
+
+@dataclass(frozen=True)
+class PassTiming:
+    """How long the run has taken, counted plainly.
+
+    A run that an operator retried is counted from its latest retry (`retried_at`), not from
+    its first start: the time it sat failed or canceled before the retry is not its duration.
+    Until a worker claims the retried run (`retry_run` clears its worker) it has no duration.
+    """
+
+    duration: str  # humanized, "" when there is none
+    retried_at: datetime | None = None
+    unclaimed: bool = False  # retried, and no worker has claimed it since
+
+
+def pass_timing(run: WorkflowRun, now: datetime) -> PassTiming:
+    retries = retries_view(run.retries)
+    retried_at = retries[-1]["at"] if retries else None
+    if retried_at is None:
+        return PassTiming(humanize_seconds(elapsed(run.started_at, run.finished_at, now)))
+    if not run.worker_id:
+        return PassTiming("", retried_at, unclaimed=True)
+    return PassTiming(humanize_seconds(elapsed(retried_at, run.finished_at, now)), retried_at)
+
+
 @dataclass(frozen=True)
 class TimelineRow:
     step: StepAttempt
@@ -117,12 +158,14 @@ def run_page(run: WorkflowRun) -> dict[str, Any]:
     )
     error = run.error if isinstance(run.error, dict) or not run.error else {"message": run.error}
     active = run.status in ACTIVE
+    timing = pass_timing(run, now)
     return {
         "run": run,
         "trace_id": tracing.run_trace_id(run.trace_id, run.pk),
         "active": active,
         "refresh_seconds": REFRESH_SECONDS if active else None,
-        "duration": humanize_seconds(elapsed(run.started_at, run.finished_at, now)),
+        "duration": timing.duration,
+        "timing": timing,
         "queued_for": humanize_seconds(elapsed(run.created_at, run.started_at, now)),
         "progress": progress_view(run.progress),
         "input_json": pretty_json(run.input),
@@ -136,6 +179,7 @@ def run_page(run: WorkflowRun) -> dict[str, Any]:
         "ops_truncated": len(ops) > MAX_OPS,
         "children": children[:MAX_CHILDREN],
         "children_truncated": len(children) > MAX_CHILDREN,
+        "retries": retries_view(run.retries),
         "wait": wait_description(run),
         "now": now,
     }

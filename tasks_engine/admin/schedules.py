@@ -3,8 +3,10 @@
 Rows are state only; the definition (task, cron, timezone) is read from code and settings, so
 a schedule removed from both shows as removed. Pause and resume go through
 `tasks_engine.schedules` and need the permission `tasks_engine.pause_schedule` beside the view
-permission (staff without it get 403, nothing changes); each writes an admin log entry with
-the reason, shown on the schedule's history page.
+permission (staff without it get 403, nothing changes, and are shown no buttons); each asks
+for a reason (the row's button and the schedule's page through its pause/ or resume/ URL, the
+list actions through the same confirmation) and writes an admin log entry with it, shown on
+the schedule's history page.
 """
 
 from __future__ import annotations
@@ -13,10 +15,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
@@ -29,7 +32,7 @@ from ..models import Schedule
 from ..serialization import check_reason
 from . import ReadOnlyAdmin, run_link, when
 from .audit import record
-from .operator_actions import reason_from
+from .operator_actions import reason_from, unknown_object
 
 PAUSE_PERMISSION = "tasks_engine.pause_schedule"
 ACTIONS = {"pause": ("Paused", schedules.pause), "resume": ("Resumed", schedules.resume)}
@@ -73,6 +76,13 @@ class ScheduleAdmin(ReadOnlyAdmin):
 
     def has_pause_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(PAUSE_PERMISSION) and self.has_view_permission(request, obj)
+
+    def get_list_display(self, request: HttpRequest) -> Any:
+        """The Pause/Resume buttons only for users who may use them (others got a 403)."""
+        shown = super().get_list_display(request)
+        if self.has_pause_permission(request):
+            return shown
+        return tuple(column for column in shown if column != "buttons")
 
     def get_urls(self) -> list[Any]:
         info = (self.model._meta.app_label, self.model._meta.model_name)
@@ -190,19 +200,35 @@ class ScheduleAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         row = self.get_object(request, unquote(object_id))
         if row is None:
-            raise Http404("no such schedule")
+            return unknown_object(request, self.model._meta, object_id)
         back = reverse("admin:tasks_engine_schedule_changelist")
         if request.method == "POST":
             self._apply(request, op, [row], reason_from(request))
             return HttpResponseRedirect(back)
+        return self._confirmation(
+            request,
+            op,
+            [row],
+            title=f"{op.capitalize()} schedule {row.name}",
+            form_action=request.path,
+            back_url=back,
+        )
+
+    def _confirmation(
+        self, request: HttpRequest, op: str, rows: list[Schedule], **page: Any
+    ) -> HttpResponse:
+        """The confirmation with a reason field, for one schedule (its pause/ or resume/ URL)
+        or for the schedules selected in the list (`page` has no form_action: the form posts
+        the action back to the list, with confirm=yes)."""
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{op.capitalize()} schedule {row.name}",
             "opts": self.model._meta,
-            "schedule": row,
+            "schedules": rows,
             "op": op,
-            "form_action": request.path,
-            "back_url": back,
+            "single": "form_action" in page,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "action_name": f"{op}_selected",
+            **page,
         }
         return TemplateResponse(
             request, "admin/tasks_engine/schedule/pause_confirmation.html", context
@@ -230,12 +256,29 @@ class ScheduleAdmin(ReadOnlyAdmin):
             messages.info(request, "Nothing changed.")
 
     @admin.action(description="Pause selected schedules", permissions=["pause"])
-    def pause_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._apply(request, "pause", list(queryset), reason_from(request))
+    def pause_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return self._confirm_or_apply(request, "pause", queryset)
 
     @admin.action(description="Resume selected schedules", permissions=["pause"])
-    def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        self._apply(request, "resume", list(queryset), reason_from(request))
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        return self._confirm_or_apply(request, "resume", queryset)
+
+    def _confirm_or_apply(
+        self, request: HttpRequest, op: str, queryset: QuerySet
+    ) -> HttpResponse | None:
+        """A list action asks for a reason as a schedule's own page does: first the
+        confirmation, then (confirm=yes) the change, logged with that reason."""
+        rows = list(queryset.order_by("name"))
+        if request.POST.get("confirm") != "yes":
+            return self._confirmation(
+                request,
+                op,
+                rows,
+                title=f"{op.capitalize()} schedules",
+                back_url=request.get_full_path(),
+            )
+        self._apply(request, op, rows, reason_from(request))
+        return None
 
 
 def _exact(value: datetime | None, note: str = "") -> str:

@@ -3,7 +3,8 @@
 Completed steps stay completed (replay returns them); steps that failed for good run again
 because their failure belongs to an earlier pass. With `from_step`, that step and every
 attempt recorded after it are marked superseded: kept as history, ignored by replay, so they
-run again; the facts their waits took are released for the reruns to take again.
+run again; the facts their waits took are released for the reruns to take again. The run's
+worker is cleared: the earlier pass's worker holds nothing (its attempts keep their worker).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def retry_run(
             cancel_requested_at=None,
             cancel_reason="",
             waiting_on="",
+            worker_id="",  # no worker holds the fresh pass until one claims it
             unreached_steps=[],
             awaited=False,
             retries=[

@@ -18,9 +18,11 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from tasks_engine import testing
+from tasks_engine import clock, testing
+from tasks_engine.admin import audit
+from tasks_engine.admin.operator_actions import MAX_REASON
 from tasks_engine.models import WorkflowRun
-from tests.browser.rundata import make_showcase
+from tests.browser.rundata import make_run, make_showcase
 from tests.testapp.models import Marker
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -185,3 +187,39 @@ def test_retry_a_failed_run_from_a_step(page: Any) -> None:
     expect(page.locator("#timeline .te-superseded-note")).to_have_count(2)  # a and b, pass 1
     page.evaluate("window.teStopRefresh && window.teStopRefresh()")
     shoot(page, "admin-run-retried.png", full_page=True)
+
+
+def test_a_long_reason_without_spaces_stays_inside_the_viewport(page: Any) -> None:
+    """2,000 characters without a space (the longest reason the admin takes), as the cancel
+    reason, a retry's reason and the error message, and a 300-character step key (the longest
+    there is) as the retry's from step: wrapped, so the run page is no wider than the window
+    (it was over 18,000 pixels wide: one unbreakable line); and so is the run's history page, where
+    the admin log shows the reason too."""
+    now = clock.now()
+    long = "x" * MAX_REASON
+    run = make_run(
+        "canceled",
+        cancel_requested_at=now,
+        cancel_reason=f"cancel-{long}"[:MAX_REASON],
+        finished_at=now,
+        error={"type": "OSError", "message": f"/library/{long}"},
+        retries=[{"at": now.isoformat(), "by": "ops", "reason": long, "from_step": "s" * 300}],
+    )
+    log_in(page)
+    audit.record(User.objects.get(username="ops"), [run], "Canceled", long)
+    for width in (1440, 800):
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(f"/admin/tasks_engine/workflowrun/{run.pk}/change/")
+        sync_api.expect(page.locator("#cancel-reason-shown")).to_contain_text("cancel-xxx")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        for selector in ("#cancel-info", "#retries", ".te-retry-reason", "#run-error"):
+            box = page.locator(selector).first.bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width, (
+                selector,
+                box,
+                width,
+            )
+        # The run's history page (Django's) shows the reason an admin log entry holds.
+        page.goto(f"/admin/tasks_engine/workflowrun/{run.pk}/history/")
+        sync_api.expect(page.locator("#change-history")).to_contain_text("Canceled: xxx")
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
