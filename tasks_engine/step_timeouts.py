@@ -66,20 +66,28 @@ class StepTimer:
         with self._lock:
             if self._done or self.fired is not None or now < self.deadline:
                 return False
-            self.fired = StepTimeoutError(
-                f"step {self.key!r} timed out after {self.seconds:g} seconds"
-            )
+            self.fired = self._timed_out()
             abort(self.fired)
             return True
 
     def stop(self) -> StepTimeoutError | None:
         """The step's thread, once its body returned or raised: disarm, and say whether the
-        timer fired first. Raises LeaseLostError if the heartbeat already wrote it off."""
+        step timed out. Raises LeaseLostError if the heartbeat already wrote it off.
+
+        A body that outlived its timeout timed out even if the heartbeat has not fired the
+        timer yet: the heartbeat can be late (on SQLite it waits for the write lock, which an
+        atomic step's own transaction holds until this very step commits), and the attempt
+        must fail, its transaction rolled back, whoever noticed the time first."""
         with self._lock:
             self._done = True
             if self._written_off:
                 raise LeaseLostError(f"step {self.key!r} was written off after its timeout")
+            if self.fired is None and time.monotonic() >= self.deadline:
+                self.fired = self._timed_out()
             return self.fired
+
+    def _timed_out(self) -> StepTimeoutError:
+        return StepTimeoutError(f"step {self.key!r} timed out after {self.seconds:g} seconds")
 
     def take_write_off(self) -> bool:
         """Heartbeat, past the grace: whether it records the outcome (the step has not)."""

@@ -126,10 +126,14 @@ class StepAPI(WaitSteps, PatchSteps):
     def _stop_timer(self, timer: StepTimer) -> None:
         self._s.handle.disarm_timer()
         fired = timer.stop()  # LeaseLostError if the heartbeat wrote the attempt off
+        if fired is None:
+            return
         signal = self._ctx.abort_signal
-        if fired is not None and signal.reason is fired:
+        if signal.reason is fired:
             signal.reset(fired)  # the next step (or this one's retry) must not see it
-            raise fired
+        elif signal.aborted:
+            return  # another abort came first (a cancel, a lost lease): it decides the attempt
+        raise fired  # fired by the heartbeat, or found past its deadline by stop()
 
     def _step_failed(
         self, key: str, step_id: int, exc: Exception, policy: RetryPolicy, failures: int

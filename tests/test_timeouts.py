@@ -7,19 +7,20 @@ runs the real heartbeat).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from datetime import datetime, timedelta
 
 import pytest
 
 import tasks_engine
-from tasks_engine import StepTimeoutError, clock, executor, transitions
+from tasks_engine import StepTimeoutError, clock, executor, testing, transitions
 from tasks_engine.context import AbortSignal
 from tasks_engine.exceptions import TasksEngineError
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tasks_engine.step_timeouts import StepTimer, WriteOff, timeout_seconds
 from tests.helpers import FakeClock, drain
-from tests.testapp.models import SideEffect
+from tests.testapp.models import Marker, SideEffect
 
 pytestmark = pytest.mark.django_db
 
@@ -88,6 +89,29 @@ def test_a_step_that_finishes_in_time_completes(fake_clock: FakeClock) -> None:
     res = tasks_engine.enqueue("timed_step", {"hangs": 0})
     drain(fake_clock)
     assert tasks_engine.get_run(res.run_id).output["slow"] == {"attempt": 1}
+
+
+def test_an_atomic_step_that_outlives_its_timeout_unfired_fails_and_writes_nothing(
+    fake_clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nobody fires the timer, as when a worker's heartbeat waits for SQLite's write lock, held
+    # by this step's own transaction: the step itself finds it ran past its timeout.
+    monkeypatch.setattr(testing, "_StepTimeouts", lambda prepared: contextlib.nullcontext())
+    res = tasks_engine.enqueue("atomic_timed_step", {"timeout": 0.1, "hold": 0.3})
+    drain(fake_clock)
+    assert tasks_engine.get_run(res.run_id).output == (
+        "timed out: step 'write' timed out after 0.1 seconds"
+    )
+    assert steps(res.run_id) == [("write", "failed", 1, TIMEOUT)]
+    assert not Marker.objects.filter(key=f"atomic-timed:{res.run_id}").exists()
+
+
+def test_a_timer_found_past_its_deadline_by_stop_counts_as_fired() -> None:
+    timer = StepTimer("k", 0.01, WriteOff(1, {}, None))
+    timer.deadline -= 1  # its time passed; nobody fired it
+    fired = timer.stop()
+    assert isinstance(fired, StepTimeoutError) and timer.fired is fired
+    assert not timer.take_write_off()  # the step's thread records the attempt, not the heartbeat
 
 
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "5", True])

@@ -97,6 +97,21 @@ def test_a_step_ignoring_its_timeout_is_written_off_and_its_thread_fenced(
     wait_for(lambda: status(res2.run_id) == "completed", 30, "another run on the same worker")
 
 
+def test_an_atomic_step_that_outlives_its_timeout_fails_and_its_write_never_commits(
+    workers,
+) -> None:
+    """On SQLite the heartbeat waits for the write lock that this step's own transaction
+    holds, so it cannot fire the timer before the body returns: the step finds it itself."""
+    workers(*FAST)
+    res = tasks_engine.enqueue("atomic_timed_step", {"timeout": 0.5, "hold": 1.5})
+    wait_for(lambda: status(res.run_id) == "completed", 30, "the run to complete")
+    assert tasks_engine.get_run(res.run_id).output == (
+        "timed out: step 'write' timed out after 0.5 seconds"
+    )
+    assert attempts(res.run_id) == [("write", "failed", 1, TIMEOUT)]
+    assert not Marker.objects.filter(key=f"atomic-timed:{res.run_id}").exists()
+
+
 def test_a_default_deadline_fails_a_sleeping_run(workers) -> None:
     workers(*FAST)
     res = tasks_engine.enqueue("deadline_sleeper")

@@ -72,6 +72,32 @@ def timed_step(ctx: TaskContext) -> dict:
     return {"slow": got, "after": after}
 
 
+class AtomicTimed(BaseModel):
+    timeout: float = 0.2
+    hold: float = 0.6  # the body ignores its abort and returns after this long
+
+
+@workflow(name="atomic_timed_step", input=AtomicTimed)
+def atomic_timed_step(ctx: TaskContext) -> str:
+    """An atomic step that writes, then outlives its timeout: its write must not commit."""
+
+    def write() -> str:
+        Marker.objects.create(key=f"atomic-timed:{ctx.run_id}", value="written")
+        time.sleep(ctx.input.hold)
+        return "written"
+
+    try:
+        return ctx.step.run(
+            "write",
+            write,
+            atomic=True,
+            timeout=ctx.input.timeout,
+            retry=RetryPolicy(max_attempts=1),
+        )
+    except StepTimeoutError as exc:
+        return f"timed out: {exc}"
+
+
 class Sleep(BaseModel):
     seconds: float = 3600.0
 
