@@ -26,6 +26,7 @@ from .logs import run_logger
 from .models import WorkflowRun
 from .serialization import encode_error, to_jsonable
 from .step_base import RunState
+from .step_observer import observe_waits_ended_by_deadline
 
 
 @dataclass(frozen=True)
@@ -113,11 +114,9 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         transitions.cancel_running_run(lease, has_parent=handle.has_parent)
         return "canceled"
     if run.deadline_at is not None and clock.now() >= run.deadline_at:
-        transitions.fail_run(
-            lease,
-            encode_error(DeadlineExceededError("deadline passed")),
-            has_parent=handle.has_parent,
-        )
+        passed = DeadlineExceededError("deadline passed")
+        transitions.fail_run(lease, encode_error(passed), has_parent=handle.has_parent)
+        observe_waits_ended_by_deadline(ctx, passed)
         return "failed"
     try:
         ctx.input = wf.load_input(run.input)

@@ -108,6 +108,24 @@ def _wait_status(ctx: Any, exc: BaseException | None) -> str | None:
     return "failed"
 
 
+WAITS = (StepKind.SLEEP, StepKind.FACT_WAIT, StepKind.CHILD)
+
+
+def observe_waits_ended_by_deadline(ctx: Any, reason: BaseException) -> None:
+    """The claim that fails a run for its deadline does so before replay: the waits it had
+    armed (a sleep, a fact wait, a child) end with it, observed `aborted` here as replay would
+    have observed them (its span an instant: what this claim did for the wait)."""
+    if ctx._state.span is None and not metrics.enabled():
+        return
+    for key, rec in ctx._state.history.records.items():
+        if rec.kind not in WAITS or rec.armed is None:
+            continue
+        metrics.record_step(ctx.task_name, rec.kind, "aborted", 0.0)
+        span = tracing.start_step_span(ctx, key, rec.kind)
+        if span is not None:
+            tracing.end_step_span(span, "aborted", reason)
+
+
 def observed_step(ctx: Any, key: str, kind: str) -> _Observed | _Unobserved:
     if ctx._state.span is None and not metrics.enabled():
         return UNOBSERVED

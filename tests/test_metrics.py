@@ -242,3 +242,21 @@ def test_every_step_kind_is_counted_once_by_the_claim_that_ends_it(recording: No
     counts = _samples(metrics.STEP_DURATION, "tasks_step_duration_seconds_count")
     assert counts[("observe_acquire",)] - durations.get(("observe_acquire",), 0) == 5
     assert counts[("parent",)] - durations.get(("parent",), 0) == 1
+
+
+@pytest.mark.django_db
+def test_a_wait_ended_by_the_runs_deadline_is_counted_aborted(recording: None) -> None:
+    # The claim that fails the run for its deadline does so before replay: the sleep it had
+    # armed is observed there, once (an outside audit found it counted nowhere).
+    steps = _samples(metrics.STEPS, "tasks_steps_total")
+    finished = _samples(metrics.RUNS_FINISHED, "tasks_runs_finished_total")
+    with testing.WorkflowTester() as t:
+        run = t.start("deadline_sleeper")
+        assert t.run_to_completion(run).status == "failed"
+    assert _steps_since(steps) == {
+        ("deadline_sleeper", "function", "completed"): 1,
+        ("deadline_sleeper", "sleep", "aborted"): 1,
+    }
+    now = _samples(metrics.RUNS_FINISHED, "tasks_runs_finished_total")
+    key = ("deadline_sleeper", "failed")
+    assert now[key] - finished.get(key, 0) == 1
