@@ -1,8 +1,9 @@
-"""A NUL character in a changelist's query string, on every list of the engine's and the outbox's
-admin: a filter parameter holding one is an invalid lookup, answered as Django's admin answers
-any invalid lookup (a redirect to the bare list with ?e=1, and a message); the search box keeps
-Django's own answer (the list, unfiltered, with "Null characters are not allowed."). Before, a
-filter parameter with a NUL was a 500 on PostgreSQL, which refuses NUL in text."""
+"""A NUL character in a changelist's query string, on every list of the engine's, the outbox's
+and UMT's admin: a filter parameter holding one is an invalid lookup, answered as Django's
+admin answers any invalid lookup (a redirect to the bare list with ?e=1, and a message); the
+search box keeps Django's own answer (the list, unfiltered, with "Null characters are not
+allowed."). Before, a filter parameter with a NUL was a 500 on PostgreSQL, which refuses NUL
+in text."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ LISTS = {
     "tasks_engine/worker": ["host"],
     "tasks_engine/schedule": ["name"],
     "outbox/outboxevent": ["status__exact", "type__exact", "type"],
+    "umt/acquisitionplan": ["status__exact", "client__exact", "title"],
+    "umt/libraryitem": ["title", "path"],
 }
 FILTERS = [(model, param) for model, params in LISTS.items() for param in params]
 

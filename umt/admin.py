@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from tasks_engine.admin.lookups import RefuseNulLookupsMixin
 from tasks_engine.models import WorkflowRun
 
 from .acquisition import announce, retry_plan
@@ -25,7 +26,7 @@ def run_link(run_id: Any) -> str:
 
 
 @admin.register(AcquisitionPlan)
-class AcquisitionPlanAdmin(admin.ModelAdmin):
+class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
     list_display = ["id", "title", "client", "status", "run", "created_at"]
     list_filter = ["status", "client"]
     actions = ["retry_failed_plans"]
@@ -96,7 +97,7 @@ class AcquisitionPlanAdmin(admin.ModelAdmin):
 
 
 @admin.register(LibraryItem)
-class LibraryItemAdmin(admin.ModelAdmin):
+class LibraryItemAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
     list_display = ["title", "path", "size", "registered_at", "created_at"]
     search_fields = ["title", "path", "sha256"]
     readonly_fields = ["plan", "title", "path", "size", "sha256", "registered_at", "created_at"]
