@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Case, F, PositiveIntegerField, Value, When
+from django.db.models import Case, F, PositiveIntegerField, TextField, Value, When
 from django.db.models.functions import Concat
 
 from tasks_engine import clock, tracing
@@ -56,6 +56,7 @@ class RelayCounts:
 
 
 INTERRUPTED = "interrupted: the relay stopped while dispatching it"
+SPENT = "its attempts were spent before this pass (its max_attempts, or MAX_ATTEMPTS, was lowered)"
 
 
 def relay_once(batch: int = 100) -> RelayCounts:
@@ -143,8 +144,18 @@ def _claim(batch: int, s: OutboxSettings) -> tuple[list[int], int, datetime]:
             else:
                 together.append((created_at, pk))
         if exhausted:
+            # Interrupted on its last attempt: every attempt died with its relay. Otherwise its
+            # limit was lowered below the attempts it had already made: its last error stays.
             OutboxEvent.objects.filter(pk__in=exhausted).update(
-                status=EventStatus.DEAD, last_error=f"{INTERRUPTED} on every attempt"
+                status=EventStatus.DEAD,
+                last_error=Case(
+                    When(
+                        last_error__startswith=INTERRUPTED,
+                        then=Value(f"{INTERRUPTED} on every attempt"),
+                    ),
+                    default=Concat(Value(SPENT + "\n\n"), F("last_error")),
+                    output_field=TextField(),
+                ),
             )
         hide_until = now + timedelta(seconds=s.claim_seconds)
         if suspects:  # alone: the rest stay due for the passes after it

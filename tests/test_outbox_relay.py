@@ -93,6 +93,23 @@ def test_failures_back_off_exponentially_then_the_event_is_dead(fake_clock: Fake
     assert relay_once(10).claimed == 0  # dead events are never claimed again
 
 
+def test_an_event_whose_limit_was_lowered_below_its_attempts_dies_with_its_last_error(
+    fake_clock: FakeClock,
+) -> None:
+    from outbox.relay import SPENT
+
+    event = publish("test.always_fails", {})
+    assert relay_once(10) == RelayCounts(claimed=1, retried=1)
+    assert relay_once(10) == RelayCounts()  # its backoff
+    with override_settings(OUTBOX={"MAX_ATTEMPTS": 1}):  # lowered by a deploy
+        fake_clock.advance(1)
+        assert relay_once(10) == RelayCounts(claimed=1, dead=1)
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == (EventStatus.DEAD, 1)
+    # Never interrupted: its last error is what it died of, not a relay's death.
+    assert event.last_error.startswith(f"{SPENT}\n\nRouteBroken: route is broken (attempt 1)")
+
+
 @override_settings(
     OUTBOX={"MAX_ATTEMPTS": 10, "BACKOFF_BASE_SECONDS": 0.5, "BACKOFF_MAX_SECONDS": 3}
 )
