@@ -17,7 +17,7 @@ from tasks_engine.states import ACTIVE, FINISHED
 
 from .defects import known
 from .harness import SimLog
-from .workflows import EXPECT
+from .workflows import EXPECT, NARROW_LIMIT, NARROW_QUEUE
 
 WORK_KINDS = ("function", "op")
 
@@ -197,14 +197,16 @@ def check_cancel_promises(
 
 
 def check_flow_limits() -> list[str]:
-    """No key ever has more runs `running` than its limit (crashed and stale attempts
+    """No queue or key ever has more runs `running` than its limit (crashed and stale attempts
     included: their runs keep their places until the run leaves `running`)."""
+    narrow = WorkflowRun.objects.filter(status="running", queue=NARROW_QUEUE).count()
+    over = [f"queue {NARROW_QUEUE}: {narrow} runs running, its limit is {NARROW_LIMIT}"]
     running = (
         WorkflowRun.objects.filter(status="running", concurrency_key__isnull=False)
         .values("concurrency_key")
         .annotate(n=Count("id"), limit=Max("concurrency_limit"))
     )
-    return [
+    return (over if narrow > NARROW_LIMIT else []) + [
         f"key {r['concurrency_key']!r}: {r['n']} runs running, its limit is {r['limit']}"
         for r in running
         if r["n"] > (r["limit"] or 1)

@@ -48,7 +48,9 @@ Invariants, after every rule (invariants.py)
   - no attempt dies of an unexpected exception, nor of a database error nobody injected
   - a worker's heartbeat aborts every attempt of it whose lease is gone; a graceful stop hands
     back every run it still held
-  - flow control: no concurrency key ever has more runs `running` than its limit (sim-keyed's
+  - flow control: no queue or concurrency key ever has more runs `running` than its limit
+    (sim-narrow's queue has a concurrency of 1; worker 0 serves it, workers 1 and 2 serve
+    `default` alone, with the plain claim until a keyed run is enqueued) (sim-keyed's
     runs share one key of limit 1; the claims are the guarded claim once one is enqueued)
   - a queueing key has at most one queued run (pending, never started, not an operator's
     retry), and an enqueue that a run with the key answered was answered by that queued run
@@ -80,7 +82,7 @@ from hypothesis.stateful import (
 )
 
 import tasks_engine
-from tasks_engine import first_steps, transitions
+from tasks_engine import first_steps, flow, transitions
 from tasks_engine.exceptions import LeaseLostError, TaskCanceledError, WorkerStopping
 from tasks_engine.models import WorkflowRun
 from tasks_engine.states import FINISHED
@@ -147,6 +149,7 @@ SHAPES: dict[str, Shape] = {
     "bad-nul": Shape("sim-bad-value", {"bad": "nul"}, "unstorable-step-result"),
     "bad-set": Shape("sim-bad-value", {"bad": "set"}, "unstorable-step-result"),
     "keyed": Shape("sim-keyed"),
+    "narrow": Shape("sim-narrow"),
     "queued": Shape("sim-steps", queueing_key=QUEUEING_KEY),
     # The same key with another input: the queued run answers whatever the input.
     "queued-atomic": Shape("sim-steps", {"atomic": True}, queueing_key=QUEUEING_KEY),
@@ -187,6 +190,13 @@ class SimWorker:
     @property
     def id(self) -> str:
         return f"sim-w{self.slot}.{self.generation}"
+
+    @property
+    def queues(self) -> list[str] | None:
+        """Worker 0 (and the drainer) serve every queue, the limited one too: their claims are
+        guarded. The others serve `default` alone: theirs are the plain claim until a keyed
+        run is enqueued."""
+        return None if self.slot in (0, WORKERS) else ["default"]
 
     def live(self) -> list[Attempt]:
         return [a for a in self.attempts if not a.done]
@@ -237,6 +247,7 @@ class EngineSimulation(RuleBasedStateMachine):
         self.env = env()
         reset_tables()
         first_steps.reset()  # each example learns first steps (claims start them) on its own
+        flow.forget_keyed()  # and whether keyed runs exist: plain claims until one is enqueued
         self.env.clock.reset()
         self.log = harness.reset_log()
         self.workers = [SimWorker(i) for i in range(WORKERS)]
@@ -474,7 +485,9 @@ class EngineSimulation(RuleBasedStateMachine):
 
     def _claim(self, worker: SimWorker) -> bool:
         held = tuple(a.run_id for a in worker.live())  # as worker/loop.py passes its slots' runs
-        claimed = transitions.claim_runs(worker.id, self.env.pairs, None, 1, LEASE_SECONDS, held)
+        claimed = transitions.claim_runs(
+            worker.id, self.env.pairs, worker.queues, 1, LEASE_SECONDS, held
+        )
         for item in claimed:
             run_id = item.lease.run_id
             if any(a.run_id == run_id for a in self._live()):

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import connection
 from hypothesis.stateful import run_state_machine_as_test
 
@@ -25,7 +26,7 @@ from .harness import ThreadPool, TickingClock, install_hooks
 from .invariants import reset_tables
 from .machine import EngineSimulation, SimEnv
 from .profiles import selected, timeout_seconds
-from .workflows import registered
+from .workflows import NARROW_LIMIT, NARROW_QUEUE, registered
 
 pytestmark = [
     pytest.mark.simulation,
@@ -48,6 +49,8 @@ class QuietLogger:
 def sim_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimEnv]:
     fake = TickingClock()
     monkeypatch.setattr(clock, "now", fake.now)
+    narrow = {NARROW_QUEUE: {"concurrency": NARROW_LIMIT}}
+    monkeypatch.setattr(settings, "TASKS_ENGINE", {**settings.TASKS_ENGINE, "QUEUES": narrow})
     monkeypatch.setattr(executor, "run_logger", lambda run: QuietLogger())
     install_hooks(monkeypatch)
     pool = ThreadPool()

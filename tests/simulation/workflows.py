@@ -28,6 +28,8 @@ STEP_RETRY = RetryPolicy(max_attempts=3, initial_interval=1.0, max_interval=4.0)
 SIM_KEY = "sim-disk"  # sim-keyed's concurrency key
 QUEUEING_KEY = "sim-scan"  # the "queued" shape's queueing key (machine.py)
 KEY_LIMIT = 1
+NARROW_QUEUE = "sim-narrow"  # sim-narrow's queue: at most NARROW_LIMIT of its runs running
+NARROW_LIMIT = 1
 
 
 class SimFailure(NonRetryableError):
@@ -178,6 +180,14 @@ def sim_keyed(ctx: TaskContext) -> str:
     return step(ctx, "b", a)
 
 
+def sim_narrow(ctx: TaskContext) -> str:
+    """Flow control by queue: at most NARROW_LIMIT runs of its queue run at once, fleet-wide;
+    its sleep (a waiting run) holds no place."""
+    a = step(ctx, "a")
+    ctx.step.sleep("nap", SLEEP_SECONDS)
+    return step(ctx, "b", a)
+
+
 def sim_bad_value(ctx: TaskContext) -> Any:
     return ctx.step.run("a", lambda: _bad_body(ctx))
 
@@ -226,6 +236,7 @@ DEFINITIONS: list[tuple[Callable[[TaskContext], Any], dict[str, Any], Expect]] =
         {"concurrency_key": SIM_KEY, "concurrency_limit": KEY_LIMIT},
         Expect(frozenset({"ab"}), ("a", "b")),
     ),
+    (sim_narrow, {"queue": NARROW_QUEUE}, Expect(frozenset({"ab"}), ("a", "b"))),
 ]
 
 
