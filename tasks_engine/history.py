@@ -25,6 +25,14 @@ _LEGACY_GIVE_UP = re.compile(  # the message: f"step {key!r} was interrupted ...
 )
 
 
+def current_pass(failures: int, pass_offset: int) -> int:
+    """The number of the pass a run's next claim executes: its workflow retries so far
+    (`failures`) on top of the passes before the last operator retry (`pass_offset`, which
+    `retry_run` sets when it resets `failures`). The worker and `replay-check` both read a
+    history in this pass, so a terminal error of an earlier pass is not raised again."""
+    return failures + pass_offset + 1
+
+
 @dataclass
 class Attempt:
     id: int

@@ -27,7 +27,7 @@ from .attempt_handle import AttemptHandle
 from .context import TaskContext
 from .definitions import Workflow, registry
 from .exceptions import NonDeterminismError
-from .history import Attempt, ReplayHistory, StepRecord
+from .history import Attempt, ReplayHistory, StepRecord, current_pass
 from .logs import get_logger
 from .models import OpLedger, StepAttempt, WorkflowRun
 from .states import ACTIVE, StepKind
@@ -35,7 +35,17 @@ from .step_base import RunState
 from .steps import StepAPI
 
 BATCH = 1000
-RUN_COLUMNS = ("id", "task_name", "version", "input", "failures", "trace_id", "queue", "priority")
+RUN_COLUMNS = (
+    "id",
+    "task_name",
+    "version",
+    "input",
+    "failures",
+    "pass_offset",
+    "trace_id",
+    "queue",
+    "priority",
+)
 
 
 @dataclass(frozen=True)
@@ -156,7 +166,7 @@ def _replay_context(
     lease = transitions.Lease(row["id"], uuid.UUID(int=0), "replay-check")
     state = RunState(
         handle=AttemptHandle(lease, has_parent=False, cancel_requested=False),
-        history=ReplayHistory(history, row["failures"] + 1),
+        history=ReplayHistory(history, current_pass(row["failures"], row["pass_offset"])),
         step_retry=wf.step_retry,
         deadline_at=None,
         max_attempts_per_run=2**62,

@@ -253,3 +253,44 @@ def test_replay_check_reports_a_handler_returning_before_recorded_steps(
     )
     [found] = replay_check.check()[1]
     assert found.problem == "the handler returns without reaching recorded steps zzz"
+
+
+def test_replay_check_passes_a_run_an_operator_retried_that_no_worker_claimed_yet(
+    code: dict[str, str], fake_clock: FakeClock
+) -> None:
+    """retry_run starts a fresh pass (failures 0, the passes so far in pass_offset): the
+    replay reads the history in that pass, as the worker will, so the old pass's terminal
+    error of "b" is not raised again (a worker runs "b" again)."""
+    run_id = tasks_engine.enqueue("fails_at_b").run_id
+    drain(fake_clock, horizon=0)
+    assert tasks_engine.get_run(run_id).status == "failed"
+    assert tasks_engine.retry_run(run_id, reason="fixed") is True
+    rc, out = replay("--task", "fails_at_b")
+    assert (rc, out.strip()) == (0, "all 1 unfinished runs match the code")
+    # A second failure, a workflow retry and a second operator retry: still the worker's pass.
+    drain(fake_clock, horizon=0)
+    assert tasks_engine.retry_run(run_id, reason="again") is True
+    assert replay("--task", "fails_at_b")[0] == 0
+    code["code"] = "new"  # a real divergence after the retry is still reported
+    rc, out = replay("--task", "fails_at_b", "--json")
+    assert rc == 1
+    assert [m["problem"] for m in json.loads(out)] == [
+        "recorded step b no longer reached before new step 'x'"
+    ]
+
+
+def test_replay_check_and_the_worker_read_a_run_in_the_same_pass(
+    code: dict[str, str], fake_clock: FakeClock
+) -> None:
+    from tasks_engine.history import current_pass
+
+    run_id = tasks_engine.enqueue("fails_at_b").run_id
+    drain(fake_clock, horizon=0)
+    tasks_engine.retry_run(run_id)
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.failures, run.pass_offset) == (0, 1)
+    assert current_pass(run.failures, run.pass_offset) == 2
+    drain(fake_clock, horizon=0)  # the worker's pass 2 fails "b" again
+    assert set(
+        StepAttempt.objects.filter(run_id=run_id, name="b").values_list("run_pass", flat=True)
+    ) == {1, 2}

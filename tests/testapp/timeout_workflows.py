@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from tasks_engine import RetryPolicy, StepTimeoutError, TaskContext, workflow
+from tasks_engine import NonRetryableError, RetryPolicy, StepTimeoutError, TaskContext, workflow
 
 from .models import Marker, SideEffect
 from .workflows import effect
@@ -137,4 +137,20 @@ def step_inserted(ctx: TaskContext) -> str:
         ctx.step.run("x", lambda: effect(ctx, "x"))
     ctx.step.run("b", lambda: effect(ctx, "b"))
     ctx.step.wait_for_fact("go")
+    return "done"
+
+
+@workflow(name="fails_at_b")
+def fails_at_b(ctx: TaskContext) -> str:
+    """Step "b" fails for good (the run fails: an operator may retry it). New code inserts
+    step "x" before "b" without `patched`."""
+    ctx.step.run("a", lambda: effect(ctx, "a"))
+    if PATCH_CODE["code"] == "new":
+        ctx.step.run("x", lambda: effect(ctx, "x"))
+
+    def b() -> None:
+        effect(ctx, "b")
+        raise NonRetryableError("boom")
+
+    ctx.step.run("b", b)
     return "done"
