@@ -21,7 +21,7 @@ from .exceptions import (
     UnknownTaskError,
     WorkerStopping,
 )
-from .history import ReplayHistory, load_history
+from .history import ReplayHistory, current_pass, load_history
 from .logs import run_logger
 from .models import WorkflowRun
 from .serialization import encode_error, to_jsonable
@@ -73,7 +73,7 @@ def prepare(
     )
     state = RunState(
         handle=handle,
-        history=ReplayHistory(history, run.failures + run.pass_offset + 1, count),
+        history=ReplayHistory(history, current_pass(run.failures, run.pass_offset), count),
         step_retry=wf.step_retry,
         deadline_at=run.deadline_at,
         max_attempts_per_run=engine_settings().max_step_attempts_per_run,

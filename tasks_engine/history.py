@@ -25,6 +25,14 @@ _LEGACY_GIVE_UP = re.compile(  # the message: f"step {key!r} was interrupted ...
 )
 
 
+def current_pass(failures: int, pass_offset: int) -> int:
+    """The number of the pass a run's next claim executes: its workflow retries so far
+    (`failures`) on top of the passes before the last operator retry (`pass_offset`, which
+    `retry_run` sets when it resets `failures`). The worker and `replay-check` both read a
+    history in this pass, so a terminal error of an earlier pass is not raised again."""
+    return failures + pass_offset + 1
+
+
 @dataclass
 class Attempt:
     id: int
@@ -109,23 +117,24 @@ class ReplayHistory:
             rec.kind = kind  # only superseded attempts before: the step may be of a new kind
         rec.attempts.append(attempt)
 
-    def passed(self) -> list[str]:
+    def passed(self, before: str | None = None) -> list[str]:
         """Recorded steps (not markers) this pass has not reached yet, in recorded order. A
         record without replayable attempts (all set aside by an operator's retry) does not
-        count."""
-        return [
-            key
-            for key, rec in self.records.items()
-            if key not in self.seen and rec.kind != StepKind.PATCH and rec.attempts
-        ]
+        count. With `before`, only the steps recorded before step `before` (its record's
+        place: a history's records are in the order of their first attempts): the steps a
+        pass that reached `before` went past, when `before` is recorded."""
+        found = []
+        for key, rec in self.records.items():
+            if key == before:
+                break
+            if key not in self.seen and rec.kind != StepKind.PATCH and rec.attempts:
+                found.append(key)
+        return found
 
     def unreached(self) -> list[str]:
-        """Completed steps (not markers) this pass never reached: renamed or removed steps."""
-        return sorted(
-            key
-            for key, rec in self.records.items()
-            if key not in self.seen and rec.completed is not None and rec.kind != StepKind.PATCH
-        )
+        """Completed steps (not markers) this pass never reached: renamed or removed steps.
+        The completed ones among `passed()`, which replay-check reports before a deploy."""
+        return sorted(key for key in self.passed() if self.records[key].completed is not None)
 
 
 def is_give_up(error: dict[str, Any] | None) -> bool:

@@ -5,8 +5,11 @@ Each handler runs with a replay-only step API: a recorded step returns its store
 raises its stored terminal error), and the first step that has no outcome in the history ends
 the replay, the point where a worker would go on. Problems: a step called as another kind
 than it was recorded; a new step reached while recorded steps were not (a step renamed,
-removed or moved); a handler that returns without reaching recorded steps; input the model
-no longer accepts; an unknown task or version. Histories are read in batches (one query for
+removed or moved); the recorded step where the worker would go on (a run parked on a wait, a
+step to retry) reached while steps recorded before it were not (one removed, renamed or
+moved before it: the worker would complete with them unreached); a handler that returns
+without reaching recorded steps; input the model no longer accepts; an unknown task or
+version. Histories are read in batches (one query for
 the runs, one for their steps, one for their op results per batch).
 """
 
@@ -27,7 +30,7 @@ from .attempt_handle import AttemptHandle
 from .context import TaskContext
 from .definitions import Workflow, registry
 from .exceptions import NonDeterminismError
-from .history import Attempt, ReplayHistory, StepRecord
+from .history import Attempt, ReplayHistory, StepRecord, current_pass
 from .logs import get_logger
 from .models import OpLedger, StepAttempt, WorkflowRun
 from .states import ACTIVE, StepKind
@@ -35,7 +38,17 @@ from .step_base import RunState
 from .steps import StepAPI
 
 BATCH = 1000
-RUN_COLUMNS = ("id", "task_name", "version", "input", "failures", "trace_id", "queue", "priority")
+RUN_COLUMNS = (
+    "id",
+    "task_name",
+    "version",
+    "input",
+    "failures",
+    "pass_offset",
+    "trace_id",
+    "queue",
+    "priority",
+)
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,7 @@ def _replay_context(
     lease = transitions.Lease(row["id"], uuid.UUID(int=0), "replay-check")
     state = RunState(
         handle=AttemptHandle(lease, has_parent=False, cancel_requested=False),
-        history=ReplayHistory(history, row["failures"] + 1),
+        history=ReplayHistory(history, current_pass(row["failures"], row["pass_offset"])),
         step_retry=wf.step_retry,
         deadline_at=None,
         max_attempts_per_run=2**62,
@@ -207,11 +220,19 @@ class ReplaySteps(StepAPI):
         self._frontier(begun.key, begun.record)
 
     def _frontier(self, key: str, rec: StepRecord | None) -> NoReturn:
-        passed = self._s.history.passed()
-        if rec is None and passed:
+        """Where a worker would go on: at a new step, every recorded step not reached yet was
+        passed over (renamed, removed or moved); at a recorded one (an armed wait, a step to
+        retry), those recorded before it. Passed over, they are never reached again, or their
+        old results are replayed out of place: the worker would complete with them unreached
+        (`unreached_steps`, the completed ones among them) or take them out of order."""
+        history = self._s.history
+        new = rec is None or not rec.attempts
+        passed = history.passed() if new else history.passed(before=key)
+        if passed:
+            s = "s" if len(passed) > 1 else ""
             raise _Mismatch(
-                f"recorded step{'s' if len(passed) > 1 else ''} {', '.join(passed)} no longer"
-                f" reached before new step {key!r}"
+                f"recorded step{s} {', '.join(passed)} no longer reached before"
+                f" {'new ' if new else ''}step {key!r}"
             )
         raise _Stop
 

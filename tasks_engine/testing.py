@@ -15,9 +15,10 @@ The tester is the real engine: runs are claimed, replayed and written by the sam
 and transitions a worker uses (one run at a time, in this thread). Only time is fake: the
 engine's clock (`tasks_engine.clock.now`) is replaced while the tester is open, and whenever
 nothing is due the clock jumps to the next timer (a sleep, a fact wait's timeout, a step's or
-the workflow's retry backoff, a deferred start). A run that waits on a fact without a timeout
-stays waiting until the test signals it; `run_until_idle` does not jump over fact timeouts
-either (the test may mean to signal first), `run_to_completion` does.
+the workflow's retry backoff, a deferred start), or, when due runs are held back by their
+queue's rate limit, to when its sliding window frees a place. A run that waits on a fact
+without a timeout stays waiting until the test signals it; `run_until_idle` does not jump
+over fact timeouts either (the test may mean to signal first), `run_to_completion` does.
 """
 
 from __future__ import annotations
@@ -26,13 +27,19 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from functools import reduce
+from operator import or_
 from typing import Any
 
+from django.db.models import Q, QuerySet
+
 from . import clock, engine, executor, transitions
+from .conf import engine_settings
 from .definitions import Workflow, registry
 from .engine import RunView, Signaled, StepView
 from .models import WorkflowRun
 from .states import RunStatus
+from .transitions.flow_claims import rate_frees_at
 
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
 
@@ -56,16 +63,41 @@ class FakeClock:
         self.current = max(self.current, when)
 
 
-def next_timer(*, fact_timeouts: bool = True) -> datetime | None:
-    """The earliest time a pending or waiting run becomes due (None: no run has a timer).
-    Without `fact_timeouts`, runs waiting for a fact are left out: their timer is the timeout
-    the test may mean to beat by signalling."""
+def next_timer(*, fact_timeouts: bool = True, after: datetime | None = None) -> datetime | None:
+    """The earliest time a pending or waiting run becomes due (None: no run has a timer),
+    later than `after` when given. Without `fact_timeouts`, runs waiting for a fact are left
+    out: their timer is the timeout the test may mean to beat by signalling."""
+    runs = _timed_runs(fact_timeouts)
+    if after is not None:
+        runs = runs.filter(available_at__gt=after)
+    return runs.order_by("available_at").values_list("available_at", flat=True).first()
+
+
+def _timed_runs(fact_timeouts: bool) -> QuerySet[WorkflowRun]:
     runs = WorkflowRun.objects.filter(
         status__in=[RunStatus.PENDING, RunStatus.WAITING], available_at__isnull=False
     )
     if not fact_timeouts:
         runs = runs.exclude(status=RunStatus.WAITING, waiting_on__startswith="fact:")
-    return runs.order_by("available_at").values_list("available_at", flat=True).first()
+    return runs
+
+
+def rate_window_frees(
+    pairs: list[tuple[str, int]], *, fact_timeouts: bool = True
+) -> datetime | None:
+    """When the first rate-limited queue that holds back due runs of `pairs` admits one again
+    (its sliding window frees a place: docs/FLOW_CONTROL.md); None when no due run waits on
+    a rate limit."""
+    now = clock.now()
+    limits = engine_settings().queues
+    rated = [q for q, lim in limits.items() if lim.rate is not None]
+    if not rated or not pairs:
+        return None
+    of_pairs = reduce(or_, (Q(task_name=name, version=v) for name, v in pairs))
+    due = _timed_runs(fact_timeouts).filter(of_pairs, available_at__lte=now, queue__in=rated)
+    queues = set(due.values_list("queue", flat=True).distinct())
+    frees = (rate_frees_at(q, limits[q], now) for q in sorted(queues))
+    return min((at for at in frees if at is not None), default=None)
 
 
 def drain(
@@ -79,7 +111,8 @@ def drain(
 ) -> list[str]:
     """Execute due runs in this thread, one claim at a time, until none is due; returns each
     execution's outcome ("completed", "suspended", "retrying", "failed", ...). With a fake
-    clock, jump to the next timer instead of waiting for it (only to timers due within
+    clock, jump to the next timer instead of waiting for it, and over a rate limit's window
+    that holds due runs back (`rate_window_frees`) (only to times within
     `horizon` seconds, when given; over fact timeouts only with `fact_timeouts`). `limit`
     bounds the executions (a run that never settles)."""
     pairs = pairs or registry.pairs()
@@ -88,13 +121,19 @@ def drain(
         claimed = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
         if not claimed:
             wake = next_timer(fact_timeouts=fact_timeouts) if fake is not None else None
+            if fake is not None and wake is not None and wake <= fake.current:
+                # Due, yet no claim took it: held back by a queue's rate limit (jump to when
+                # its window frees a place, or to a later timer if that comes first), or not
+                # claimable by these pairs (nothing this drain can do).
+                wake = rate_window_frees(pairs, fact_timeouts=fact_timeouts)
+                if wake is not None:
+                    later = next_timer(fact_timeouts=fact_timeouts, after=fake.current)
+                    wake = wake if later is None else min(wake, later)
             if wake is None:
                 break
             if horizon is not None and wake > clock.now() + timedelta(seconds=horizon):
                 break
             assert fake is not None
-            if wake <= fake.current:
-                break  # due but not claimable by these pairs: nothing this drain can do
             fake.jump_to(wake)
             continue
         run, lease = claimed[0].run, claimed[0].lease

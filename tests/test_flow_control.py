@@ -173,6 +173,38 @@ def test_rate_limit_is_a_sliding_window(settings: Any, fake_clock: FakeClock) ->
     assert [(r.seq, r.claims) for r in rows] == [(3, 1), (5, 2)]
 
 
+@pytest.mark.parametrize(("rate", "frees_in"), [("3/m", 60), ("2/m", 70)])
+def test_rate_frees_at_is_when_the_guarded_claim_admits_again(
+    settings: Any, fake_clock: FakeClock, rate: str, frees_in: float
+) -> None:
+    """The time the tester's clock jumps to (testing.drain) over a full window: a claim of
+    one run at t, one of two at t + 10 s. 3/m: the first row's leaving (t + 60) frees a place;
+    2/m: the second row alone fills the window, so it must leave too (t + 70). A moment
+    earlier the guarded claim admits nothing; at that time it admits one."""
+    from tasks_engine.conf import QueueLimits
+    from tasks_engine.transitions.flow_claims import rate_frees_at
+
+    limit_queues(settings, {"flow-io": {"rate_limit": rate}})
+    limits = engine_settings().queues["flow-io"]
+    start = fake_clock.now()
+    for _ in range(6):
+        tasks_engine.enqueue("flow-plain", {})
+    assert rate_frees_at("flow-io", limits, start) is None  # an empty log: room now
+    assert len(claim(1)) == 1
+    fake_clock.advance(10)
+    assert len(claim(2)) == (2 if rate == "3/m" else 1)
+    if rate == "2/m":  # log a second run with the second claim, as a claim of two would
+        QueueClaim.objects.filter(queue="flow-io", seq=2).update(seq=3, claims=2)
+    frees = rate_frees_at("flow-io", limits, fake_clock.now())
+    assert frees == start + timedelta(seconds=frees_in)
+    fake_clock.jump_to(frees - timedelta(microseconds=1))
+    assert claim() == []
+    fake_clock.jump_to(frees)
+    assert rate_frees_at("flow-io", limits, frees) is None
+    assert len(claim(1)) == 1
+    assert rate_frees_at("flow-io", QueueLimits(concurrency=1), frees) is None  # no rate
+
+
 def test_a_rate_log_row_of_a_worker_before_0014_counts_one_run(
     settings: Any, fake_clock: FakeClock
 ) -> None:

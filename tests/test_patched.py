@@ -253,3 +253,84 @@ def test_replay_check_reports_a_handler_returning_before_recorded_steps(
     )
     [found] = replay_check.check()[1]
     assert found.problem == "the handler returns without reaching recorded steps zzz"
+
+
+def test_replay_check_passes_a_run_an_operator_retried_that_no_worker_claimed_yet(
+    code: dict[str, str], fake_clock: FakeClock
+) -> None:
+    """retry_run starts a fresh pass (failures 0, the passes so far in pass_offset): the
+    replay reads the history in that pass, as the worker will, so the old pass's terminal
+    error of "b" is not raised again (a worker runs "b" again)."""
+    run_id = tasks_engine.enqueue("fails_at_b").run_id
+    drain(fake_clock, horizon=0)
+    assert tasks_engine.get_run(run_id).status == "failed"
+    assert tasks_engine.retry_run(run_id, reason="fixed") is True
+    rc, out = replay("--task", "fails_at_b")
+    assert (rc, out.strip()) == (0, "all 1 unfinished runs match the code")
+    # A second failure, a workflow retry and a second operator retry: still the worker's pass.
+    drain(fake_clock, horizon=0)
+    assert tasks_engine.retry_run(run_id, reason="again") is True
+    assert replay("--task", "fails_at_b")[0] == 0
+    code["code"] = "new"  # a real divergence after the retry is still reported
+    rc, out = replay("--task", "fails_at_b", "--json")
+    assert rc == 1
+    assert [m["problem"] for m in json.loads(out)] == [
+        "recorded step b no longer reached before new step 'x'"
+    ]
+
+
+def test_replay_check_and_the_worker_read_a_run_in_the_same_pass(
+    code: dict[str, str], fake_clock: FakeClock
+) -> None:
+    from tasks_engine.history import current_pass
+
+    run_id = tasks_engine.enqueue("fails_at_b").run_id
+    drain(fake_clock, horizon=0)
+    tasks_engine.retry_run(run_id)
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.failures, run.pass_offset) == (0, 1)
+    assert current_pass(run.failures, run.pass_offset) == 2
+    drain(fake_clock, horizon=0)  # the worker's pass 2 fails "b" again
+    assert set(
+        StepAttempt.objects.filter(run_id=run_id, name="b").values_list("run_pass", flat=True)
+    ) == {1, 2}
+
+
+@pytest.mark.parametrize(
+    ("deploy", "problem", "unreached"),
+    [
+        ("removed", "recorded step a no longer reached before step 'go'", ["a"]),
+        ("moved", "recorded step a no longer reached before step 'go'", []),
+        ("renamed", "recorded steps a, go no longer reached before new step 'a2'", ["a"]),
+    ],
+)
+def test_replay_check_reports_a_step_passed_over_before_the_step_a_run_is_parked_on(
+    code: dict[str, str], fake_clock: FakeClock, deploy: str, problem: str, unreached: list[str]
+) -> None:
+    """Parked on "go" after "a"; the new code no longer calls "a" before "go". The worker
+    would carry on from "go" and complete without reaching "a" (removed, renamed) or replay
+    "a"'s old result out of its place (moved): replay-check says so before the deploy."""
+    run_id = tasks_engine.enqueue("parked_after_a").run_id
+    drain(fake_clock, horizon=0)
+    assert tasks_engine.get_run(run_id).status == "waiting"
+    assert replay("--task", "parked_after_a")[0] == 0
+    code["code"] = deploy
+    rc, out = replay("--task", "parked_after_a", "--json")
+    assert (rc, [m["problem"] for m in json.loads(out)]) == (1, [problem])
+    tasks_engine.signal(run_id, "go")
+    drain(fake_clock, horizon=0)
+    view = tasks_engine.get_run(run_id)
+    assert (view.status, view.unreached_steps) == ("completed", unreached)
+
+
+def test_replay_check_ignores_steps_recorded_after_the_step_a_retried_pass_resumes_at(
+    code: dict[str, str], fake_clock: FakeClock
+) -> None:
+    """Pass 1 recorded x (failed, caught) then y; pass 2 begins again at x: y is recorded but
+    comes after x, not a step the code passed over."""
+    run_id = tasks_engine.enqueue("caught_then_fails").run_id
+    drain(fake_clock, horizon=0)
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert (run.status, run.failures) == ("pending", 1)
+    assert [n for n, _ in names(run_id)] == ["x", "y"]
+    assert replay("--task", "caught_then_fails") == (0, "all 1 unfinished runs match the code\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -129,3 +130,68 @@ def test_a_fact_wait_s_checks_are_jumped_by_run_to_completion_not_run_until_idle
         Marker.objects.create(key=f"ready:{run}", value="7")
         assert t.run_to_completion(run).output == {"value": "7"}  # the next check found it
         assert timedelta(seconds=10) <= t.now - started < timedelta(seconds=11)
+
+
+def _limit_default_queue(settings: Any, **limits: Any) -> None:
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "QUEUES": {"default": limits}}
+
+
+def test_the_clock_jumps_over_a_queue_s_rate_limit_window(settings: Any) -> None:
+    """Runs due but held back by the queue's rate limit are not "nothing more is due": the
+    clock jumps to when the sliding window frees a place (the oldest claim in it leaves)."""
+    _limit_default_queue(settings, rate_limit="1/m")
+    with testing.WorkflowTester() as t:
+        started = t.now
+        runs = [t.start("noop", {"n": n}) for n in range(3)]
+        assert t.run_until_idle() == ["completed"] * 3
+        assert t.now - started == timedelta(minutes=2)  # one claim a minute
+        assert [t.get_run(r).status for r in runs] == ["completed"] * 3
+        more = [t.start("noop", {"n": n}) for n in range(3, 5)]
+        assert t.run_to_completion(more[-1]).status == "completed"
+        assert t.get_run(more[0]).status == "completed"
+        assert t.now - started == timedelta(minutes=4)
+
+
+def test_without_jump_a_rate_limited_run_stays_pending(settings: Any) -> None:
+    _limit_default_queue(settings, rate_limit="1/m")
+    with testing.WorkflowTester() as t:
+        started = t.now
+        runs = [t.start("noop", {"n": n}) for n in range(2)]
+        assert t.run_until_idle(jump=False) == ["completed"]
+        assert t.now == started and t.get_run(runs[1]).status == "pending"
+        with pytest.raises(AssertionError, match="is pending"):
+            t.run_to_completion(runs[1], jump=False)
+        t.advance(60)
+        assert t.run_until_idle(jump=False) == ["completed"]
+
+
+@pytest.mark.parametrize(
+    "limits", [{"rate_limit": "1/m"}, {"concurrency": 1}, {"concurrency": 1, "rate_limit": "2/h"}]
+)
+def test_a_parent_and_its_child_in_one_limited_queue_finish(
+    settings: Any, limits: dict[str, Any]
+) -> None:
+    """The parent waits for its child (a waiting run holds no place): the child is claimed
+    once the queue's window has room, then the parent once more."""
+    _limit_default_queue(settings, **limits)
+    with testing.WorkflowTester() as t:
+        run = t.start("parent", {"value": 2})
+        view = t.run_to_completion(run)
+        assert (view.status, view.output) == ("completed", {"child": {"double": 4}})
+        [child] = WorkflowRun.objects.filter(parent_run_id=run)
+        assert child.status == "completed"
+
+
+def test_a_timer_due_before_the_rate_window_frees_comes_first(settings: Any) -> None:
+    """A run held back by queue default's rate limit until minute 1 does not make a sleep in
+    another queue that ends at 10 s wake late."""
+    _limit_default_queue(settings, rate_limit="1/m")
+    with testing.WorkflowTester() as t:
+        started = t.now
+        held = [t.start("noop", {"n": n}) for n in range(2)]
+        napper = t.start("sleeper", {"seconds": 10}, queue="naps")
+        t.run_until_idle()
+        woke = next(s.started_at for s in t.steps(napper) if s.name == "after")
+        assert woke - started == timedelta(seconds=10)
+        ends = [t.get_run(r).finished_at for r in held]
+        assert [end - started for end in ends if end] == [timedelta(0), timedelta(minutes=1)]

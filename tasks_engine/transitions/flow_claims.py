@@ -23,6 +23,7 @@ from django.db import transaction
 
 from .. import clock, flow
 from ..conf import QueueLimits
+from ..models import QueueClaim
 from ..sql import execute, fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
 from ._common import Claimed
 from .claims import (
@@ -130,6 +131,31 @@ def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _L
     # latest), so the rows in a window are always the last ones.
     at = max(now, r_dt(last[0][1])) if last else now
     return min(room, count - used), _Log(int(last[0][0]) if last else 0, at)
+
+
+def rate_frees_at(queue: str, limits: QueueLimits, now: datetime) -> datetime | None:
+    """When the queue's rate limit next admits a run: None when it has room now (or has no
+    rate limit); else the time the log row whose leaving brings the runs counted in the
+    window below the limit leaves it. A row counts while `claimed_at > now - window` (as
+    `_queue_room` counts: the runs from the oldest in-window row's first to the newest's
+    `seq`), so it leaves at `claimed_at + window`. For the tester's clock (testing.drain)."""
+    if limits.rate is None:
+        return None
+    count, window = limits.rate
+    rows = list(
+        QueueClaim.objects.filter(queue=queue, claimed_at__gt=now - timedelta(seconds=window))
+        .order_by("seq")
+        .values_list("seq", "claims", "claimed_at")
+    )
+    if not rows:
+        return None
+    newest = rows[-1][0]
+    leaving: datetime | None = None
+    for seq, claims, at in rows:  # each row in turn the window's oldest
+        if newest - seq + claims < count:
+            break
+        leaving = at
+    return None if leaving is None else leaving + timedelta(seconds=window)
 
 
 @dataclass(frozen=True)

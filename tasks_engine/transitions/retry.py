@@ -17,6 +17,7 @@ from django.db.models import Max
 
 from .. import clock, notify
 from ..exceptions import UnknownRunError, UnknownStepError
+from ..history import current_pass
 from ..models import Fact, StepAttempt, WorkflowRun
 from ..states import RunStatus
 from .outcomes import lock_parent
@@ -79,6 +80,7 @@ def retry_run(
 def _passes_so_far(run: WorkflowRun) -> int:
     """The number of the last pass that began (a failed run's `failures` counted it already;
     a canceled one's did not), or of the latest pass any attempt recorded if that is higher."""
-    began = run.failures + run.pass_offset + (0 if run.status == RunStatus.FAILED else 1)
+    this = current_pass(run.failures, run.pass_offset)  # the pass a claim would execute next
+    began = this - 1 if run.status == RunStatus.FAILED else this
     recorded: Any = StepAttempt.objects.filter(run_id=run.pk).aggregate(p=Max("run_pass"))["p"]
     return max(began, recorded or 0)

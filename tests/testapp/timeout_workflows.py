@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
-from tasks_engine import RetryPolicy, StepTimeoutError, TaskContext, workflow
+from tasks_engine import NonRetryableError, RetryPolicy, StepTimeoutError, TaskContext, workflow
 
 from .models import Marker, SideEffect
 from .workflows import effect
@@ -163,4 +163,52 @@ def step_inserted(ctx: TaskContext) -> str:
         ctx.step.run("x", lambda: effect(ctx, "x"))
     ctx.step.run("b", lambda: effect(ctx, "b"))
     ctx.step.wait_for_fact("go")
+    return "done"
+
+
+@workflow(name="fails_at_b")
+def fails_at_b(ctx: TaskContext) -> str:
+    """Step "b" fails for good (the run fails: an operator may retry it). New code inserts
+    step "x" before "b" without `patched`."""
+    ctx.step.run("a", lambda: effect(ctx, "a"))
+    if PATCH_CODE["code"] == "new":
+        ctx.step.run("x", lambda: effect(ctx, "x"))
+
+    def b() -> None:
+        effect(ctx, "b")
+        raise NonRetryableError("boom")
+
+    ctx.step.run("b", b)
+    return "done"
+
+
+@workflow(name="parked_after_a")
+def parked_after_a(ctx: TaskContext) -> str:
+    """Old code: a, parked on fact "go", then b. New code: "removed" drops a, "renamed" calls
+    it a2, "moved" runs it after the wait."""
+    code = PATCH_CODE["code"]
+    if code == "renamed":
+        ctx.step.run("a2", lambda: effect(ctx, "a2"))
+    elif code not in ("removed", "moved"):
+        ctx.step.run("a", lambda: effect(ctx, "a"))
+    ctx.step.wait_for_fact("go")
+    if code == "moved":
+        ctx.step.run("a", lambda: effect(ctx, "a"))
+    ctx.step.run("b", lambda: effect(ctx, "b"))
+    return "done"
+
+
+@workflow(name="caught_then_fails", retry=RetryPolicy(max_attempts=2, initial_interval=3600))
+def caught_then_fails(ctx: TaskContext) -> str:
+    """Pass 1: step x fails for good, caught, y runs, the pass fails; the run's retry (an hour
+    later) runs x again: y, recorded after x, is not a step passed over before it."""
+
+    def x() -> None:
+        raise RuntimeError("x fails")
+
+    try:
+        ctx.step.run("x", x, retry=RetryPolicy(max_attempts=1))
+    except RuntimeError:
+        ctx.step.run("y", lambda: effect(ctx, "y"))
+        raise RuntimeError("the pass fails") from None
     return "done"
