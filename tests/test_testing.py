@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
@@ -129,3 +129,35 @@ def test_a_fact_wait_s_checks_are_jumped_by_run_to_completion_not_run_until_idle
         Marker.objects.create(key=f"ready:{run}", value="7")
         assert t.run_to_completion(run).output == {"value": "7"}  # the next check found it
         assert timedelta(seconds=10) <= t.now - started < timedelta(seconds=11)
+
+
+def test_a_step_timeout_past_what_a_thread_can_wait_leaves_later_timeouts_working() -> None:
+    """timeout=1e10 crashed the tester's timeout thread (OverflowError from Event.wait: past
+    threading.TIMEOUT_MAX); the next step's 0.3 s timeout then never fired."""
+    with testing.WorkflowTester() as t:
+        run = t.start("long_then_short_timeout")
+        view = t.run_to_completion(run)
+    assert view.output == {"long": "done", "short": "step 'short' timed out after 0.3 seconds"}
+
+
+@pytest.mark.parametrize(
+    ("start", "error"),
+    [
+        (datetime(2030, 1, 1), ValueError),  # naive: failed later, comparing with aware times
+        ("2030-01-01T00:00:00Z", TypeError),
+        (date(2030, 1, 1), TypeError),
+    ],
+)
+def test_the_tester_refuses_a_start_that_is_no_aware_datetime(start: object, error: type) -> None:
+    with pytest.raises(error, match="start"):
+        testing.WorkflowTester(start=start)  # type: ignore[arg-type]
+    aware = datetime(2030, 1, 1, tzinfo=UTC)
+    assert testing.WorkflowTester(start=aware).now == aware
+
+
+@pytest.mark.parametrize(
+    ("seconds", "error"), [(float("nan"), ValueError), (-1, ValueError), ("5", TypeError)]
+)
+def test_advance_refuses_a_bad_duration(seconds: object, error: type) -> None:
+    with testing.WorkflowTester() as t, pytest.raises(error, match="advance"):
+        t.advance(seconds)  # type: ignore[arg-type]
