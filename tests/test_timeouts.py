@@ -275,6 +275,28 @@ def test_the_longest_retry_policy_retries_instead_of_failing_the_run(
         registry.unregister("longest_backoff", 1)
 
 
+@pytest.mark.parametrize("retry", [3, {"max_attempts": 3}])
+def test_a_step_retry_that_is_no_policy_fails_the_call_and_records_no_step(
+    retry: object, fake_clock: FakeClock
+) -> None:
+    """It failed the run with AttributeError ('int' object has no attribute 'max_attempts')."""
+
+    def bad_retry(ctx: tasks_engine.TaskContext) -> object:
+        return ctx.step.run("s", lambda: 1, retry=retry)  # type: ignore[arg-type]
+
+    tasks_engine.workflow(bad_retry, name="bad_step_retry")
+    try:
+        run_id = tasks_engine.enqueue("bad_step_retry").run_id
+        drain(fake_clock)
+        view = tasks_engine.get_run(run_id)
+        assert view is not None and view.status == "failed"
+        assert view.error["type"] == "builtins.TypeError"
+        assert view.error["message"] == f"retry must be a RetryPolicy, not {retry!r}"
+        assert not StepAttempt.objects.filter(run_id=run_id).exists()
+    finally:
+        registry.unregister("bad_step_retry", 1)
+
+
 @pytest.mark.parametrize(
     ("args", "error", "names"),
     [
