@@ -64,6 +64,22 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not standard JSON")
 
 
+def queue_name(value: str) -> str:
+    """A queue a run can have (WorkflowRun.queue: 1 to 100 characters, no NUL): a worker
+    told to serve another would serve nothing."""
+    from .definitions import QUEUE_MAX_LENGTH as longest
+
+    if not value:
+        raise argparse.ArgumentTypeError(f"must be a non-empty queue name, got {value!r}")
+    if "\x00" in value:
+        raise argparse.ArgumentTypeError(f"must not contain a NUL character, got {value!r}")
+    if len(value) > longest:
+        raise argparse.ArgumentTypeError(
+            f"must be a queue name of at most {longest} characters, got {len(value)}"
+        )
+    return value
+
+
 def task_ref(value: str) -> tuple[str, int]:
     name, sep, version = value.rpartition("@")
     if not sep or not name:

@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from .durations import MAX_DURATION, duration_seconds
 from .exceptions import NonRetryableError, UnknownTaskError
 from .serialization import to_jsonable, unstorable
 
@@ -25,30 +26,69 @@ DEFAULT_QUEUE = "default"
 
 @dataclass(frozen=True)
 class RetryPolicy:
+    """How often and how soon a failed step (or run) is tried again. Checked when made, so a
+    bad policy fails where the workflow is defined: intervals are seconds or timedeltas (kept
+    as seconds) from 0 to durations.MAX_DURATION, the coefficient a finite number >= 1,
+    `jitter` a fraction from 0 to 1, `max_attempts` an integer >= 1, `non_retryable` a tuple
+    (or list) of exception classes. TypeError for a wrong type (a bool too), ValueError for
+    a bad value."""
+
     max_attempts: int = 3
-    initial_interval: float = 1.0
+    initial_interval: float | timedelta = 1.0
     backoff_coefficient: float = 2.0
-    max_interval: float = 60.0
-    non_retryable: tuple[type[BaseException], ...] = ()
+    max_interval: float | timedelta = 60.0
+    non_retryable: (
+        tuple[type[BaseException], ...] | list[type[BaseException]]
+    ) = ()  # kept as a tuple
     jitter: float = 0.0  # fraction of the delay added at random, 0 = deterministic
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("RetryPolicy.max_attempts must be at least 1")
-        if self.initial_interval < 0 or self.max_interval < 0 or self.backoff_coefficient < 1:
-            raise ValueError("RetryPolicy intervals must be >= 0 and the coefficient >= 1")
+        attempts = self.max_attempts
+        if isinstance(attempts, bool) or not isinstance(attempts, int):
+            raise TypeError(f"RetryPolicy.max_attempts must be an integer, not {attempts!r}")
+        if attempts < 1:
+            raise ValueError(f"RetryPolicy.max_attempts must be at least 1, not {attempts!r}")
+        for what in ("initial_interval", "max_interval"):
+            seconds = duration_seconds(getattr(self, what), f"RetryPolicy.{what}", zero_ok=True)
+            object.__setattr__(self, what, seconds)  # frozen: a timedelta is kept as seconds
+        _check_number("backoff_coefficient", self.backoff_coefficient, 1, None, ">= 1")
+        _check_number("jitter", self.jitter, 0, 1, "from 0 to 1")
+        found = self.non_retryable
+        classes = tuple(found) if isinstance(found, tuple | list) else None
+        if classes is None or not all(
+            isinstance(c, type) and issubclass(c, BaseException) for c in classes
+        ):
+            raise TypeError(
+                f"RetryPolicy.non_retryable must be a tuple of exception classes, not {found!r}"
+            )
+        object.__setattr__(self, "non_retryable", classes)
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the `failures`-th failure (1-based)."""
         try:
-            base = self.initial_interval * self.backoff_coefficient ** max(failures - 1, 0)
+            growth = self.backoff_coefficient ** max(failures - 1, 0)
+            base = _seconds(self.initial_interval) * growth
         except OverflowError:  # a large max_attempts: the cap applies long before this
             base = math.inf
-        delay = min(base, self.max_interval)
+        delay = min(base, _seconds(self.max_interval))
         return delay + (random.random() * delay * self.jitter if self.jitter else 0.0)
 
     def is_retryable(self, exc: BaseException) -> bool:
         return not isinstance(exc, (NonRetryableError, *self.non_retryable))
+
+
+def _seconds(value: float | timedelta) -> float:
+    """A RetryPolicy interval: seconds once made (a timedelta only while it is checked)."""
+    return value.total_seconds() if isinstance(value, timedelta) else value
+
+
+def _check_number(what: str, value: Any, low: float, high: float | None, expected: str) -> None:
+    """A RetryPolicy number: TypeError unless an int or a float (not a bool), ValueError
+    unless finite and within [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"RetryPolicy.{what} must be a number, not {value!r}")
+    if not (math.isfinite(value) and low <= value and (high is None or value <= high)):
+        raise ValueError(f"RetryPolicy.{what} must be a finite number {expected}, not {value!r}")
 
 
 def _input_error(
@@ -258,16 +298,20 @@ def workflow(
     enqueued without a `deadline_at` get created + deadline."""
     if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
         raise TypeError("workflow input must be a pydantic BaseModel subclass")
-    if version < 1:
-        raise ValueError("workflow version must be >= 1")
+    _check_definition(name, version, queue, retry, step_retry, priority)
     for what, declared in (("concurrency_key", concurrency_key), ("queueing_key", queueing_key)):
         if declared is not None and not (
             (isinstance(declared, str) and declared) or callable(declared)
         ):
             raise TypeError(f"{what} must be a non-empty string or a callable of the input")
     _check_limit(concurrency_limit)
-    if deadline is not None and (not isinstance(deadline, timedelta) or deadline <= timedelta(0)):
-        raise ValueError(f"workflow deadline must be a positive timedelta, got {deadline!r}")
+    if deadline is not None and (
+        not isinstance(deadline, timedelta) or not timedelta(0) < deadline <= MAX_DURATION
+    ):
+        raise ValueError(
+            f"workflow deadline must be a positive timedelta of at most {MAX_DURATION.days}"
+            f" days, got {deadline!r}"
+        )
 
     def wrap(f: Callable[[TaskContext], Any]) -> Workflow:
         wf = Workflow(
@@ -292,6 +336,43 @@ def workflow(
 
 
 MAX_LIMIT = 2**31 - 1  # the column's range
+# WorkflowRun's columns (models can't be imported here): what a definition must fit.
+NAME_MAX_LENGTH = 200
+QUEUE_MAX_LENGTH = 100
+INT32 = (-(2**31), 2**31 - 1)
+
+
+def _check_definition(
+    name: Any, version: Any, queue: Any, retry: Any, step_retry: Any, priority: Any
+) -> None:
+    """@workflow's own arguments, refused where the workflow is defined (import time):
+    TypeError for a wrong type, ValueError for a value its runs' columns cannot hold."""
+    if name is not None:
+        _check_text("workflow name", name, NAME_MAX_LENGTH)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise TypeError(f"workflow version must be an integer, not {version!r}")
+    if not 1 <= version <= INT32[1]:
+        raise ValueError(f"workflow version must be from 1 to {INT32[1]}, not {version!r}")
+    _check_text("workflow queue", queue, QUEUE_MAX_LENGTH)
+    for what, policy in (("retry", retry), ("step_retry", step_retry)):
+        if policy is not None and not isinstance(policy, RetryPolicy):
+            raise TypeError(f"workflow {what} must be a RetryPolicy, not {policy!r}")
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"workflow priority must be an integer, not {priority!r}")
+    if not INT32[0] <= priority <= INT32[1]:
+        raise ValueError(
+            f"workflow priority must be between {INT32[0]} and {INT32[1]}, not {priority!r}"
+        )
+
+
+def _check_text(what: str, value: Any, longest: int) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a string, not {value!r}")
+    if not value or len(value) > longest or "\x00" in value:
+        raise ValueError(
+            f"{what} must be a non-empty string of at most {longest} characters, without a"
+            f" NUL character, not {value!r}"
+        )
 
 
 def _check_limit(limit: Any) -> None:

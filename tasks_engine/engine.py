@@ -164,6 +164,18 @@ def _check_priority(priority: Any) -> None:
         raise ValueError(f"priority must be between {_INT32[0]} and {_INT32[1]}, not {priority}")
 
 
+def _check_time(what: str, value: Any) -> None:
+    """TypeError unless a datetime; ValueError unless timezone-aware (a naive one would be
+    read in the server's zone, with only a RuntimeWarning from Django)."""
+    if not isinstance(value, datetime):
+        raise TypeError(f"{what} must be a datetime, not {value!r}")
+    if value.utcoffset() is None:
+        raise ValueError(
+            f"{what} must be timezone-aware (datetime.now(UTC), django.utils.timezone.now()),"
+            f" got {value!r}"
+        )
+
+
 def _run_id(run_id: uuid.UUID | str) -> uuid.UUID:
     if isinstance(run_id, uuid.UUID):
         return run_id
@@ -213,6 +225,9 @@ def enqueue(
             _check_text(what, value)
     if priority is not None:
         _check_priority(priority)
+    for what, when in (("available_at", available_at), ("deadline_at", deadline_at)):
+        if when is not None:
+            _check_time(what, when)
     digest = input_hash(data)
     fields: dict[str, Any] = {
         "task_name": wf.name,

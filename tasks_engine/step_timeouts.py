@@ -21,19 +21,18 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from .durations import duration_seconds
 from .exceptions import LeaseLostError, StepTimeoutError
 
 
-def timeout_seconds(timeout: timedelta | float | None, what: str = "timeout") -> float | None:
-    """Seconds from a timedelta or a number; None stays None. Refuses negative, NaN, inf."""
+def timeout_seconds(
+    timeout: timedelta | float | None, what: str = "timeout", *, limit: float | None = None
+) -> float | None:
+    """Seconds from a timedelta or a number; None stays None. Refuses 0, negative, NaN, inf
+    and a bool (and more than `limit` seconds, when given): durations.duration_seconds."""
     if timeout is None:
         return None
-    if isinstance(timeout, bool) or not isinstance(timeout, timedelta | int | float):
-        raise TypeError(f"{what} must be seconds or a timedelta, not {type(timeout).__name__}")
-    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-    if not 0 < seconds < float("inf"):
-        raise ValueError(f"{what} must be a positive, finite duration, got {timeout!r}")
-    return seconds
+    return duration_seconds(timeout, what, limit=limit)
 
 
 @dataclass

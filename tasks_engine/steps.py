@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import transaction
 
 from . import clock, sqlite_bounds, transitions
+from .definitions import RetryPolicy
 from .exceptions import (
     LeaseLostError,
     StepFailedError,
@@ -24,9 +25,6 @@ from .states import StepKind, StepStatus
 from .step_observer import observed_step
 from .step_timeouts import StepTimer, WriteOff, timeout_seconds
 from .waits import WaitSteps
-
-if TYPE_CHECKING:
-    from .definitions import RetryPolicy
 
 
 class StepAPI(WaitSteps, PatchSteps):
@@ -43,6 +41,8 @@ class StepAPI(WaitSteps, PatchSteps):
         timeout: timedelta | float | None = None,
     ) -> Any:
         seconds = timeout_seconds(timeout)
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, not {retry!r}")
         begun = self._begin(name, StepKind.FUNCTION)
         if begun.replayed:
             return begun.value

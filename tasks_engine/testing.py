@@ -36,6 +36,7 @@ from django.db.models import Q, QuerySet
 from . import clock, engine, executor, transitions
 from .conf import engine_settings
 from .definitions import Workflow, registry
+from .durations import duration_seconds
 from .engine import RunView, Signaled, StepView
 from .models import WorkflowRun
 from .states import RunStatus
@@ -48,16 +49,28 @@ class FakeClock:
     """The engine's time while a tester is open: moves only when told (or jumped)."""
 
     def __init__(self, start: datetime | None = None) -> None:
+        if start is not None:
+            if not isinstance(start, datetime):
+                raise TypeError(f"start must be a datetime, not {start!r}")
+            if start.utcoffset() is None:
+                raise ValueError(
+                    f"start must be timezone-aware (the engine's times are), got {start!r}"
+                )
         self.current = start or datetime.now(UTC)
 
     def now(self) -> datetime:
         return self.current
 
     def advance(self, seconds: float | timedelta) -> None:
-        delta = seconds if isinstance(seconds, timedelta) else timedelta(seconds=seconds)
-        if delta < timedelta(0):
-            raise ValueError("the clock does not go back")
-        self.current += delta
+        """Move the clock forward by seconds or a timedelta (0 up to durations.MAX_DURATION)."""
+        try:
+            delta = duration_seconds(seconds, "advance(seconds)", zero_ok=True)
+        except ValueError:
+            given = seconds.total_seconds() if isinstance(seconds, timedelta) else seconds
+            if given < 0:
+                raise ValueError(f"the clock does not go back: advance({seconds!r})") from None
+            raise
+        self.current += seconds if isinstance(seconds, timedelta) else timedelta(seconds=delta)
 
     def jump_to(self, when: datetime) -> None:
         self.current = max(self.current, when)
@@ -177,6 +190,9 @@ class _StepTimeouts:
                 if wait <= 0:
                     timer.fire(time.monotonic(), self._abort)
                     continue
+                # A longer wait raises OverflowError (and killed this thread: later timeouts
+                # never fired); waking at the cap only looks again.
+                wait = min(wait, threading.TIMEOUT_MAX)
             self._wake.wait(wait)
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from . import clock, transitions
+from .durations import MAX_SECONDS, duration_seconds
 from .engine import enqueue
 from .exceptions import FactTimeoutError, StepTimeoutError, Suspend, TaskCanceledError
 from .history import Attempt, StepRecord
@@ -67,13 +68,15 @@ class WaitSteps(StepBase):
     # -- sleep --------------------------------------------------------------------------------
 
     def sleep(self, name: str, duration: timedelta | float) -> None:
-        """Durable timer: the run parks as `waiting` and holds no worker until it is due."""
-        seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
+        """Durable timer: the run parks as `waiting` and holds no worker until it is due.
+        `duration`: seconds or a timedelta, 0 (done at once) up to MAX_DURATION; anything else
+        raises TypeError or ValueError here, before anything is recorded."""
+        seconds = duration_seconds(duration, "sleep duration", zero_ok=True)
         begun = self._begin(name, StepKind.SLEEP)
         if begun.replayed:
             return
         key, rec = begun.key, begun.record
-        wake_at = clock.now() + timedelta(seconds=max(seconds, 0))
+        wake_at = clock.now() + timedelta(seconds=seconds)
         armed = self._arm(key, StepKind.SLEEP, rec, wake_at=wake_at)  # keeps an armed wake time
         assert armed.wake_at is not None
         with observed_step(self._ctx, key, StepKind.SLEEP):
@@ -97,14 +100,18 @@ class WaitSteps(StepBase):
         *,
         timeout: timedelta | float | None = None,
         check: Callable[[], Any] | None = None,
-        check_interval: float = 30,
+        check_interval: timedelta | float = 30,
     ) -> Any:
-        """Return the payload of the oldest fact `name` that no earlier wait of this run took."""
+        """Return the payload of the oldest fact `name` that no earlier wait of this run took.
+        `timeout` (0: only a fact already there) and `check_interval` (more than 0) are
+        seconds or timedeltas up to MAX_DURATION; anything else raises TypeError or ValueError
+        here, before anything is recorded."""
+        seconds = None if timeout is None else duration_seconds(timeout, "timeout", zero_ok=True)
+        interval = duration_seconds(check_interval, "check_interval")
         begun = self._begin(name, StepKind.FACT_WAIT)
         if begun.replayed:
             return begun.value
         key, rec = begun.key, begun.record
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         deadline = clock.now() + timedelta(seconds=seconds) if seconds is not None else None
         armed = self._arm(key, StepKind.FACT_WAIT, rec, wake_at=deadline, output={"fact": name})
         lease = self._s.lease
@@ -125,7 +132,7 @@ class WaitSteps(StepBase):
                 self._ctx.raise_if_canceled()
                 wake = armed.wake_at
                 if check is not None:
-                    next_check = clock.now() + timedelta(seconds=check_interval)
+                    next_check = clock.now() + timedelta(seconds=interval)
                     wake = next_check if wake is None else min(wake, next_check)
                 self._park_unless(
                     f"fact:{name}", wake, lambda: transitions.fact_available(lease.run_id, name)
@@ -145,7 +152,7 @@ class WaitSteps(StepBase):
         """Start a child run and wait for its output; its failure is raised here. With
         `timeout`, a child that has not finished by then is canceled and StepTimeoutError is
         raised here (checkpointed: replay raises it again)."""
-        seconds = timeout_seconds(timeout)
+        seconds = timeout_seconds(timeout, limit=MAX_SECONDS)  # a wake time: bounded
         begun = self._begin(name, StepKind.CHILD)
         if begun.replayed:
             return begun.value

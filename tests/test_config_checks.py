@@ -237,3 +237,30 @@ def test_workflows_on_the_default_queue_need_no_declaration(engine: Any) -> None
     engine's own django_task's too) is never a typo."""
     engine(QUEUES={"io": {"concurrency": 2}})
     assert [m for m in check_misconfiguration() if "'default'" in m.msg] == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("queue", "message"),
+    [
+        ("", "must be a non-empty queue name"),  # was served as nothing, exit 0
+        ("i\x00o", "must not contain a NUL character"),
+        ("q" * 101, "at most 100 characters"),
+    ],
+)
+def test_runworker_refuses_a_queue_no_run_can_have_as_a_usage_error(
+    queue: str, message: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks_engine.management.commands import runworker
+
+    def no_worker(config: Any) -> Any:
+        raise AssertionError(f"a worker started, serving queues {config.queues!r}")
+
+    monkeypatch.setattr(runworker, "Worker", no_worker)
+    with pytest.raises(SystemExit) as exited:
+        call_command("runworker", "--queue", "default", "--queue", queue, "--burst")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "--queue" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not WorkflowRun.objects.exists()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from datetime import UTC, date, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pydantic
 import pytest
@@ -177,6 +179,14 @@ def test_a_name_resolves_to_its_newest_version_and_unregistering_one_falls_back(
         ({"priority": -(2**31) - 1}, ValueError, "priority must be between"),
         ({"priority": True}, TypeError, "priority must be an integer"),
         ({"priority": "3"}, TypeError, "priority must be an integer"),
+        # These raised AttributeError ('float' object has no attribute 'tzinfo').
+        ({"deadline_at": 5.0}, TypeError, "deadline_at must be a datetime, not 5.0"),
+        ({"deadline_at": timedelta(hours=1)}, TypeError, "deadline_at must be a datetime"),
+        ({"available_at": "2030-01-01T00:00:00Z"}, TypeError, "available_at must be a datetime"),
+        ({"available_at": date(2030, 1, 1)}, TypeError, "available_at must be a datetime"),
+        # Naive ones were stored with only a RuntimeWarning from Django.
+        ({"available_at": datetime(2030, 1, 1)}, ValueError, "available_at must be timezone-aware"),
+        ({"deadline_at": datetime(2030, 1, 1)}, ValueError, "deadline_at must be timezone-aware"),
     ],
 )
 def test_arguments_the_columns_cannot_hold_are_refused_and_write_nothing(
@@ -246,3 +256,13 @@ def test_a_reason_that_is_not_a_string_is_refused_and_changes_nothing() -> None:
         tasks_engine.retry_run(run_id, reason=["x"])  # type: ignore[arg-type]
     run = WorkflowRun.objects.get(pk=run_id)
     assert (run.status, run.cancel_reason) == ("pending", "")
+
+
+def test_aware_times_in_any_zone_are_stored_as_the_same_instant() -> None:
+    berlin = datetime(2030, 1, 1, 12, tzinfo=ZoneInfo("Europe/Berlin"))
+    run_id = tasks_engine.enqueue(
+        "noop", {"n": 1}, available_at=berlin, deadline_at=berlin + timedelta(days=1)
+    ).run_id
+    run = WorkflowRun.objects.get(pk=run_id)
+    assert run.available_at == datetime(2030, 1, 1, 11, tzinfo=UTC)
+    assert run.deadline_at == datetime(2030, 1, 2, 11, tzinfo=UTC)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -195,3 +195,35 @@ def test_a_timer_due_before_the_rate_window_frees_comes_first(settings: Any) -> 
         assert woke - started == timedelta(seconds=10)
         ends = [t.get_run(r).finished_at for r in held]
         assert [end - started for end in ends if end] == [timedelta(0), timedelta(minutes=1)]
+
+
+def test_a_step_timeout_past_what_a_thread_can_wait_leaves_later_timeouts_working() -> None:
+    """timeout=1e10 crashed the tester's timeout thread (OverflowError from Event.wait: past
+    threading.TIMEOUT_MAX); the next step's 0.3 s timeout then never fired."""
+    with testing.WorkflowTester() as t:
+        run = t.start("long_then_short_timeout")
+        view = t.run_to_completion(run)
+    assert view.output == {"long": "done", "short": "step 'short' timed out after 0.3 seconds"}
+
+
+@pytest.mark.parametrize(
+    ("start", "error"),
+    [
+        (datetime(2030, 1, 1), ValueError),  # naive: failed later, comparing with aware times
+        ("2030-01-01T00:00:00Z", TypeError),
+        (date(2030, 1, 1), TypeError),
+    ],
+)
+def test_the_tester_refuses_a_start_that_is_no_aware_datetime(start: object, error: type) -> None:
+    with pytest.raises(error, match="start"):
+        testing.WorkflowTester(start=start)  # type: ignore[arg-type]
+    aware = datetime(2030, 1, 1, tzinfo=UTC)
+    assert testing.WorkflowTester(start=aware).now == aware
+
+
+@pytest.mark.parametrize(
+    ("seconds", "error"), [(float("nan"), ValueError), (-1, ValueError), ("5", TypeError)]
+)
+def test_advance_refuses_a_bad_duration(seconds: object, error: type) -> None:
+    with testing.WorkflowTester() as t, pytest.raises(error, match="advance"):
+        t.advance(seconds)  # type: ignore[arg-type]

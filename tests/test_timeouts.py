@@ -10,12 +10,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
 import tasks_engine
 from tasks_engine import StepTimeoutError, clock, executor, testing, transitions
 from tasks_engine.context import AbortSignal
+from tasks_engine.definitions import registry
+from tasks_engine.durations import MAX_DURATION
 from tasks_engine.exceptions import TasksEngineError
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tasks_engine.step_timeouts import StepTimer, WriteOff, timeout_seconds
@@ -225,6 +228,121 @@ def test_default_deadline_fails_a_sleeping_run(fake_clock: FakeClock) -> None:
 def test_invalid_workflow_deadline_is_refused(bad: object) -> None:
     with pytest.raises(ValueError):
         tasks_engine.workflow(name="bad_deadline", deadline=bad)(lambda ctx: None)  # type: ignore[arg-type]
+
+
+# -- RetryPolicy and @workflow arguments: refused where the workflow is defined ---------------
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "names"),
+    [
+        # 1e300 was taken; the first transient failure then failed the run with OverflowError.
+        ({"initial_interval": 1e300, "max_interval": 1e300}, ValueError, "initial_interval"),
+        ({"max_interval": float("inf")}, ValueError, "max_interval"),
+        ({"max_interval": MAX_DURATION + timedelta(seconds=1)}, ValueError, "max_interval"),
+        ({"initial_interval": float("nan")}, ValueError, "initial_interval"),
+        ({"initial_interval": -1}, ValueError, "initial_interval"),
+        ({"initial_interval": "1"}, TypeError, "initial_interval"),
+        ({"initial_interval": True}, TypeError, "initial_interval"),
+        ({"backoff_coefficient": float("nan")}, ValueError, "backoff_coefficient"),
+        ({"backoff_coefficient": float("inf")}, ValueError, "backoff_coefficient"),
+        ({"backoff_coefficient": 0.5}, ValueError, "backoff_coefficient"),
+        ({"backoff_coefficient": "2"}, TypeError, "backoff_coefficient"),
+        ({"jitter": float("nan")}, ValueError, "jitter"),
+        ({"jitter": -0.5}, ValueError, "jitter"),
+        ({"jitter": 1.5}, ValueError, "jitter"),
+        ({"jitter": True}, TypeError, "jitter"),
+        ({"max_attempts": True}, TypeError, "max_attempts"),
+        ({"max_attempts": 2.5}, TypeError, "max_attempts"),
+        ({"max_attempts": 0}, ValueError, "max_attempts"),
+        ({"non_retryable": ValueError}, TypeError, "non_retryable"),  # not a tuple of them
+        ({"non_retryable": ("ValueError",)}, TypeError, "non_retryable"),
+    ],
+)
+def test_a_bad_retry_policy_is_refused_where_it_is_made(
+    args: dict[str, Any], error: type[Exception], names: str
+) -> None:
+    with pytest.raises(error, match=f"^RetryPolicy.{names} ") as raised:
+        tasks_engine.RetryPolicy(**args)
+    assert repr(next(iter(args.values()))) in str(raised.value)
+
+
+def test_a_retry_policy_takes_timedeltas_as_seconds() -> None:
+    policy = tasks_engine.RetryPolicy(
+        initial_interval=timedelta(seconds=2), max_interval=timedelta(minutes=1)
+    )
+    assert (policy.initial_interval, policy.max_interval) == (2.0, 60.0)
+    assert policy == tasks_engine.RetryPolicy(initial_interval=2, max_interval=60)
+    assert policy.delay(1) == 2.0
+    assert tasks_engine.RetryPolicy(non_retryable=[KeyError]).non_retryable == (KeyError,)
+
+
+def test_the_longest_retry_policy_retries_instead_of_failing_the_run(
+    fake_clock: FakeClock,
+) -> None:
+    """The backoff is a wake time the run's row can hold, even with all the jitter."""
+    policy = tasks_engine.RetryPolicy(
+        initial_interval=MAX_DURATION, max_interval=MAX_DURATION, jitter=1.0
+    )
+
+    def flaky(ctx: tasks_engine.TaskContext) -> object:
+        return ctx.step.run("flaky", lambda: 1 / 0)
+
+    tasks_engine.workflow(flaky, name="longest_backoff", step_retry=policy)
+    try:
+        run_id = tasks_engine.enqueue("longest_backoff").run_id
+        drain(fake_clock, horizon=0)
+        row = WorkflowRun.objects.get(pk=run_id)
+        assert row.status == "pending"
+        assert row.available_at >= fake_clock.now() + MAX_DURATION
+    finally:
+        registry.unregister("longest_backoff", 1)
+
+
+@pytest.mark.parametrize("retry", [3, {"max_attempts": 3}])
+def test_a_step_retry_that_is_no_policy_fails_the_call_and_records_no_step(
+    retry: object, fake_clock: FakeClock
+) -> None:
+    """It failed the run with AttributeError ('int' object has no attribute 'max_attempts')."""
+
+    def bad_retry(ctx: tasks_engine.TaskContext) -> object:
+        return ctx.step.run("s", lambda: 1, retry=retry)  # type: ignore[arg-type]
+
+    tasks_engine.workflow(bad_retry, name="bad_step_retry")
+    try:
+        run_id = tasks_engine.enqueue("bad_step_retry").run_id
+        drain(fake_clock)
+        view = tasks_engine.get_run(run_id)
+        assert view is not None and view.status == "failed"
+        assert view.error["type"] == "builtins.TypeError"
+        assert view.error["message"] == f"retry must be a RetryPolicy, not {retry!r}"
+        assert not StepAttempt.objects.filter(run_id=run_id).exists()
+    finally:
+        registry.unregister("bad_step_retry", 1)
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "names"),
+    [
+        ({"retry": 3}, TypeError, "retry"),
+        ({"step_retry": {"max_attempts": 3}}, TypeError, "step_retry"),
+        ({"version": True}, TypeError, "version"),
+        ({"version": "2"}, TypeError, "version"),
+        ({"version": 0}, ValueError, "version"),
+        ({"priority": 1.5}, TypeError, "priority"),
+        ({"priority": 2**31}, ValueError, "priority"),
+        ({"queue": ""}, ValueError, "queue"),
+        ({"queue": "a\x00b"}, ValueError, "queue"),
+        ({"queue": 5}, TypeError, "queue"),
+        ({"deadline": timedelta(days=10**6)}, ValueError, "deadline"),  # OverflowError at enqueue
+    ],
+)
+def test_bad_workflow_arguments_are_refused_where_it_is_defined(
+    args: dict[str, Any], error: type[Exception], names: str
+) -> None:
+    with pytest.raises(error, match=names):
+        tasks_engine.workflow(name="bad_args", **args)(lambda ctx: None)
+    assert registry.find("bad_args", args.get("version", 1)) is None
 
 
 # -- run_child timeout ------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 import tasks_engine
@@ -9,6 +11,7 @@ from tasks_engine import testing
 from tasks_engine.models import Fact, StepAttempt, WorkflowRun
 from tests.helpers import FakeClock, drain
 from tests.testapp.models import Marker
+from tests.testapp.wait_workflows import DURATIONS
 
 pytestmark = pytest.mark.django_db
 
@@ -155,3 +158,69 @@ def test_a_fact_for_a_run_waiting_on_something_else_is_stored_but_does_not_wake_
     assert out == tasks_engine.Signaled(True, "waiting")
     assert status(res.run_id) == "waiting"
     assert Fact.objects.filter(run_id=res.run_id, name="unrelated").count() == 1
+
+
+# -- durations given to waits: checked where they are given -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "value", "error", "names"),
+    [
+        # NaN failed the run with "cannot convert float NaN to integer" from deep inside.
+        ("sleep", "nan", ValueError, "sleep duration"),
+        ("sleep", "inf", ValueError, "sleep duration"),
+        ("sleep", "negative", ValueError, "sleep duration"),  # was taken as 0
+        ("sleep", "huge", ValueError, "sleep duration"),  # OverflowError
+        ("sleep", "true", TypeError, "sleep duration"),  # was a 1-second sleep
+        ("sleep", "text", TypeError, "sleep duration"),
+        ("fact_timeout", "nan", ValueError, "timeout"),
+        ("fact_timeout", "inf", ValueError, "timeout"),
+        ("fact_timeout", "negative", ValueError, "timeout"),
+        ("fact_timeout", "huge", ValueError, "timeout"),
+        ("fact_timeout", "true", TypeError, "timeout"),
+        # 0 re-claimed the run in a tight loop, hundreds of claims a second.
+        ("check_interval", "zero", ValueError, "check_interval"),
+        ("check_interval", "negative", ValueError, "check_interval"),
+        ("check_interval", "nan", ValueError, "check_interval"),
+        ("check_interval", "inf", ValueError, "check_interval"),
+        ("check_interval", "huge", ValueError, "check_interval"),
+        ("check_interval", "text", TypeError, "check_interval"),
+        ("child_timeout", "huge", ValueError, "timeout"),  # OverflowError
+    ],
+)
+def test_a_bad_wait_duration_fails_the_run_at_the_call_and_records_no_step(
+    call: str, value: str, error: type[Exception], names: str
+) -> None:
+    with testing.WorkflowTester(limit=20) as t:
+        run = t.start("wait_with_duration", {"call": call, "value": value})
+        view = t.run_to_completion(run)
+    assert view.status == "failed"
+    assert view.attempts == 1
+    assert view.error["type"] == f"builtins.{error.__name__}"
+    assert view.error["message"].startswith(names)
+    assert repr(DURATIONS[value]) in view.error["message"]
+    assert not StepAttempt.objects.filter(run_id=run).exists()
+    assert WorkflowRun.objects.count() == 1  # no child either
+
+
+@pytest.mark.parametrize(
+    ("call", "value", "output"),
+    [
+        ("sleep", "zero", "slept"),
+        ("sleep", "a_minute", "slept"),
+        ("fact_timeout", "zero", "timed out"),  # takes a fact already there, else times out
+        ("fact_timeout", "a_minute", "timed out"),
+    ],
+)
+def test_valid_wait_durations_still_work(call: str, value: str, output: str) -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("wait_with_duration", {"call": call, "value": value})
+        assert t.run_to_completion(run).output == output
+
+
+def test_a_check_interval_as_a_timedelta_wakes_the_run_at_it() -> None:
+    with testing.WorkflowTester() as t:
+        run = t.start("wait_with_duration", {"call": "check_interval", "value": "a_minute"})
+        t.run_until_idle()
+        row = WorkflowRun.objects.get(pk=run)
+        assert (row.status, row.available_at) == ("waiting", t.now + timedelta(minutes=1))

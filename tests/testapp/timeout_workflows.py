@@ -212,3 +212,26 @@ def caught_then_fails(ctx: TaskContext) -> str:
         ctx.step.run("y", lambda: effect(ctx, "y"))
         raise RuntimeError("the pass fails") from None
     return "done"
+
+
+@workflow(name="long_then_short_timeout")
+def long_then_short_timeout(ctx: TaskContext) -> dict:
+    """A step with a timeout far past threading.TIMEOUT_MAX on some platforms (1e10 s), then
+    one that times out after 0.3 s: the second must still be aborted."""
+    once = RetryPolicy(max_attempts=1)
+
+    def long() -> str:
+        time.sleep(0.2)  # long enough for the timeout thread to see its timer
+        return "done"
+
+    first = ctx.step.run("long", long, retry=once, timeout=1e10)
+
+    def short() -> str:
+        ctx.abort_signal.wait(3.0)
+        return "not aborted"
+
+    try:
+        second = ctx.step.run("short", short, retry=once, timeout=0.3)
+    except StepTimeoutError as exc:
+        second = str(exc)
+    return {"long": first, "short": second}

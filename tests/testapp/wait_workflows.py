@@ -233,3 +233,38 @@ def progress_then_park(ctx: TaskContext) -> str:
         ctx.step.run("flaky", flaky, retry=RetryPolicy(max_attempts=2, initial_interval=600))
     ctx.progress(10, 10, "done")
     return how
+
+
+# A duration a workflow gives a wait, by name (its input is JSON, which holds no NaN).
+DURATIONS: dict[str, object] = {
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "negative": -1,
+    "zero": 0,
+    "true": True,
+    "text": "5",
+    "huge": 1e12,  # past the year 9999 from now
+    "a_minute": timedelta(minutes=1),
+}
+
+
+class BadWait(BaseModel):
+    call: str  # sleep | fact_timeout | check_interval | child_timeout
+    value: str  # a key of DURATIONS
+
+
+@workflow(name="wait_with_duration", input=BadWait)
+def wait_with_duration(ctx: TaskContext) -> object:
+    value: object = DURATIONS[ctx.input.value]
+    step = ctx.step
+    if ctx.input.call == "sleep":
+        step.sleep("nap", value)  # type: ignore[arg-type]
+        return "slept"
+    if ctx.input.call == "fact_timeout":
+        try:
+            return step.wait_for_fact("go", timeout=value)  # type: ignore[arg-type]
+        except FactTimeoutError:
+            return "timed out"
+    if ctx.input.call == "check_interval":
+        return step.wait_for_fact("go", check=lambda: None, check_interval=value)  # type: ignore[arg-type]
+    return step.run_child("child_echo", {"value": 1}, name="child", timeout=value)  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from ...cli import (
     port_number,
     positive_float,
     positive_int,
+    queue_name,
     task_ref,
 )
 
@@ -60,6 +61,7 @@ class Command(OneLineErrors, BaseCommand):
             "--queue",
             action="append",
             default=[],
+            type=queue_name,
             metavar="Q",
             help="serve only this queue; repeatable (default: every queue)",
         )
