@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -103,7 +104,8 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         ctx._state.span = span
         outcome = _drive(run, wf, ctx)
         tracing.outcome_of_claim(span, outcome)
-    metrics.record_run_outcome(run.task_name, outcome)
+    if outcome != "completed":  # a completion is counted once written (`_completion_written`)
+        metrics.record_run_outcome(run.task_name, outcome)
     return outcome
 
 
@@ -133,11 +135,28 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     unreached = state.history.unreached()
     progress = handle.take_dirty_progress()
     transitions.complete_run(
-        lease, output, unreached, has_parent=handle.has_parent, progress=progress
+        lease,
+        output,
+        unreached,
+        has_parent=handle.has_parent,
+        progress=progress,
+        ended=functools.partial(_completion_written, run.task_name, ctx),
     )
     if unreached:
         ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
     return "completed"
+
+
+def _completion_written(task: str, ctx: TaskContext, status: str) -> None:
+    """The completion's write is done (for a detached one, on the writer's thread): count what
+    it wrote. A cancel that committed after the handler's last look at it won: the run ended
+    canceled, its output not kept."""
+    try:  # observability only: it must never fail the writer that reports it
+        metrics.record_run_outcome(task, status)
+        if status == "canceled":
+            ctx.logger.info("run canceled", why="the cancel committed as the handler returned")
+    except Exception:  # noqa: BLE001 - a broken log handler cannot be logged to either
+        pass
 
 
 def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any) -> str:

@@ -70,7 +70,7 @@ def test_starts_completions_and_the_next_claim_share_one_statement() -> None:
     with CaptureQueriesContext(connection) as queries:
         claimed = transitions.write_group(completes, request)
     assert len(queries) == 1
-    assert all(w.result is True and w.error is None for w in completes)
+    assert all(w.result == "completed" and w.error is None for w in completes)
     assert len(claimed) == 2
     assert {c.lease.run_id for c in claimed}.isdisjoint({c.lease.run_id for c in first})
     for c in first:
@@ -247,7 +247,7 @@ def test_a_completion_writes_its_deferred_steps_if_and_only_if_it_is_written() -
     with CaptureQueriesContext(connection) as queries:
         transitions.write_group(writes)
     assert len(queries) == 1
-    assert [w.result for w in writes] == [True, None, None, True]
+    assert [w.result for w in writes] == ["completed", None, None, "completed"]
     assert isinstance(writes[1].error, LeaseLostError)
     assert isinstance(writes[2].error, LeaseLostError)
     steps = {s.run_id: (s.status, s.output) for s in StepAttempt.objects.all()}

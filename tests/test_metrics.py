@@ -15,7 +15,7 @@ from django.test import Client, override_settings
 import tasks_engine
 from tasks_engine import metrics, testing
 from tasks_engine.models import WorkflowRun
-from tests.helpers import wait_for
+from tests.helpers import FakeClock, drain, wait_for
 
 
 def _free_port(count: int = 1) -> int:
@@ -260,3 +260,18 @@ def test_a_wait_ended_by_the_runs_deadline_is_counted_aborted(recording: None) -
     now = _samples(metrics.RUNS_FINISHED, "tasks_runs_finished_total")
     key = ("deadline_sleeper", "failed")
     assert now[key] - finished.get(key, 0) == 1
+
+
+@pytest.mark.django_db
+def test_a_completion_that_a_cancel_beat_is_counted_canceled(
+    recording: None, fake_clock: FakeClock
+) -> None:
+    # The cancel commits after the handler's last look at it: the completion's write ends the
+    # run canceled (test_promises.py), and the counter says so, not "completed".
+    finished = _samples(metrics.RUNS_FINISHED, "tasks_runs_finished_total")
+    rid = tasks_engine.enqueue("canceled_as_it_returns").run_id
+    drain(fake_clock, horizon=0)
+    assert WorkflowRun.objects.get(pk=rid).status == "canceled"
+    now = _samples(metrics.RUNS_FINISHED, "tasks_runs_finished_total")
+    moved = {k: v - finished.get(k, 0) for k, v in now.items() if v != finished.get(k, 0)}
+    assert moved == {("canceled_as_it_returns", "canceled"): 1}

@@ -59,15 +59,15 @@ SET status = CASE WHEN r.cancel_requested_at IS NULL THEN 'completed' ELSE 'canc
     waiting_on = '', error = NULL, progress = COALESCE(cv.progress, r.progress)
 FROM cv
 WHERE {lookup}r.id = cv.run_id AND r.lease_token = cv.token{after}
-RETURNING r.id, cv.token
+RETURNING r.id, cv.token, r.status
 
 -- hot_started --
 -- What a group's starts got: ('i', step id, lease token, run id{pad}).
 SELECT 'i', i.id, i.lease_token, i.run_id{pad} FROM i
 
 -- hot_completed --
--- What a group's run completions got: ('c', NULL, lease token, run id{pad}).
-SELECT 'c', NULL::bigint, c.token, c.id{pad} FROM c
+-- What a group's run completions got: ('c', 1 if a cancel that committed first made it canceled else NULL, lease token, run id{pad}).
+SELECT 'c', CASE WHEN c.status = 'canceled' THEN 1 END::bigint, c.token, c.id{pad} FROM c
 
 -- hot_deferred_written --
 -- The deferred completions written, now or before (a second send is harmless): ('d', step id, lease token, run id{pad}).

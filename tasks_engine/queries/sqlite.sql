@@ -32,6 +32,7 @@ SET status = CASE WHEN cancel_requested_at IS NULL THEN 'completed' ELSE 'cancel
     finished_at = %(at)s, updated_at = %(at)s, lease_token = NULL, available_at = NULL,
     waiting_on = '', error = NULL, progress = COALESCE(%(progress)s, progress)
 WHERE id = %(run_id)s AND lease_token = %(token)s
+RETURNING status
 
 -- claim --
 -- The runs a claim takes: expired leases first, then due timers, then pending by priority (see postgresql.sql, claim_ctes). {filters}: the worker's (name, version) pairs and queues.

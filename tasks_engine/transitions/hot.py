@@ -12,6 +12,7 @@ the deferred completions first, then the write (queries/sqlite.sql).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -42,7 +43,8 @@ class HotWrite:
     """One attempt's hot write; it carries the run's deferred step completions along.
 
     - "start": a step's fenced INSERT (refused once cancel is requested); `result` its id.
-    - "complete": the run's completion; `result` True.
+    - "complete": the run's completion; `result` the status it wrote: "completed", or
+      "canceled" when a cancel committed first. `ended` (if given) is told it once written.
     - "deferred": the deferred completions alone (the heartbeat's flush); `result` True.
 
     A write whose fence fails gets `error = LeaseLostError`, a row the database refuses its
@@ -66,6 +68,7 @@ class HotWrite:
     result: Any = None
     error: BaseException | None = None
     detached: bool = False  # nobody waits for it: its slot went with it (worker/group_commit.py)
+    ended: Callable[[str], None] | None = None  # a completion's: told the status it wrote
 
     def outcome(self) -> Any:
         """The result, or the write's error raised."""
@@ -109,6 +112,8 @@ def _settle(write: HotWrite) -> None:
     back)."""
     if write.error is None:
         write.lease.deferred.settle(write.deferred)
+        if write.ended is not None:
+            write.ended(write.result)
 
 
 # -- PostgreSQL: one write, or any number in one statement --------------------------------------
@@ -149,7 +154,7 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
     # Results are matched to writes by (run, lease token): a stale and a fresh lease of one
     # run may share a group, and only the fresh one's fence passes.
     started: dict[tuple[uuid.UUID, uuid.UUID], int] = {}
-    completed: set[tuple[uuid.UUID, uuid.UUID]] = set()
+    completed: dict[tuple[uuid.UUID, uuid.UUID], str] = {}
     done: set[tuple[int, uuid.UUID]] = set()
     claimed_rows: list[tuple[Any, ...]] = []
     prestarted: list[int | None] = []
@@ -161,7 +166,7 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
         elif tag == "i":
             started[(r_uuid(run_id), r_uuid(token))] = int(step_id)
         elif tag == "c":
-            completed.add((r_uuid(run_id), r_uuid(token)))
+            completed[(r_uuid(run_id), r_uuid(token))] = "canceled" if step_id else "completed"
         else:
             done.add((int(step_id), r_uuid(token)))
     for w in writes:
@@ -169,7 +174,7 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
         if w.kind == "start":
             w.result = started.get(key)
         elif w.kind == "complete":
-            w.result = True if key in completed else None
+            w.result = completed.get(key)
         else:
             w.result = True if {(c.step_id, key[1]) for c in w.deferred} <= done else None
         if w.result is None:
@@ -197,7 +202,7 @@ def _write_single(w: HotWrite) -> None:
     if not rows:
         w.error = LeaseLostError(f"run {w.lease.run_id}: lease lost")
     else:
-        w.result = int(rows[0][0]) if part == "starts" else True
+        w.result = int(rows[0][0]) if part == "starts" else str(rows[0][2])
     _settle(w)
 
 
@@ -304,7 +309,7 @@ def _write_sqlite(w: HotWrite) -> None:
         )
         ok, w.result = bool(rows), int(rows[0][0]) if rows else None
     elif w.kind == "complete":
-        done = execute(
+        done = fetchall(
             query("complete_run"),
             {
                 **fence,
@@ -314,7 +319,7 @@ def _write_sqlite(w: HotWrite) -> None:
                 "progress": p_json(w.progress),
             },
         )
-        ok, w.result = bool(done), True if done else None
+        ok, w.result = bool(done), str(done[0][0]) if done else None
     else:
         ok, w.result = deferred_ok, True if deferred_ok else None
     if not ok:

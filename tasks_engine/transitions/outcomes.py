@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -61,13 +62,17 @@ def complete_run(
     *,
     has_parent: bool = False,
     progress: dict[str, Any] | None = None,
+    ended: Callable[[str], None] | None = None,
 ) -> None:
     """Running -> completed. The handler returned, so every attempt of this pass is closed.
     The last progress the handler reported (not yet flushed by the heartbeat) goes along.
     Without a parent it is the run's last write, handed off to the writer (the slot does not
-    wait for it); a child's completion also wakes its parent, in one transaction."""
+    wait for it); a child's completion also wakes its parent, in one transaction. `ended` is
+    told the status written, once it is: "completed", or "canceled" when a cancel committed
+    first."""
     write = HotWrite("complete", lease, lease.deferred.pending(), clock.now())
     write.output, write.unreached, write.progress = output, unreached, progress
+    write.ended = ended
     if not has_parent:
         writer_for(lease).hand_off(write)
         return
