@@ -356,7 +356,13 @@ def _redact_mapping(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
 def redact_secrets(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 ) -> Mapping[str, Any]:
-    """structlog processor: redact secrets in every value of the event (see module docstring)."""
+    """structlog processor: redact secrets in every value of the event (see module docstring).
+
+    An exception still to be rendered (`exc_info`: a chain without `format_exc_info` before
+    this processor, such as a host's ending in a renderer that prints tracebacks itself) is
+    formatted here first, so that its message and traceback are redacted too."""
+    if "exc_info" in event_dict:
+        event_dict = structlog.processors.format_exc_info(_logger, _method, event_dict)
     return _redact_mapping(event_dict)
 
 

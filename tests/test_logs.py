@@ -365,6 +365,42 @@ def connect(url: str) -> None:
     raise ConnectionError(f"cannot reach {url}")
 
 
+@pytest.mark.parametrize("how", ["exception", "exc_info=exc", "exc_info=tuple"])
+def test_a_hosts_chain_that_renders_exceptions_itself_gets_them_redacted(how: str) -> None:
+    """A host's own structlog chain (docs/logging.md: redact_secrets is inserted before its
+    last processor) may leave exceptions to its renderer, as structlog's default chain does
+    (set_exc_info, then ConsoleRenderer printing the traceback): the traceback was printed
+    after redaction, secrets and all (found by an outside audit)."""
+    saved = structlog.get_config()
+    stream = io.StringIO()
+    try:
+        structlog.configure(
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.dev.set_exc_info,
+                structlog.dev.ConsoleRenderer(colors=False),
+            ],
+            logger_factory=structlog.PrintLoggerFactory(file=stream),
+            cache_logger_on_first_use=False,
+        )
+        log = get_logger(worker_id="w-1")
+        try:
+            connect("postgres://app:host-tb-pw@db/x?password=host-tb-pw2")
+        except ConnectionError as exc:
+            if how == "exception":
+                log.exception("group commit failed")
+            elif how == "exc_info=exc":
+                log.error("group commit failed", exc_info=exc)
+            else:
+                log.error("group commit failed", exc_info=sys.exc_info())
+    finally:
+        structlog.configure(**saved)
+    text = stream.getvalue()
+    assert "group commit failed" in text and "Traceback (most recent call last)" in text
+    assert "in connect" in text and f"postgres://app:{REDACTED}@db/x" in text
+    assert_absent(text, "host-tb-pw")
+
+
 def test_console_renderer_output_is_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
