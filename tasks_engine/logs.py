@@ -25,7 +25,8 @@ string keeps its scheme: `{"Authorization": "Bearer abc"}` -> `"Bearer [redacted
 Strings (every string value, nested ones included, and `redact_text`):
 
 - credentials in URLs: `scheme://user:password@host` -> `scheme://user:[redacted]@host`
-  (the user is kept; a URL with a user and no password is left alone);
+  (the user is kept; a URL with a user and no password is left alone; a password pasted
+  unencoded, holding `@`, `/`, `?` or `#`, is redacted whole);
 - `name=value` and `name: value` pairs (also quoted, as in `"name": "value"` or a dict's repr)
   whose name is a secret-looking key: the value becomes `[redacted]`. In a query string
   (`?` or `&` before the name) a bare `key` also counts (`?key=<Google API key>`);
@@ -148,8 +149,12 @@ NAME_HINTS = (
 )
 _NAME_HINT = re.compile("|".join(NAME_HINTS))
 _HINT = re.compile("|".join((*NAME_HINTS, "://", "eyj")))
+# The password runs to the `@` before the host; one holding `/`, `?` or `#` (pasted unencoded)
+# too, unless what follows the colon is a port (digits, then the path, query or fragment). A user
+# holds no `[`: `http://[::1]:8080/a@b` has no credentials.
 _URL_CREDENTIALS = re.compile(
-    r"(?i)\b(?P<head>[a-z][a-z0-9+.\-]*://[^\s:/?#@\"'<>]*:)(?P<password>[^\s/?#\"'<>]*)@"
+    r"(?i)\b(?P<head>[a-z][a-z0-9+.\-]*://[^\s:/?#@\[\]\"'<>]*:)"
+    r"(?P<password>[^\s/?#\"'<>]*|(?!\d*[/?#])[^\s\"'<>]*)@"
 )
 # A name followed by `=` or `:` (not `==`, `://` or `::`), perhaps quoted: `"name": `. Leading
 # dashes belong to the name: `--password=x` on a command line.

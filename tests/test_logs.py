@@ -85,6 +85,33 @@ def test_password_with_an_at_sign_is_redacted_whole(captured: Capture) -> None:
     assert_absent(captured.text, "p@ss", "ss@word")
 
 
+def test_password_with_a_slash_hash_or_question_mark_is_redacted_whole(
+    captured: Capture,
+) -> None:
+    """A password pasted into a URL unencoded (a generated one often holds `/`, `+`): it was
+    kept whole, since the password stopped at the first `/`, `?` or `#` and then met no `@`
+    (an outside audit). A port is still a port."""
+    get_logger().info(
+        "connect failed",
+        slash="postgresql://umt:Zm9v/YmFy+cQ==@db.internal:5432/umt",
+        hash="postgres://app:s#cret-hash@db/x",
+        query="postgres://app:s?cret-query@db/x",
+        port="http://127.0.0.1:8080/users/@alice",
+        bare="https://example.com:443/?q=a@b",
+        ipv6="http://[::1]:8080/users/@alice",
+        ipv6_pw="postgres://app:v6/pw@[::1]:5432/x",
+    )
+    line = captured.last()
+    assert_absent(captured.text, "YmFy", "cret-hash", "cret-query", "v6/pw")
+    assert line["slash"] == f"postgresql://umt:{REDACTED}@db.internal:5432/umt"
+    assert line["hash"] == f"postgres://app:{REDACTED}@db/x"
+    assert line["query"] == f"postgres://app:{REDACTED}@db/x"
+    assert line["port"] == "http://127.0.0.1:8080/users/@alice"
+    assert line["bare"] == "https://example.com:443/?q=a@b"
+    assert line["ipv6"] == "http://[::1]:8080/users/@alice"
+    assert line["ipv6_pw"] == f"postgres://app:{REDACTED}@[::1]:5432/x"
+
+
 def test_secret_query_parameters_are_redacted_and_others_kept(captured: Capture) -> None:
     get_logger().info(
         "fetched",
