@@ -22,7 +22,7 @@ The value of a secret key is replaced by `[redacted]` whatever its type (a neste
 included), except `None`, which says "not set" and is kept. Under an authorization key a
 string keeps its scheme: `{"Authorization": "Bearer abc"}` -> `"Bearer [redacted]"`.
 
-Strings (every string value, nested ones included, and `redact_text`):
+Strings (every string value and mapping key, nested ones included, and `redact_text`):
 
 - credentials in URLs: `scheme://user:password@host` -> `scheme://user:[redacted]@host`
   (the user is kept; a URL with a user and no password is left alone; a password pasted
@@ -352,7 +352,8 @@ def _redact_mapping(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for key, value in mapping.items():
         name = key if isinstance(key, str) else str(key)
-        out[key] = (
+        # A key is printed too: one holding credentials (a DSN keying a mapping) is redacted.
+        out[redact_text(key) if name is key else key] = (
             _redact_secret_value(name, value) if is_secret_key(name) else _redact_value(value)
         )
     return out

@@ -343,6 +343,21 @@ def test_secrets_are_redacted_at_any_depth(captured: Capture) -> None:
     assert settings["password_reset"] is None
 
 
+def test_credentials_in_a_mapping_s_keys_are_redacted(captured: Capture) -> None:
+    """A mapping keyed by URLs (connections per DSN, say): its keys reached the output as
+    they were, passwords and all, since only values were redacted (an outside audit)."""
+    get_logger().info(
+        "pool stats",
+        pools={"postgres://app:key-pw@db/umt": 3, "redis://cache:6379/0": 1, "plain": 2},
+    )
+    assert_absent(captured.text, "key-pw")
+    assert captured.last()["pools"] == {
+        f"postgres://app:{REDACTED}@db/umt": 3,
+        "redis://cache:6379/0": 1,
+        "plain": 2,
+    }
+
+
 def test_the_processor_keeps_container_types_and_clean_values() -> None:
     event = {"event": "x", "t": ("a", "token=b"), "n": 1, "f": 1.5, "ok": True, "none": None}
     out = redact_secrets(None, "info", event)
