@@ -32,7 +32,8 @@ Strings (every string value and mapping key, nested ones included, and `redact_t
   (`?` or `&` before the name) a bare `key` also counts (`?key=<Google API key>`);
 - `Authorization: Bearer abc`, `authorization=Basic abc`, `"Authorization": "Bearer abc"`:
   the scheme is kept, the credentials redacted; a `Cookie:` header's value to the line's end;
-- a bare `Bearer <token>` anywhere, and anything shaped like a JWT (`eyJ...`.`eyJ...`.`...`).
+- a bare `Bearer <token>` anywhere, anything shaped like a JWT (`eyJ...`.`eyJ...`.`...`), and
+  a PEM private key (`-----BEGIN ... PRIVATE KEY-----` to its END line) whole.
 
 Every string first passes a cheap pre-check (one compiled search for hints such as `pass`,
 `token`, `key`, `auth` or `://`); only strings that contain a hint run the rules above.
@@ -174,6 +175,10 @@ _BARE_BEARER = re.compile(
     r"(?!(?:token|tokens|auth|authentication|authorization|header|scheme|realm)\b)"
     r"(?P<secret>[A-Za-z0-9\-._~+/]+=*)"
 )
+# A PEM private key, from its BEGIN line to its END line (or the text's end, when cut).
+_PEM_PRIVATE_KEY = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S
+)
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*")
 
 
@@ -220,9 +225,14 @@ def redact_text(text: str) -> str:
     if _HINT.search(low) is None:
         return text
     out = text
-    if "://" in out:
-        out = _URL_CREDENTIALS.sub(_url_credentials, out)
+    if "PRIVATE KEY-----" in out:  # first: the pairs below would take its first word only
+        out = _PEM_PRIVATE_KEY.sub(REDACTED, out)
         if out is not text:
+            low = out.lower()
+    if "://" in out:
+        previous = out
+        out = _URL_CREDENTIALS.sub(_url_credentials, out)
+        if out is not previous:
             low = out.lower()
     if "=" in out or ":" in out:
         out = _redact_pairs(out, low)

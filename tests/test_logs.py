@@ -192,6 +192,24 @@ def test_a_jwt_anywhere_is_redacted(captured: Capture) -> None:
     assert line["event"] == f"id token {REDACTED} accepted"
 
 
+def test_a_pem_private_key_anywhere_is_redacted_whole(captured: Capture) -> None:
+    """A private key's body was kept: the `private_key:` pair redacted only `-----BEGIN`, the
+    first word of its value (an outside audit)."""
+    pem = (
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEApem1\nQ2x5pem2==\n"
+        "-----END RSA PRIVATE KEY-----"
+    )
+    get_logger().info("loaded", note=f"private_key: {pem}\nhost: db", other=f"got {pem} ok")
+    line = captured.last()
+    assert_absent(captured.text, "pem1", "pem2")
+    assert line["note"] == f"private_key: {REDACTED}\nhost: db"
+    assert line["other"] == f"got {REDACTED} ok"
+    truncated = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU"
+    assert redact_text(f"key file: {truncated}") == f"key file: {REDACTED}"
+    public = "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQ\n-----END PUBLIC KEY-----"
+    assert redact_text(public) == public
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
