@@ -228,11 +228,12 @@ def _failed(event: OutboxEvent, exc: Exception, s: OutboxSettings) -> EventStatu
 
 def _describe(exc: Exception) -> str:
     """One summary line, then the traceback (its tail, if long)."""
-    trace = "".join(traceback.format_exception(exc))
+    # Shown in the admin: secrets redacted as in the logs, before the cut (a URL cut in two
+    # no longer looks like one); NUL (refused by jsonb/text) replaced.
+    trace = redact_text("".join(traceback.format_exception(exc)))
     if len(trace) > ERROR_TEXT_LIMIT:
         trace = "...\n" + trace[-ERROR_TEXT_LIMIT:]
-    # Shown in the admin: secrets redacted as in the logs; NUL (refused by jsonb/text) replaced.
-    text = redact_text(f"{type(exc).__name__}: {exc}\n\n{trace}")
+    text = f"{redact_text(f'{type(exc).__name__}: {exc}')}\n\n{trace}"
     return text.replace("\x00", "\ufffd")
 
 

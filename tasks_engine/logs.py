@@ -22,16 +22,18 @@ The value of a secret key is replaced by `[redacted]` whatever its type (a neste
 included), except `None`, which says "not set" and is kept. Under an authorization key a
 string keeps its scheme: `{"Authorization": "Bearer abc"}` -> `"Bearer [redacted]"`.
 
-Strings (every string value, nested ones included, and `redact_text`):
+Strings (every string value and mapping key, nested ones included, and `redact_text`):
 
 - credentials in URLs: `scheme://user:password@host` -> `scheme://user:[redacted]@host`
-  (the user is kept; a URL with a user and no password is left alone);
+  (the user is kept; a URL with a user and no password is left alone; a password pasted
+  unencoded, holding `@`, `/`, `?` or `#`, is redacted whole);
 - `name=value` and `name: value` pairs (also quoted, as in `"name": "value"` or a dict's repr)
   whose name is a secret-looking key: the value becomes `[redacted]`. In a query string
   (`?` or `&` before the name) a bare `key` also counts (`?key=<Google API key>`);
 - `Authorization: Bearer abc`, `authorization=Basic abc`, `"Authorization": "Bearer abc"`:
   the scheme is kept, the credentials redacted; a `Cookie:` header's value to the line's end;
-- a bare `Bearer <token>` anywhere, and anything shaped like a JWT (`eyJ...`.`eyJ...`.`...`).
+- a bare `Bearer <token>` anywhere, anything shaped like a JWT (`eyJ...`.`eyJ...`.`...`), and
+  a PEM private key (`-----BEGIN ... PRIVATE KEY-----` to its END line) whole.
 
 Every string first passes a cheap pre-check (one compiled search for hints such as `pass`,
 `token`, `key`, `auth` or `://`); only strings that contain a hint run the rules above.
@@ -148,8 +150,12 @@ NAME_HINTS = (
 )
 _NAME_HINT = re.compile("|".join(NAME_HINTS))
 _HINT = re.compile("|".join((*NAME_HINTS, "://", "eyj")))
+# The password runs to the `@` before the host; one holding `/`, `?` or `#` (pasted unencoded)
+# too, unless what follows the colon is a port (digits, then the path, query or fragment). A user
+# holds no `[`: `http://[::1]:8080/a@b` has no credentials.
 _URL_CREDENTIALS = re.compile(
-    r"(?i)\b(?P<head>[a-z][a-z0-9+.\-]*://[^\s:/?#@\"'<>]*:)(?P<password>[^\s/?#\"'<>]*)@"
+    r"(?i)\b(?P<head>[a-z][a-z0-9+.\-]*://[^\s:/?#@\[\]\"'<>]*:)"
+    r"(?P<password>[^\s/?#\"'<>]*|(?!\d*[/?#])[^\s\"'<>]*)@"
 )
 # A name followed by `=` or `:` (not `==`, `://` or `::`), perhaps quoted: `"name": `. Leading
 # dashes belong to the name: `--password=x` on a command line.
@@ -168,6 +174,10 @@ _BARE_BEARER = re.compile(
     r"(?i)\b(?P<head>bearer[ \t]+)"
     r"(?!(?:token|tokens|auth|authentication|authorization|header|scheme|realm)\b)"
     r"(?P<secret>[A-Za-z0-9\-._~+/]+=*)"
+)
+# A PEM private key, from its BEGIN line to its END line (or the text's end, when cut).
+_PEM_PRIVATE_KEY = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)", re.S
 )
 _JWT = re.compile(r"\beyJ[A-Za-z0-9_\-]{4,}\.eyJ[A-Za-z0-9_\-]{4,}\.[A-Za-z0-9_\-]*")
 
@@ -215,9 +225,14 @@ def redact_text(text: str) -> str:
     if _HINT.search(low) is None:
         return text
     out = text
-    if "://" in out:
-        out = _URL_CREDENTIALS.sub(_url_credentials, out)
+    if "PRIVATE KEY-----" in out:  # first: the pairs below would take its first word only
+        out = _PEM_PRIVATE_KEY.sub(REDACTED, out)
         if out is not text:
+            low = out.lower()
+    if "://" in out:
+        previous = out
+        out = _URL_CREDENTIALS.sub(_url_credentials, out)
+        if out is not previous:
             low = out.lower()
     if "=" in out or ":" in out:
         out = _redact_pairs(out, low)
@@ -347,7 +362,8 @@ def _redact_mapping(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
     out: dict[Any, Any] = {}
     for key, value in mapping.items():
         name = key if isinstance(key, str) else str(key)
-        out[key] = (
+        # A key is printed too: one holding credentials (a DSN keying a mapping) is redacted.
+        out[redact_text(key) if name is key else key] = (
             _redact_secret_value(name, value) if is_secret_key(name) else _redact_value(value)
         )
     return out
@@ -356,7 +372,13 @@ def _redact_mapping(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
 def redact_secrets(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 ) -> Mapping[str, Any]:
-    """structlog processor: redact secrets in every value of the event (see module docstring)."""
+    """structlog processor: redact secrets in every value of the event (see module docstring).
+
+    An exception still to be rendered (`exc_info`: a chain without `format_exc_info` before
+    this processor, such as a host's ending in a renderer that prints tracebacks itself) is
+    formatted here first, so that its message and traceback are redacted too."""
+    if "exc_info" in event_dict:
+        event_dict = structlog.processors.format_exc_info(_logger, _method, event_dict)
     return _redact_mapping(event_dict)
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from . import metrics, tracing
 from .exceptions import LeaseLostError, Suspend, TaskCanceledError
+from .logs import redact_text
 from .states import StepKind
 
 
@@ -76,7 +77,15 @@ class _Observed:
             span = tracing.start_step_span(self.ctx, self.key, self.kind, self.started_ns)
         if span is not None:
             cause = exc.__cause__ if isinstance(exc, Suspend) else exc
-            tracing.end_step_span(span, status, cause)
+            tracing.end_step_span(span, status, _failure_message(status, cause))
+
+
+def _failure_message(status: str, exc: BaseException | None) -> str | None:
+    """A failed attempt's message for its span: redacted as its stored error and the logs are,
+    before the span cuts it (a password cut in two would no longer look like one)."""
+    if status != "failed" or exc is None:
+        return None
+    return redact_text(str(exc))
 
 
 def _status(ctx: Any, exc: BaseException | None) -> str:
@@ -123,7 +132,7 @@ def observe_waits_ended_by_deadline(ctx: Any, reason: BaseException) -> None:
         metrics.record_step(ctx.task_name, rec.kind, "aborted", 0.0)
         span = tracing.start_step_span(ctx, key, rec.kind)
         if span is not None:
-            tracing.end_step_span(span, "aborted", reason)
+            tracing.end_step_span(span, "aborted", None)
 
 
 def observed_step(ctx: Any, key: str, kind: str) -> _Observed | _Unobserved:

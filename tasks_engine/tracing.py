@@ -146,10 +146,12 @@ def stop_current(token: Any) -> None:
     otel_context.detach(token)
 
 
-def end_step_span(span: Any, status: str, exc: BaseException | None) -> None:
+def end_step_span(span: Any, status: str, message: str | None) -> None:
+    """End a step's span; a failed one gets status ERROR with `message` (the error's message,
+    redacted by the caller as the stored error is: step_observer.py)."""
     span.set_attribute("tasks.step.status", str(status))
-    if status == "failed" and exc is not None:
-        span.set_status(trace.Status(trace.StatusCode.ERROR, str(exc)[:200]))
+    if status == "failed" and message is not None:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, message[:200]))
     span.end()
 
 

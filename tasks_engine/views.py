@@ -22,8 +22,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
     queue and status, nothing about a run's content."""
     token = engine_settings().metrics_token
     if token:
-        sent = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        # RFC 7235: a case-insensitive scheme, then one or more spaces, then the token.
+        scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+        matches = hmac.compare_digest(sent.lstrip(" ").encode(), str(token).encode())
+        if scheme.lower() != "bearer" or not matches:
             return HttpResponse(
                 "metrics need a bearer token\n", status=401, content_type="text/plain"
             )

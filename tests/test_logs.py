@@ -85,6 +85,33 @@ def test_password_with_an_at_sign_is_redacted_whole(captured: Capture) -> None:
     assert_absent(captured.text, "p@ss", "ss@word")
 
 
+def test_password_with_a_slash_hash_or_question_mark_is_redacted_whole(
+    captured: Capture,
+) -> None:
+    """A password pasted into a URL unencoded (a generated one often holds `/`, `+`): it was
+    kept whole, since the password stopped at the first `/`, `?` or `#` and then met no `@`
+    (an outside audit). A port is still a port."""
+    get_logger().info(
+        "connect failed",
+        slash="postgresql://umt:Zm9v/YmFy+cQ==@db.internal:5432/umt",
+        hash="postgres://app:s#cret-hash@db/x",
+        query="postgres://app:s?cret-query@db/x",
+        port="http://127.0.0.1:8080/users/@alice",
+        bare="https://example.com:443/?q=a@b",
+        ipv6="http://[::1]:8080/users/@alice",
+        ipv6_pw="postgres://app:v6/pw@[::1]:5432/x",
+    )
+    line = captured.last()
+    assert_absent(captured.text, "YmFy", "cret-hash", "cret-query", "v6/pw")
+    assert line["slash"] == f"postgresql://umt:{REDACTED}@db.internal:5432/umt"
+    assert line["hash"] == f"postgres://app:{REDACTED}@db/x"
+    assert line["query"] == f"postgres://app:{REDACTED}@db/x"
+    assert line["port"] == "http://127.0.0.1:8080/users/@alice"
+    assert line["bare"] == "https://example.com:443/?q=a@b"
+    assert line["ipv6"] == "http://[::1]:8080/users/@alice"
+    assert line["ipv6_pw"] == f"postgres://app:{REDACTED}@[::1]:5432/x"
+
+
 def test_secret_query_parameters_are_redacted_and_others_kept(captured: Capture) -> None:
     get_logger().info(
         "fetched",
@@ -163,6 +190,24 @@ def test_a_jwt_anywhere_is_redacted(captured: Capture) -> None:
     line = captured.last()
     assert_absent(captured.text, jwt, "sBfOq")
     assert line["event"] == f"id token {REDACTED} accepted"
+
+
+def test_a_pem_private_key_anywhere_is_redacted_whole(captured: Capture) -> None:
+    """A private key's body was kept: the `private_key:` pair redacted only `-----BEGIN`, the
+    first word of its value (an outside audit)."""
+    pem = (
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEpAIBAAKCAQEApem1\nQ2x5pem2==\n"
+        "-----END RSA PRIVATE KEY-----"
+    )
+    get_logger().info("loaded", note=f"private_key: {pem}\nhost: db", other=f"got {pem} ok")
+    line = captured.last()
+    assert_absent(captured.text, "pem1", "pem2")
+    assert line["note"] == f"private_key: {REDACTED}\nhost: db"
+    assert line["other"] == f"got {REDACTED} ok"
+    truncated = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU"
+    assert redact_text(f"key file: {truncated}") == f"key file: {REDACTED}"
+    public = "-----BEGIN PUBLIC KEY-----\nMFkwEwYHKoZIzj0CAQ\n-----END PUBLIC KEY-----"
+    assert redact_text(public) == public
 
 
 @pytest.mark.parametrize(
@@ -316,6 +361,21 @@ def test_secrets_are_redacted_at_any_depth(captured: Capture) -> None:
     assert settings["password_reset"] is None
 
 
+def test_credentials_in_a_mapping_s_keys_are_redacted(captured: Capture) -> None:
+    """A mapping keyed by URLs (connections per DSN, say): its keys reached the output as
+    they were, passwords and all, since only values were redacted (an outside audit)."""
+    get_logger().info(
+        "pool stats",
+        pools={"postgres://app:key-pw@db/umt": 3, "redis://cache:6379/0": 1, "plain": 2},
+    )
+    assert_absent(captured.text, "key-pw")
+    assert captured.last()["pools"] == {
+        f"postgres://app:{REDACTED}@db/umt": 3,
+        "redis://cache:6379/0": 1,
+        "plain": 2,
+    }
+
+
 def test_the_processor_keeps_container_types_and_clean_values() -> None:
     event = {"event": "x", "t": ("a", "token=b"), "n": 1, "f": 1.5, "ok": True, "none": None}
     out = redact_secrets(None, "info", event)
@@ -363,6 +423,42 @@ def test_logged_exception_traceback_is_redacted(captured: Capture) -> None:
 
 def connect(url: str) -> None:
     raise ConnectionError(f"cannot reach {url}")
+
+
+@pytest.mark.parametrize("how", ["exception", "exc_info=exc", "exc_info=tuple"])
+def test_a_hosts_chain_that_renders_exceptions_itself_gets_them_redacted(how: str) -> None:
+    """A host's own structlog chain (docs/logging.md: redact_secrets is inserted before its
+    last processor) may leave exceptions to its renderer, as structlog's default chain does
+    (set_exc_info, then ConsoleRenderer printing the traceback): the traceback was printed
+    after redaction, secrets and all (found by an outside audit)."""
+    saved = structlog.get_config()
+    stream = io.StringIO()
+    try:
+        structlog.configure(
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.dev.set_exc_info,
+                structlog.dev.ConsoleRenderer(colors=False),
+            ],
+            logger_factory=structlog.PrintLoggerFactory(file=stream),
+            cache_logger_on_first_use=False,
+        )
+        log = get_logger(worker_id="w-1")
+        try:
+            connect("postgres://app:host-tb-pw@db/x?password=host-tb-pw2")
+        except ConnectionError as exc:
+            if how == "exception":
+                log.exception("group commit failed")
+            elif how == "exc_info=exc":
+                log.error("group commit failed", exc_info=exc)
+            else:
+                log.error("group commit failed", exc_info=sys.exc_info())
+    finally:
+        structlog.configure(**saved)
+    text = stream.getvalue()
+    assert "group commit failed" in text and "Traceback (most recent call last)" in text
+    assert "in connect" in text and f"postgres://app:{REDACTED}@db/x" in text
+    assert_absent(text, "host-tb-pw")
 
 
 def test_console_renderer_output_is_redacted(monkeypatch: pytest.MonkeyPatch) -> None:

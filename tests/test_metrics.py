@@ -207,6 +207,18 @@ def test_the_view_can_require_a_bearer_token() -> None:
         assert b"# TYPE tasks_runs gauge" in ok.content
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", ["bearer s3cret", "BEARER s3cret", "Bearer  s3cret"])
+def test_the_bearer_scheme_is_case_insensitive(header: str) -> None:
+    """RFC 7235: the scheme is case-insensitive, and one or more spaces separate it from the
+    token (`curl -H 'authorization: bearer ...'` got 401: an outside audit)."""
+    with override_settings(TASKS_ENGINE={"METRICS_TOKEN": "s3cret"}):
+        assert Client().get("/metrics/", headers={"Authorization": header}).status_code == 200
+        for wrong in ("Basic s3cret", "Bearers3cret", "s3cret", "Bearer s3cre", "Bearer"):
+            sent = Client().get("/metrics/", headers={"Authorization": wrong})
+            assert sent.status_code == 401, wrong
+
+
 def _steps_since(before: dict[tuple[str, ...], float]) -> dict[tuple[str, ...], float]:
     """tasks_steps_total{task,kind,status} counted since `before` (the counters are global)."""
     now = _samples(metrics.STEPS, "tasks_steps_total")

@@ -213,6 +213,19 @@ def test_a_stored_route_error_is_redacted_like_the_logs() -> None:
     assert "umt:[redacted]@qbt.local" in text
 
 
+def test_a_stored_route_error_cut_to_its_tail_is_redacted_before_the_cut() -> None:
+    """A long traceback is cut to its tail; the cut fell inside a URL and left
+    `app:cut-pw@db` with no scheme before it, which the URL rule no longer recognised: the
+    password was stored (an outside audit)."""
+    from outbox.relay import ERROR_TEXT_LIMIT, _describe
+
+    after_scheme = "app:cut-pw-secret@db.internal/umt"
+    padding = "y" * (ERROR_TEXT_LIMIT - len(after_scheme) - 1)  # the tail starts at "app:"
+    text = _describe(ValueError(f"connect to postgres://{after_scheme}{padding}"))
+    assert "cut-pw-secret" not in text
+    assert text.startswith("ValueError: connect to postgres://app:[redacted]@db.internal/umt")
+
+
 # -- a claim is never taken from a relay that is still at work ----------------------------------
 
 

@@ -98,6 +98,25 @@ def test_a_failed_step_attempt_is_an_error_span(spans: InMemorySpanExporter) -> 
     assert len({s.context.trace_id for s in steps}) == 1
 
 
+@pytest.mark.parametrize("pad", [0, 180])  # 180: the password straddles the 200-character cut
+def test_a_failed_step_span_s_message_is_redacted_as_its_stored_error_is(
+    spans: InMemorySpanExporter, pad: int
+) -> None:
+    """The span's status message is the step's error message, redacted as the stored error
+    and the logs are (it went out as str(exc)[:200], credentials and all: an outside audit)."""
+    with testing.WorkflowTester() as t:
+        run = t.start("observe_secret_failure", {"pad": pad})
+        view = t.run_to_completion(run)
+    assert view.status == "failed"
+    assert "spanpw" not in str(view.error)
+    (step,) = _named(spans, "step connect")
+    assert step.status.status_code == trace.StatusCode.ERROR
+    description = step.status.description or ""
+    assert description.startswith("x" * pad + " postgres://app:[red")
+    assert "app:span" not in description and "spanpw" not in description
+    assert len(description) <= 200
+
+
 def test_waits_and_child_runs_make_one_span_each_when_they_end(
     spans: InMemorySpanExporter,
 ) -> None:

@@ -78,3 +78,19 @@ def observe_inner_span(ctx: TaskContext) -> str:
             return "fetched"
 
     return ctx.step.run("fetch", fetch)
+
+
+class Pad(BaseModel):
+    pad: int
+
+
+@workflow(name="observe_secret_failure", input=Pad, step_retry=RetryPolicy(max_attempts=1))
+def observe_secret_failure(ctx: TaskContext) -> None:
+    """A step whose error message carries credentials (a driver's connection error, say),
+    after `pad` characters."""
+
+    def connect() -> None:
+        pad = "x" * ctx.input.pad
+        raise ConnectionError(f"{pad} postgres://app:spanpwsecret@db/x?password=spanpw2 refused")
+
+    ctx.step.run("connect", connect)
