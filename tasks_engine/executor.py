@@ -118,7 +118,7 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     if run.deadline_at is not None and clock.now() >= run.deadline_at:
         passed = DeadlineExceededError("deadline passed")
         transitions.fail_run(lease, encode_error(passed), has_parent=handle.has_parent)
-        observe_waits_ended_by_deadline(ctx, passed)
+        observe_waits_ended_by_deadline(ctx)
         return "failed"
     try:
         ctx.input = wf.load_input(run.input)

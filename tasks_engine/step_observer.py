@@ -120,7 +120,7 @@ def _wait_status(ctx: Any, exc: BaseException | None) -> str | None:
 WAITS = (StepKind.SLEEP, StepKind.FACT_WAIT, StepKind.CHILD)
 
 
-def observe_waits_ended_by_deadline(ctx: Any, reason: BaseException) -> None:
+def observe_waits_ended_by_deadline(ctx: Any) -> None:
     """The claim that fails a run for its deadline does so before replay: the waits it had
     armed (a sleep, a fact wait, a child) end with it, observed `aborted` here as replay would
     have observed them (its span an instant: what this claim did for the wait)."""
