@@ -56,6 +56,18 @@ def test_valid_schedules_pass(settings: Any) -> None:
             "E203",
             "unknown timezone 1",
         ),
+        # A tz database directory, or a name too long for a file name: ZoneInfo raises
+        # OSError for these, not ZoneInfoNotFoundError.
+        (
+            {"task": "repeat_names", "cron": "0 3 * * *", "timezone": "Europe"},
+            "E203",
+            "unknown timezone 'Europe'",
+        ),
+        (
+            {"task": "repeat_names", "cron": "0 3 * * *", "timezone": "A" * 300},
+            "E203",
+            "unknown timezone 'AAA",
+        ),
         ({"task": "no-such-task", "cron": "0 3 * * *"}, "E204", "unknown task 'no-such-task'"),
         (
             {"task": "noop", "cron": "0 3 * * *", "input": {"n": "many"}},

@@ -41,7 +41,9 @@ class InvalidSchedule(ValueError):
 def zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
+    # OSError: a tz database directory ("Europe") or a name too long for a file name, which
+    # ZoneInfo reports as IsADirectoryError / OSError rather than ZoneInfoNotFoundError.
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
         raise InvalidSchedule("timezone", f"unknown timezone {name!r}") from None
 
 
