@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 
 from . import clock
 from .conf import engine_settings
 from .models import Fact, OpLedger, StepAttempt, WorkflowRun
 from .sql import p_uuid, placeholders
-from .states import FINISHED
+from .states import ACTIVE, FINISHED
 
 PRUNE_BATCH = 500  # runs per transaction, with their steps, facts and ledger rows
 RUN = WorkflowRun._meta.db_table
@@ -98,9 +99,14 @@ def register_pruner(
 def _prune_batch(statuses: list[str], cutoff: datetime, batch: int) -> dict[str, int]:
     with transaction.atomic():
         # Oldest first, on the partial index of finished runs. On PostgreSQL a run that is
-        # being retried right now (its row is locked) is left for the next prune.
+        # being retried right now (its row is locked) is left for the next prune. A child whose
+        # parent is unfinished stays: the parent reads the child's row when it resumes.
+        parent_unfinished = WorkflowRun.objects.filter(
+            pk=OuterRef("parent_run_id"), status__in=sorted(ACTIVE)
+        )
         ids = list(
             WorkflowRun.objects.filter(status__in=statuses, finished_at__lt=cutoff)
+            .exclude(Exists(parent_unfinished))
             .order_by("finished_at")
             .select_for_update(skip_locked=True)
             .values_list("pk", flat=True)[:batch]

@@ -131,3 +131,26 @@ def test_prune_dispatched_events_in_batches(fake_clock: FakeClock) -> None:
         if any(deletes_from(EVENT, sql) for sql in part)
     ]
     assert len(deletes) == 3  # 3 + 3 + 1, each in its own transaction
+
+
+def test_a_finished_child_stays_while_its_parent_has_not_taken_its_outcome(
+    fake_clock: FakeClock,
+) -> None:
+    # The parent reads the child's row when it resumes: pruning the child first failed the
+    # parent with WorkflowRun.DoesNotExist. Found by the schedules/retention audit.
+    res = tasks_engine.enqueue("parent", {"value": 4, "sleep": 30})
+    drain(fake_clock, pairs=[("parent", 1)])
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    fake_clock.advance(31)
+    drain(fake_clock, pairs=[("child_echo", 1)])
+    assert WorkflowRun.objects.get(pk=child.pk).status == "completed"
+    assert WorkflowRun.objects.get(pk=res.run_id).status == "pending"  # woken, not yet resumed
+    fake_clock.advance(3 * 86400)
+
+    assert maintenance.prune(timedelta(days=1))["runs"] == 0
+    assert WorkflowRun.objects.filter(pk=child.pk).exists()
+
+    drain(fake_clock)
+    assert tasks_engine.get_run(res.run_id).output == {"child": {"double": 8}}
+    fake_clock.advance(3 * 86400)
+    assert maintenance.prune(timedelta(days=1))["runs"] == 2  # both, once the parent is done
