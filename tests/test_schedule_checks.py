@@ -117,6 +117,15 @@ def test_a_name_too_long_for_the_idempotency_key(settings: Any) -> None:
     assert code == "tasks_engine.E201" and "at most 200" in msg
 
 
+@pytest.mark.parametrize("name", ["nightly\x00scan", "nightly\ud800scan"])
+def test_a_name_no_column_can_hold_is_an_error(settings: Any, name: str) -> None:
+    # Such a name passed the check, then failed every round of the firing service (writing
+    # the state row: a DataError on PostgreSQL, UnicodeEncodeError on both), so the other
+    # schedules after it never fired. Found by the schedules audit.
+    [(code, msg)] = errors(settings, {name: {"task": "noop", "cron": "0 3 * * *"}})
+    assert code == "tasks_engine.E201" and "NUL" in msg
+
+
 @pytest.fixture
 def broken_workflow() -> Iterator[Workflow]:
     wf = registry.register(

@@ -249,6 +249,23 @@ def test_invalid_schedules_are_skipped_by_the_service(settings: Any, clock_at: F
     assert list(Schedule.objects.values_list("name", flat=True)) == ["ok"]
 
 
+@pytest.mark.parametrize("bad", ["nul\x00name", "surrogate\udc80name"])
+def test_a_name_no_column_can_hold_is_skipped_by_the_service(
+    settings: Any, clock_at: FakeClock, bad: str
+) -> None:
+    define(
+        settings,
+        **{
+            bad: {"task": "repeat_names", "cron": "* * * * * *"},
+            "ok": {"task": "repeat_names", "cron": "* * * * * *"},
+        },
+    )
+    schedules.run_once()
+    clock_at.advance(2)
+    assert schedules.run_once() == {"fired": 1, "failed": 0}
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["ok"]
+
+
 def test_list_shows_next_fire_and_last_run(nightly: FakeClock) -> None:
     [view] = schedules.list_schedules()  # before any round: the next fire it will get
     assert (view.name, view.task, view.next_fire_at) == (

@@ -121,6 +121,9 @@ def _spec(
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
         message = f"the name must be a non-empty string of at most {MAX_NAME} characters"
         return _problem(name, source, "malformed", message)
+    if not storable(name):
+        message = "the name must not hold a NUL or a character UTF-8 cannot encode"
+        return _problem(name, source, "malformed", message)
     try:
         parsed = Cron(cron, timezone)
     except InvalidSchedule as exc:
@@ -141,3 +144,15 @@ def first_error(exc: ValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(x) for x in first.get("loc", ())) or "input"
     return f"{where}: {first['msg']}"
+
+
+def storable(text: str) -> bool:
+    """Whether a text column can hold `text`: PostgreSQL's text refuses NUL, and neither
+    database can store a lone surrogate (it is not encodable as UTF-8)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
