@@ -85,6 +85,18 @@ def test_valid_schedules_pass(settings: Any) -> None:
             "E205",
             "invalid input",
         ),
+        # A lone surrogate: UTF-8 cannot encode it, so every fire failed (UnicodeEncodeError
+        # in enqueue) and the schedules after this one never fired. Found by the audit.
+        (
+            {"task": "repeat_names", "cron": "0 3 * * *", "input": {"x": "a\ud800"}},
+            "E205",
+            "invalid input for task 'repeat_names': x: ",
+        ),
+        (
+            {"task": "repeat_names", "cron": "0 3 * * *", "input": {"\udc80": 1}},
+            "E205",
+            "invalid input",
+        ),
         (
             {"task": "repeat_names", "cron": "0 3 * * *", "timezon": "UTC"},
             "E201",
