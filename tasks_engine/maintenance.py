@@ -33,7 +33,7 @@ def prune(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> dict[str, int]:
     cutoff = clock.now() - older_than
     counts = _prune_runs([(sorted(FINISHED), cutoff)], batch)
     for name, pruner in PRUNERS.items():
-        counts[name] = pruner.prune(cutoff, batch)
+        counts[name] = pruner.prune(cutoff, batch, None)
     return counts
 
 
@@ -41,7 +41,8 @@ def prune_expired(*, batch: int = PRUNE_BATCH, max_batches: int | None = None) -
     """The retention service (one leader round, and `tasks prune` without --older-than): delete
     finished runs older than TASKS_ENGINE["RETENTION_DAYS"] for their status (None keeps
     them), with their rows, and other apps' rows past their own retention. With `max_batches`
-    a round stops after that many batches of runs; the next round goes on."""
+    a round stops after that many batches of runs per status, and of each other app's rows;
+    the next round goes on."""
     now = clock.now()
     cutoffs = [
         ([status], now - timedelta(days=days))
@@ -51,7 +52,7 @@ def prune_expired(*, batch: int = PRUNE_BATCH, max_batches: int | None = None) -
     counts = _prune_runs(cutoffs, batch, max_batches)
     for name, pruner in PRUNERS.items():
         keep = pruner.retention() if pruner.retention is not None else None
-        counts[name] = pruner.prune(now - keep, batch) if keep is not None else 0
+        counts[name] = pruner.prune(now - keep, batch, max_batches) if keep is not None else 0
     return counts
 
 
@@ -76,7 +77,7 @@ def _prune_runs(
 # ready()): the engine does not know its consumers.
 @dataclass(frozen=True)
 class Pruner:
-    prune: Callable[[datetime, int], int]
+    prune: Callable[[datetime, int, int | None], int]
     retention: Callable[[], timedelta | None] | None = None
 
 
@@ -85,14 +86,16 @@ PRUNERS: dict[str, Pruner] = {}
 
 def register_pruner(
     name: str,
-    prune: Callable[[datetime, int], int],
+    prune: Callable[[datetime, int, int | None], int],
     *,
     retention: Callable[[], timedelta | None] | None = None,
 ) -> None:
-    """`prune(cutoff, batch)` deletes that app's rows older than `cutoff`, in batches, and
-    returns how many; `tasks prune` reports the count under `name`. `retention()` says how
-    long the retention service keeps them (None, or no `retention`: for ever; `tasks prune
-    --older-than` still prunes them)."""
+    """`prune(cutoff, batch, max_batches)` deletes that app's rows older than `cutoff`, in
+    batches of `batch`, at most `max_batches` of them (None: until none is left; the
+    retention service caps a leader round so it stays short), and returns how many; `tasks
+    prune` reports the count under `name`. `retention()` says how long the retention service
+    keeps them (None, or no `retention`: for ever; `tasks prune --older-than` still prunes
+    them)."""
     PRUNERS[name] = Pruner(prune, retention)
 
 
