@@ -102,6 +102,7 @@ def test_an_expression_with_no_slot_has_no_next() -> None:
         ("*/7 * * * *", "America/New_York", timedelta(days=3)),
         ("0 0 1 1 *", "UTC", timedelta(days=800)),  # yearly: past every lookback window
         ("15 10 29 2 *", "Asia/Tokyo", timedelta(days=3000)),  # leap days only
+        ("*/20 30 2 * * *", "Europe/Berlin", timedelta(days=400)),  # six fields, fixed time
     ],
 )
 def test_latest_missed_slot_matches_walking_every_slot(
