@@ -103,13 +103,19 @@ def _prune_batch(statuses: list[str], cutoff: datetime, batch: int) -> dict[str,
     with transaction.atomic():
         # Oldest first, on the partial index of finished runs. On PostgreSQL a run that is
         # being retried right now (its row is locked) is left for the next prune. A child whose
-        # parent is unfinished stays: the parent reads the child's row when it resumes.
+        # parent is unfinished stays: the parent reads the child's row when it resumes. A
+        # parent with an unfinished child (canceled, its child finishing its step) stays too.
+        active = sorted(ACTIVE)
         parent_unfinished = WorkflowRun.objects.filter(
-            pk=OuterRef("parent_run_id"), status__in=sorted(ACTIVE)
+            pk=OuterRef("parent_run_id"), status__in=active
+        )
+        child_unfinished = WorkflowRun.objects.filter(
+            parent_run_id=OuterRef("pk"), status__in=active
         )
         ids = list(
             WorkflowRun.objects.filter(status__in=statuses, finished_at__lt=cutoff)
             .exclude(Exists(parent_unfinished))
+            .exclude(Exists(child_unfinished))
             .order_by("finished_at")
             .select_for_update(skip_locked=True)
             .values_list("pk", flat=True)[:batch]
