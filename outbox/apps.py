@@ -21,7 +21,9 @@ class OutboxConfig(AppConfig):
         django_checks.register(checks.check_settings)
         register_pruner(
             "outbox_events",
-            lambda cutoff, batch: prune_dispatched(cutoff, batch=batch),
+            lambda cutoff, batch, max_batches: prune_dispatched(
+                cutoff, batch=batch, max_batches=max_batches
+            ),
             retention=lambda: outbox_settings().retention,
         )
         autodiscover_modules("outbox_routes")

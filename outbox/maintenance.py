@@ -11,12 +11,17 @@ from django.db import transaction
 PRUNE_BATCH = 500
 
 
-def prune_dispatched(cutoff: datetime, *, batch: int = PRUNE_BATCH) -> int:
-    """Delete events dispatched before `cutoff`, `batch` per transaction; return how many."""
+def prune_dispatched(
+    cutoff: datetime, *, batch: int = PRUNE_BATCH, max_batches: int | None = None
+) -> int:
+    """Delete events dispatched before `cutoff`, `batch` per transaction, at most
+    `max_batches` transactions (None: until none is left); return how many."""
     from .models import EventStatus, OutboxEvent
 
     total = 0
-    while True:
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        batches += 1
         with transaction.atomic():
             ids = list(
                 OutboxEvent.objects.filter(status=EventStatus.DISPATCHED, published_at__lt=cutoff)
@@ -27,4 +32,5 @@ def prune_dispatched(cutoff: datetime, *, batch: int = PRUNE_BATCH) -> int:
                 deleted, _ = OutboxEvent.objects.filter(pk__in=ids).delete()
                 total += deleted
         if len(ids) < batch:
-            return total
+            break
+    return total

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 
 from . import clock
 from .conf import engine_settings
 from .models import Fact, OpLedger, StepAttempt, WorkflowRun
 from .sql import p_uuid, placeholders
-from .states import FINISHED
+from .states import ACTIVE, FINISHED
 
 PRUNE_BATCH = 500  # runs per transaction, with their steps, facts and ledger rows
 RUN = WorkflowRun._meta.db_table
@@ -32,7 +33,7 @@ def prune(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> dict[str, int]:
     cutoff = clock.now() - older_than
     counts = _prune_runs([(sorted(FINISHED), cutoff)], batch)
     for name, pruner in PRUNERS.items():
-        counts[name] = pruner.prune(cutoff, batch)
+        counts[name] = pruner.prune(cutoff, batch, None)
     return counts
 
 
@@ -40,7 +41,8 @@ def prune_expired(*, batch: int = PRUNE_BATCH, max_batches: int | None = None) -
     """The retention service (one leader round, and `tasks prune` without --older-than): delete
     finished runs older than TASKS_ENGINE["RETENTION_DAYS"] for their status (None keeps
     them), with their rows, and other apps' rows past their own retention. With `max_batches`
-    a round stops after that many batches of runs; the next round goes on."""
+    a round stops after that many batches of runs per status, and of each other app's rows;
+    the next round goes on."""
     now = clock.now()
     cutoffs = [
         ([status], now - timedelta(days=days))
@@ -50,7 +52,7 @@ def prune_expired(*, batch: int = PRUNE_BATCH, max_batches: int | None = None) -
     counts = _prune_runs(cutoffs, batch, max_batches)
     for name, pruner in PRUNERS.items():
         keep = pruner.retention() if pruner.retention is not None else None
-        counts[name] = pruner.prune(now - keep, batch) if keep is not None else 0
+        counts[name] = pruner.prune(now - keep, batch, max_batches) if keep is not None else 0
     return counts
 
 
@@ -75,7 +77,7 @@ def _prune_runs(
 # ready()): the engine does not know its consumers.
 @dataclass(frozen=True)
 class Pruner:
-    prune: Callable[[datetime, int], int]
+    prune: Callable[[datetime, int, int | None], int]
     retention: Callable[[], timedelta | None] | None = None
 
 
@@ -84,23 +86,36 @@ PRUNERS: dict[str, Pruner] = {}
 
 def register_pruner(
     name: str,
-    prune: Callable[[datetime, int], int],
+    prune: Callable[[datetime, int, int | None], int],
     *,
     retention: Callable[[], timedelta | None] | None = None,
 ) -> None:
-    """`prune(cutoff, batch)` deletes that app's rows older than `cutoff`, in batches, and
-    returns how many; `tasks prune` reports the count under `name`. `retention()` says how
-    long the retention service keeps them (None, or no `retention`: for ever; `tasks prune
-    --older-than` still prunes them)."""
+    """`prune(cutoff, batch, max_batches)` deletes that app's rows older than `cutoff`, in
+    batches of `batch`, at most `max_batches` of them (None: until none is left; the
+    retention service caps a leader round so it stays short), and returns how many; `tasks
+    prune` reports the count under `name`. `retention()` says how long the retention service
+    keeps them (None, or no `retention`: for ever; `tasks prune --older-than` still prunes
+    them)."""
     PRUNERS[name] = Pruner(prune, retention)
 
 
 def _prune_batch(statuses: list[str], cutoff: datetime, batch: int) -> dict[str, int]:
     with transaction.atomic():
         # Oldest first, on the partial index of finished runs. On PostgreSQL a run that is
-        # being retried right now (its row is locked) is left for the next prune.
+        # being retried right now (its row is locked) is left for the next prune. A child whose
+        # parent is unfinished stays: the parent reads the child's row when it resumes. A
+        # parent with an unfinished child (canceled, its child finishing its step) stays too.
+        active = sorted(ACTIVE)
+        parent_unfinished = WorkflowRun.objects.filter(
+            pk=OuterRef("parent_run_id"), status__in=active
+        )
+        child_unfinished = WorkflowRun.objects.filter(
+            parent_run_id=OuterRef("pk"), status__in=active
+        )
         ids = list(
             WorkflowRun.objects.filter(status__in=statuses, finished_at__lt=cutoff)
+            .exclude(Exists(parent_unfinished))
+            .exclude(Exists(child_unfinished))
             .order_by("finished_at")
             .select_for_update(skip_locked=True)
             .values_list("pk", flat=True)[:batch]

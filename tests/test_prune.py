@@ -16,7 +16,7 @@ from outbox import publish
 from outbox.maintenance import prune_dispatched
 from outbox.models import OutboxEvent
 from outbox.relay import relay_once
-from tasks_engine import clock, maintenance
+from tasks_engine import clock, maintenance, transitions
 from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
 from tests.helpers import FakeClock, drain
 
@@ -131,3 +131,45 @@ def test_prune_dispatched_events_in_batches(fake_clock: FakeClock) -> None:
         if any(deletes_from(EVENT, sql) for sql in part)
     ]
     assert len(deletes) == 3  # 3 + 3 + 1, each in its own transaction
+
+
+def test_a_finished_child_stays_while_its_parent_has_not_taken_its_outcome(
+    fake_clock: FakeClock,
+) -> None:
+    # The parent reads the child's row when it resumes: pruning the child first failed the
+    # parent with WorkflowRun.DoesNotExist. Found by the schedules/retention audit.
+    res = tasks_engine.enqueue("parent", {"value": 4, "sleep": 30})
+    drain(fake_clock, pairs=[("parent", 1)])
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    fake_clock.advance(31)
+    drain(fake_clock, pairs=[("child_echo", 1)])
+    assert WorkflowRun.objects.get(pk=child.pk).status == "completed"
+    assert WorkflowRun.objects.get(pk=res.run_id).status == "pending"  # woken, not yet resumed
+    fake_clock.advance(3 * 86400)
+
+    assert maintenance.prune(timedelta(days=1))["runs"] == 0
+    assert WorkflowRun.objects.filter(pk=child.pk).exists()
+
+    drain(fake_clock)
+    assert tasks_engine.get_run(res.run_id).output == {"child": {"double": 8}}
+    fake_clock.advance(3 * 86400)
+    assert maintenance.prune(timedelta(days=1))["runs"] == 2  # both, once the parent is done
+
+
+def test_a_finished_parent_stays_while_a_child_is_unfinished(fake_clock: FakeClock) -> None:
+    # Canceling a parent whose child is running asks the child to stop; the child ends only at
+    # its next step. Pruning the canceled parent meanwhile dropped the child's link to it
+    # (the run that canceled it). Found by the retention audit.
+    res = tasks_engine.enqueue("parent", {"value": 1, "sleep": 30})
+    drain(fake_clock, pairs=[("parent", 1)])
+    child = WorkflowRun.objects.get(parent_run_id=res.run_id)
+    fake_clock.advance(31)
+    [held] = transitions.claim_runs("busy-worker", [("child_echo", 1)], None, 1, 3600.0)
+    assert held.lease.run_id == child.pk
+    assert tasks_engine.cancel(res.run_id)
+    assert WorkflowRun.objects.get(pk=res.run_id).status == "canceled"
+    assert WorkflowRun.objects.get(pk=child.pk).status == "running"  # asked to stop
+    fake_clock.advance(3 * 86400)
+
+    assert maintenance.prune(timedelta(days=1))["runs"] == 0
+    assert WorkflowRun.objects.get(pk=child.pk).parent_run_id == res.run_id

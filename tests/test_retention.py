@@ -102,6 +102,20 @@ def test_retention_deletes_in_batches_and_a_round_can_be_capped(fake_clock: Fake
     assert left(ids) == 0
 
 
+@override_settings(OUTBOX={"RETENTION_DAYS": 1})
+def test_a_capped_round_caps_dispatched_events_too(fake_clock: FakeClock) -> None:
+    # The leader's round is capped so that schedules, dead-worker detection and lease renewal
+    # are not held up by a backlog; the outbox's pruner used to delete its whole backlog in
+    # one round whatever the cap. Found by the retention audit.
+    for i in range(7):
+        publish("test.record", {"key": i})
+    assert relay_once(10).dispatched == 7
+    fake_clock.advance(2 * DAY)
+    assert maintenance.prune_expired(batch=2, max_batches=2)["outbox_events"] == 4
+    assert OutboxEvent.objects.count() == 3
+    assert maintenance.prune_expired(batch=2)["outbox_events"] == 3  # uncapped: the rest
+
+
 @override_settings(OUTBOX={"RETENTION_DAYS": 7})
 def test_dispatched_events_go_after_the_outbox_retention(fake_clock: FakeClock) -> None:
     old = publish("test.record", {"key": "old"})

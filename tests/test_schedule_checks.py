@@ -56,6 +56,18 @@ def test_valid_schedules_pass(settings: Any) -> None:
             "E203",
             "unknown timezone 1",
         ),
+        # A tz database directory, or a name too long for a file name: ZoneInfo raises
+        # OSError for these, not ZoneInfoNotFoundError.
+        (
+            {"task": "repeat_names", "cron": "0 3 * * *", "timezone": "Europe"},
+            "E203",
+            "unknown timezone 'Europe'",
+        ),
+        (
+            {"task": "repeat_names", "cron": "0 3 * * *", "timezone": "A" * 300},
+            "E203",
+            "unknown timezone 'AAA",
+        ),
         ({"task": "no-such-task", "cron": "0 3 * * *"}, "E204", "unknown task 'no-such-task'"),
         (
             {"task": "noop", "cron": "0 3 * * *", "input": {"n": "many"}},
@@ -70,6 +82,18 @@ def test_valid_schedules_pass(settings: Any) -> None:
         ({"task": "noop", "cron": "0 3 * * *", "input": [1]}, "E205", "invalid input"),
         (
             {"task": "repeat_names", "cron": "0 3 * * *", "input": {"x": {1, 2}}},
+            "E205",
+            "invalid input",
+        ),
+        # A lone surrogate: UTF-8 cannot encode it, so every fire failed (UnicodeEncodeError
+        # in enqueue) and the schedules after this one never fired. Found by the audit.
+        (
+            {"task": "repeat_names", "cron": "0 3 * * *", "input": {"x": "a\ud800"}},
+            "E205",
+            "invalid input for task 'repeat_names': x: ",
+        ),
+        (
+            {"task": "repeat_names", "cron": "0 3 * * *", "input": {"\udc80": 1}},
             "E205",
             "invalid input",
         ),
@@ -103,6 +127,15 @@ def test_schedules_must_be_a_dict(settings: Any) -> None:
 def test_a_name_too_long_for_the_idempotency_key(settings: Any) -> None:
     [(code, msg)] = errors(settings, {"x" * 201: {"task": "noop", "cron": "0 3 * * *"}})
     assert code == "tasks_engine.E201" and "at most 200" in msg
+
+
+@pytest.mark.parametrize("name", ["nightly\x00scan", "nightly\ud800scan"])
+def test_a_name_no_column_can_hold_is_an_error(settings: Any, name: str) -> None:
+    # Such a name passed the check, then failed every round of the firing service (writing
+    # the state row: a DataError on PostgreSQL, UnicodeEncodeError on both), so the other
+    # schedules after it never fired. Found by the schedules audit.
+    [(code, msg)] = errors(settings, {name: {"task": "noop", "cron": "0 3 * * *"}})
+    assert code == "tasks_engine.E201" and "NUL" in msg
 
 
 @pytest.fixture

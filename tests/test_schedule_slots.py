@@ -102,6 +102,7 @@ def test_an_expression_with_no_slot_has_no_next() -> None:
         ("*/7 * * * *", "America/New_York", timedelta(days=3)),
         ("0 0 1 1 *", "UTC", timedelta(days=800)),  # yearly: past every lookback window
         ("15 10 29 2 *", "Asia/Tokyo", timedelta(days=3000)),  # leap days only
+        ("*/20 30 2 * * *", "Europe/Berlin", timedelta(days=400)),  # six fields, fixed time
     ],
 )
 def test_latest_missed_slot_matches_walking_every_slot(
@@ -145,3 +146,31 @@ def test_invalid_expressions_and_zones_are_refused(expr: str, tz: str, what: str
     with pytest.raises(InvalidSchedule) as info:
         Cron(expr, tz)
     assert info.value.what == what
+
+
+def test_a_six_field_expression_at_a_fixed_time_follows_the_same_dst_rules() -> None:
+    # cronsim applies Debian's DST rules to five-field expressions only: "0 30 2 * * *" fired
+    # twice on the autumn day and not at all on the spring day, unlike the documented rules
+    # for expressions with a fixed minute and hour. Found by the schedules audit.
+    cron = Cron("15 30 2 * * *", "Europe/Berlin")
+    assert slots(cron, utc(2026, 3, 28, 12), 2) == [
+        "2026-03-29T01:00:15+00:00",  # 03:00:15 CEST, the jump: once
+        "2026-03-30T00:30:15+00:00",
+    ]
+    assert slots(cron, utc(2026, 10, 24, 12), 2) == [
+        "2026-10-25T00:30:15+00:00",  # 02:30:15 CEST; not again at 02:30:15 CET
+        "2026-10-26T01:30:15+00:00",
+    ]
+    every_20s = Cron("*/20 30 2 * * *", "Europe/Berlin")
+    assert slots(every_20s, utc(2026, 10, 25, 0, 30, 5), 3) == [
+        "2026-10-25T00:30:20+00:00",
+        "2026-10-25T00:30:40+00:00",
+        "2026-10-26T01:30:00+00:00",
+    ]
+    # With `*` in the hour it follows real time, as a five-field one does.
+    hourly = Cron("0 0 * * * *", "Europe/Berlin")
+    assert slots(hourly, utc(2026, 10, 24, 23, 30), 3) == [
+        "2026-10-25T00:00:00+00:00",
+        "2026-10-25T01:00:00+00:00",
+        "2026-10-25T02:00:00+00:00",
+    ]

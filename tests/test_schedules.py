@@ -178,6 +178,37 @@ def test_a_slot_whose_key_holds_other_input_fails_alone_and_the_next_fires(
     assert row("a").last_error == "" and row("a").last_run_id is not None
 
 
+@pytest.fixture
+def keyed_by_disk() -> Iterator[Workflow]:
+    """A workflow whose concurrency key callable needs input a schedule may not give."""
+    wf = registry.register(
+        Workflow(fn=lambda ctx: None, name="keyed-by-disk", concurrency_key=lambda i: i["disk"])
+    )
+    yield wf
+    registry.unregister(wf.name, wf.version)
+
+
+def test_a_fire_whose_enqueue_raises_fails_alone_and_the_others_fire(
+    settings: Any, clock_at: FakeClock, keyed_by_disk: Workflow
+) -> None:
+    # enqueue refuses the run (ValueError: the key callable raised KeyError): that used to
+    # fail the whole round, every second, so the schedules after it never fired. Found by
+    # the schedules audit.
+    define(
+        settings,
+        a={"task": "keyed-by-disk", "cron": "0 3 * * *"},
+        b={"task": "repeat_names", "cron": "0 3 * * *"},
+    )
+    schedules.run_once()
+    clock_at.current = datetime(2026, 12, 2, 3, 0, 1, tzinfo=UTC)
+    assert schedules.run_once() == {"fired": 1, "failed": 1}
+    a = row("a")
+    assert "ValueError" in a.last_error and "concurrency_key" in a.last_error
+    assert a.next_fire_at == datetime(2026, 12, 3, 3, tzinfo=UTC)  # given up, not retried
+    assert row("b").last_run_id is not None
+    assert not WorkflowRun.objects.filter(task_name="keyed-by-disk").exists()
+
+
 def test_pause_stops_fires_and_resume_goes_on_from_the_next_slot(nightly: FakeClock) -> None:
     schedules.run_once()
     assert schedules.pause("nightly-scan") is True
@@ -242,6 +273,23 @@ def test_invalid_schedules_are_skipped_by_the_service(settings: Any, clock_at: F
         settings,
         bad={"task": "repeat_names", "cron": "61 * * * *"},
         ok={"task": "repeat_names", "cron": "* * * * * *"},
+    )
+    schedules.run_once()
+    clock_at.advance(2)
+    assert schedules.run_once() == {"fired": 1, "failed": 0}
+    assert list(Schedule.objects.values_list("name", flat=True)) == ["ok"]
+
+
+@pytest.mark.parametrize("bad", ["nul\x00name", "surrogate\udc80name"])
+def test_a_name_no_column_can_hold_is_skipped_by_the_service(
+    settings: Any, clock_at: FakeClock, bad: str
+) -> None:
+    define(
+        settings,
+        **{
+            bad: {"task": "repeat_names", "cron": "* * * * * *"},
+            "ok": {"task": "repeat_names", "cron": "* * * * * *"},
+        },
     )
     schedules.run_once()
     clock_at.advance(2)

@@ -131,9 +131,10 @@ def _enqueue(spec: ScheduleSpec, row: Schedule, slot: datetime, now: datetime) -
     key = idempotency_key(spec.name, slot)
     try:
         res = enqueue(spec.task, spec.input, idempotency_key=key)
-    except (UnknownTaskError, ValidationError, IdempotencyConflict) as exc:
-        # The definition is broken (manage.py check says so): this slot is given up, not
-        # retried every second; the next one tries again.
+    except (UnknownTaskError, ValidationError, IdempotencyConflict, ValueError, TypeError) as exc:
+        # The definition is broken (manage.py check says so), or enqueue refused the run (a
+        # key callable that raised, say: ValueError): this slot is given up, not retried every
+        # second, and the round goes on with the other schedules; the next slot tries again.
         row.last_error = error = f"{key}: {type(exc).__name__}: {exc}"[:2000]
         transaction.on_commit(lambda: log.error("schedule_fire_failed", error=error))
         return "failed"

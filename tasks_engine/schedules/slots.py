@@ -6,7 +6,8 @@ at the jump (02:30 Europe/Berlin on that day is 03:00 CEST, 01:00 UTC), and a lo
 autumn fall-back repeats runs once, the first time (CEST). Expressions with `*` in the minute
 or hour fields follow UTC instants (an hourly schedule fires at both 02:00 of the repeated
 hour: they are different instants). An optional sixth field, FIRST, gives seconds
-("*/5 * * * * *": every five seconds).
+("*/5 * * * * *": every five seconds); a six-field expression with a fixed minute and hour
+follows the same DST rules at the minute, its seconds counted from there.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class InvalidSchedule(ValueError):
 def zone(name: str) -> ZoneInfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
+    # OSError: a tz database directory ("Europe") or a name too long for a file name, which
+    # ZoneInfo reports as IsADirectoryError / OSError rather than ZoneInfoNotFoundError.
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):
         raise InvalidSchedule("timezone", f"unknown timezone {name!r}") from None
 
 
@@ -70,11 +73,26 @@ class Cron:
         last = t
         # cronsim walks wall-clock time for fixed-time expressions, so after the repeated
         # hour it can name the first 02:30 again: never go back.
-        for local in CronSim(self.expr, t.astimezone(self.tz)):
-            slot = local.astimezone(UTC)
+        for slot in self._candidates(t):
             if slot > last:
                 last = slot
                 yield slot
+
+    def _candidates(self, t: datetime) -> Iterator[datetime]:
+        fields = self.expr.split()
+        if len(fields) == 5 or fields[1].startswith("*") or fields[2].startswith("*"):
+            for local in CronSim(self.expr, t.astimezone(self.tz)):
+                yield local.astimezone(UTC)
+            return
+        # Six fields at a fixed minute and hour: cronsim keeps Debian's DST rules to five-field
+        # expressions, so find the minutes with those (the five fields after the seconds) and
+        # fire each minute's seconds from there. The minute holding a slot just after `t` may
+        # have begun before it: start a minute early.
+        seconds = sorted(CronSim(self.expr, t).seconds)
+        for local in CronSim(" ".join(fields[1:]), (t - timedelta(minutes=1)).astimezone(self.tz)):
+            minute = local.astimezone(UTC)
+            for second in seconds:
+                yield minute + timedelta(seconds=second)
 
     def next_after(self, t: datetime) -> datetime | None:
         return next(self.slots_after(t), None)

@@ -121,18 +121,26 @@ def _spec(
     if not isinstance(name, str) or not name.strip() or len(name) > MAX_NAME:
         message = f"the name must be a non-empty string of at most {MAX_NAME} characters"
         return _problem(name, source, "malformed", message)
+    if not storable(name):
+        message = "the name must not hold a NUL or a character UTF-8 cannot encode"
+        return _problem(name, source, "malformed", message)
     try:
         parsed = Cron(cron, timezone)
     except InvalidSchedule as exc:
         return _problem(name, source, exc.what, str(exc))
     try:
-        registry.get(task).validate_input(input)
+        stored = registry.get(task).validate_input(input)
     except UnknownTaskError as exc:
         return _problem(name, source, "task", str(exc))
     except ValidationError as exc:
         return _problem(
             name, source, "input", f"invalid input for task {task!r}: {first_error(exc)}"
         )
+    where = unencodable(stored)
+    if where is not None:
+        at = ".".join(where).encode("utf-8", "backslashreplace").decode() or "input"
+        message = f"invalid input for task {task!r}: {at}: a string UTF-8 cannot encode"
+        return _problem(name, source, "input", message)
     return ScheduleSpec(name, task, parsed, input, source)
 
 
@@ -141,3 +149,36 @@ def first_error(exc: ValidationError) -> str:
     first = exc.errors()[0]
     where = ".".join(str(x) for x in first.get("loc", ())) or "input"
     return f"{where}: {first['msg']}"
+
+
+def storable(text: str) -> bool:
+    """Whether a text column can hold `text`: PostgreSQL's text refuses NUL, and neither
+    database can store a lone surrogate (it is not encodable as UTF-8)."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def unencodable(value: Any, path: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """Where a JSON value holds a string (or key) with a lone surrogate, which no database
+    column can store (validate_input lets it through; enqueue then fails), or None."""
+    if isinstance(value, str):
+        return None if storable(value.replace("\x00", "")) else path
+    if isinstance(value, dict):
+        for key, item in value.items():
+            key_path = (*path, str(key))
+            if isinstance(key, str) and not storable(key.replace("\x00", "")):
+                return key_path
+            found = unencodable(item, key_path)
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = unencodable(item, (*path, str(i)))
+            if found is not None:
+                return found
+    return None
