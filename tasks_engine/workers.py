@@ -6,7 +6,7 @@ renewed should not look alive either). Beats are stamped with the database's clo
 on hosts with skewed clocks compare fairly. A graceful stop deletes the row.
 
 A worker whose beat is older than DEAD_WORKER_SECONDS is dead (`kill -9`, a lost host): the
-leader's `reap_dead_workers` service sets its runs' lease expiry to its last beat, so the claim's
+leader's `reap_dead_workers` service sets its runs' lease expiry to now, so the claim's
 expired-lease source takes them at once instead of at lease expiry, and deletes the row. That
 is safe even for a worker that was only stalled: its writes are fenced by the lease token, and a
 lease nobody took over is still its own (the heartbeat renews it, and the next beat re-inserts
@@ -212,8 +212,8 @@ def _serves(worker: tuple[list[str], list[str]], task: str, version: int, queue:
 
 def reap_dead_workers() -> dict[str, int]:
     """One round of the leader's dead-worker service: for every worker whose beat is older than
-    DEAD_WORKER_SECONDS, make its running runs claimable now (lease expiry = its last beat)
-    and delete its row, in one short transaction. Returns {"workers": n, "runs": m}."""
+    DEAD_WORKER_SECONDS, make its running runs claimable now (lease expiry = now) and delete its
+    row, in one short transaction. Returns {"workers": n, "runs": m}."""
     cutoff_sql, cutoff_params = db_now_sql(-engine_settings().dead_worker_seconds)
     # Not sql.execute(): a statement shape per number of dead workers is not worth preparing.
     with transaction.atomic(), connection.cursor() as cur:
@@ -225,16 +225,12 @@ def reap_dead_workers() -> dict[str, int]:
         dead = [r[0] for r in cur.fetchall()]
         if not dead:
             return {"workers": 0, "runs": 0}
-        # Lease expiry = the dead worker's last beat (database clock, DEAD_WORKER_SECONDS or
-        # more ago), not this leader's clock: claimers compare it with their own clocks, and a
-        # leader whose clock ran ahead would keep the runs from them for the difference.
+        now = p_dt(clock.now())
         ids = placeholders(len(dead))
-        last_beat = f"(SELECT w.last_heartbeat FROM {WORKER} w WHERE w.id = {RUN}.worker_id)"
         cur.execute(
-            f"""UPDATE {RUN} SET available_at = {last_beat}
-                WHERE status = 'running' AND worker_id IN ({ids})
-                    AND available_at > {last_beat}""",
-            dead,
+            f"""UPDATE {RUN} SET available_at = %s
+                WHERE status = 'running' AND worker_id IN ({ids}) AND available_at > %s""",
+            [now, *dead, now],
         )
         runs = cur.rowcount
         cur.execute(f"DELETE FROM {WORKER} WHERE id IN ({ids})", dead)
