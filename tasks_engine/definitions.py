@@ -357,12 +357,16 @@ def _check_definition(
     for what, policy in (("retry", retry), ("step_retry", step_retry)):
         if policy is not None and not isinstance(policy, RetryPolicy):
             raise TypeError(f"workflow {what} must be a RetryPolicy, not {policy!r}")
+    check_priority(priority, "workflow priority")
+
+
+def check_priority(priority: Any, what: str = "priority") -> None:
+    """A run's priority (the column's int32): TypeError unless an integer (not a bool),
+    ValueError outside the range. For @workflow and enqueue alike."""
     if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"workflow priority must be an integer, not {priority!r}")
+        raise TypeError(f"{what} must be an integer, not {priority!r}")
     if not INT32[0] <= priority <= INT32[1]:
-        raise ValueError(
-            f"workflow priority must be between {INT32[0]} and {INT32[1]}, not {priority!r}"
-        )
+        raise ValueError(f"{what} must be between {INT32[0]} and {INT32[1]}, not {priority!r}")
 
 
 def _check_text(what: str, value: Any, longest: int) -> None:

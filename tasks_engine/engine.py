@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 
 from . import notify, tracing, transitions
-from .definitions import Workflow, registry
+from .definitions import Workflow, check_priority, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import QUEUED, Fact, StepAttempt, WorkflowRun
 from .run_waiter import wait_finished
@@ -143,7 +143,6 @@ _LONGEST: dict[str, int] = {
     what: int(getattr(model._meta.get_field(f), "max_length", 0) or 0)
     for what, (model, f) in _COLUMNS.items()
 }
-_INT32 = (-(2**31), 2**31 - 1)
 
 
 def _check_text(what: str, value: Any) -> None:
@@ -155,13 +154,6 @@ def _check_text(what: str, value: Any) -> None:
         raise ValueError(f"{what} is {len(value)} characters long: at most {_LONGEST[what]}")
     if "\x00" in value:
         raise ValueError(f"{what} must not contain a NUL character")
-
-
-def _check_priority(priority: Any) -> None:
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"priority must be an integer, not {priority!r}")
-    if not _INT32[0] <= priority <= _INT32[1]:
-        raise ValueError(f"priority must be between {_INT32[0]} and {_INT32[1]}, not {priority}")
 
 
 def _check_time(what: str, value: Any) -> None:
@@ -224,7 +216,7 @@ def enqueue(
         if value is not None:
             _check_text(what, value)
     if priority is not None:
-        _check_priority(priority)
+        check_priority(priority)
     for what, when in (("available_at", available_at), ("deadline_at", deadline_at)):
         if when is not None:
             _check_time(what, when)
