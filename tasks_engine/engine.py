@@ -156,7 +156,7 @@ def _check_text(what: str, value: Any) -> None:
         raise ValueError(f"{what} must not contain a NUL character")
 
 
-def _check_time(what: str, value: Any) -> None:
+def check_time(what: str, value: Any) -> None:
     """TypeError unless a datetime; ValueError unless timezone-aware (a naive one would be
     read in the server's zone, with only a RuntimeWarning from Django)."""
     if not isinstance(value, datetime):
@@ -219,7 +219,7 @@ def enqueue(
         check_priority(priority)
     for what, when in (("available_at", available_at), ("deadline_at", deadline_at)):
         if when is not None:
-            _check_time(what, when)
+            check_time(what, when)
     digest = input_hash(data)
     fields: dict[str, Any] = {
         "task_name": wf.name,

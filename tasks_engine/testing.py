@@ -50,12 +50,7 @@ class FakeClock:
 
     def __init__(self, start: datetime | None = None) -> None:
         if start is not None:
-            if not isinstance(start, datetime):
-                raise TypeError(f"start must be a datetime, not {start!r}")
-            if start.utcoffset() is None:
-                raise ValueError(
-                    f"start must be timezone-aware (the engine's times are), got {start!r}"
-                )
+            engine.check_time("start", start)  # the engine's times are aware
         self.current = start or datetime.now(UTC)
 
     def now(self) -> datetime:
