@@ -140,21 +140,24 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         unreached,
         has_parent=handle.has_parent,
         progress=progress,
-        ended=functools.partial(_completion_written, run.task_name, ctx),
+        ended=functools.partial(_completion_written, run),
     )
     if unreached:
         ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
     return "completed"
 
 
-def _completion_written(task: str, ctx: TaskContext, status: str) -> None:
+def _completion_written(run: WorkflowRun, status: str) -> None:
     """The completion's write is done (for a detached one, on the writer's thread): count what
     it wrote. A cancel that committed after the handler's last look at it won: the run ended
-    canceled, its output not kept."""
+    canceled, its output not kept. It holds the run, not the run's context: holding the
+    context until the writer settled cost a worker about 20 us of CPU a run (bench/PROFILE.md,
+    eleventh session), likely the cyclic collector's, as contexts then outlived its young
+    generation."""
     try:  # observability only: it must never fail the writer that reports it
-        metrics.record_run_outcome(task, status)
+        metrics.record_run_outcome(run.task_name, status)
         if status == "canceled":
-            ctx.logger.info("run canceled", why="the cancel committed as the handler returned")
+            run_logger(run).info("run canceled", why="the cancel committed as the handler returned")
     except Exception:  # noqa: BLE001 - a broken log handler cannot be logged to either
         pass
 
