@@ -48,6 +48,7 @@ from django.utils.module_loading import import_string
 from pydantic import BaseModel
 
 from .definitions import QUEUE_MAX_LENGTH, RetryPolicy, workflow
+from .durations import duration_seconds
 from .exceptions import (
     EngineUnavailable,
     LeaseLostError,
@@ -133,8 +134,10 @@ class DurableBackend(BaseTaskBackend):
         if not _valid_queues_setting(self.queues_setting):
             params = {k: v for k, v in params.items() if k != "QUEUES"}
         super().__init__(alias, params)
-        self.retry_interval = float(self.options.get("RETRY_INITIAL_INTERVAL", 1.0))
-        self.retry_max_interval = float(self.options.get("RETRY_MAX_INTERVAL", 60.0))
+        # The django_task workflow's RetryPolicy intervals, as configured: check() reports a
+        # bad one (E013), and the policy refuses it when a task runs.
+        self.retry_interval: Any = self.options.get("RETRY_INITIAL_INTERVAL", 1.0)
+        self.retry_max_interval: Any = self.options.get("RETRY_MAX_INTERVAL", 60.0)
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
@@ -195,7 +198,7 @@ class DurableBackend(BaseTaskBackend):
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         from django.apps import apps
 
-        errors = self._check_queues()
+        errors = [*self._check_queues(), *self._check_retry()]
         if not apps.is_installed("tasks_engine"):
             errors.append(
                 checks.Error(
@@ -205,6 +208,20 @@ class DurableBackend(BaseTaskBackend):
                     id="tasks_engine.E010",
                 )
             )
+        return errors
+
+    def _check_retry(self) -> list[checks.CheckMessage]:
+        """The RETRY_* options are RetryPolicy intervals: RetryPolicy's rule (seconds or a
+        timedelta, from 0 to 36,500 days), checked here with the option's name."""
+        errors: list[checks.CheckMessage] = []
+        for key, value in (
+            ("RETRY_INITIAL_INTERVAL", self.retry_interval),
+            ("RETRY_MAX_INTERVAL", self.retry_max_interval),
+        ):
+            try:
+                duration_seconds(value, f"TASKS[{self.alias!r}]['OPTIONS'][{key!r}]", zero_ok=True)
+            except (TypeError, ValueError) as exc:
+                errors.append(checks.Error(str(exc), id="tasks_engine.E013"))
         return errors
 
     def _check_queues(self) -> list[checks.CheckMessage]:
