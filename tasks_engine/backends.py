@@ -47,7 +47,8 @@ from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from pydantic import BaseModel
 
-from .definitions import RetryPolicy, workflow
+from .definitions import QUEUE_MAX_LENGTH, RetryPolicy, workflow
+from .durations import duration_seconds
 from .exceptions import (
     EngineUnavailable,
     LeaseLostError,
@@ -55,6 +56,7 @@ from .exceptions import (
     Suspend,
 )
 from .serialization import encode_error, to_jsonable
+from .text import check_text
 
 if TYPE_CHECKING:
     from .context import TaskContext as RunContext
@@ -62,7 +64,6 @@ if TYPE_CHECKING:
 
 DJANGO_TASK = "django_task"  # the built-in workflow that runs Django tasks
 CALL_STEP = "call"  # its one step
-QUEUE_MAX_LENGTH = 100  # WorkflowRun.queue's max_length (models can't be imported here)
 
 STATUS_MAP: dict[str, TaskResultStatus] = {
     "pending": TaskResultStatus.READY,
@@ -133,17 +134,15 @@ class DurableBackend(BaseTaskBackend):
         if not _valid_queues_setting(self.queues_setting):
             params = {k: v for k, v in params.items() if k != "QUEUES"}
         super().__init__(alias, params)
-        self.retry_interval = float(self.options.get("RETRY_INITIAL_INTERVAL", 1.0))
-        self.retry_max_interval = float(self.options.get("RETRY_MAX_INTERVAL", 60.0))
+        # The django_task workflow's RetryPolicy intervals, as configured: check() reports a
+        # bad one (E013), and the policy refuses it when a task runs.
+        self.retry_interval: Any = self.options.get("RETRY_INITIAL_INTERVAL", 1.0)
+        self.retry_max_interval: Any = self.options.get("RETRY_MAX_INTERVAL", 60.0)
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
-        queue = task.queue_name
-        if not isinstance(queue, str) or not 0 < len(queue) <= QUEUE_MAX_LENGTH:
-            raise InvalidTask(
-                f"queue_name must be a non-empty string of at most {QUEUE_MAX_LENGTH} "
-                f"characters, got {queue!r}"
-            )
+        if (problem := _queue_problem(task.queue_name)) is not None:
+            raise InvalidTask(problem)
         attempts = getattr(task, "max_attempts", 1)
         if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
             raise InvalidTask(f"max_attempts must be a whole number >= 1, got {attempts!r}")
@@ -199,7 +198,7 @@ class DurableBackend(BaseTaskBackend):
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         from django.apps import apps
 
-        errors = self._check_queues()
+        errors = [*self._check_queues(), *self._check_retry()]
         if not apps.is_installed("tasks_engine"):
             errors.append(
                 checks.Error(
@@ -209,6 +208,20 @@ class DurableBackend(BaseTaskBackend):
                     id="tasks_engine.E010",
                 )
             )
+        return errors
+
+    def _check_retry(self) -> list[checks.CheckMessage]:
+        """The RETRY_* options are RetryPolicy intervals: RetryPolicy's rule (seconds or a
+        timedelta, from 0 to 36,500 days), checked here with the option's name."""
+        errors: list[checks.CheckMessage] = []
+        for key, value in (
+            ("RETRY_INITIAL_INTERVAL", self.retry_interval),
+            ("RETRY_MAX_INTERVAL", self.retry_max_interval),
+        ):
+            try:
+                duration_seconds(value, f"TASKS[{self.alias!r}]['OPTIONS'][{key!r}]", zero_ok=True)
+            except (TypeError, ValueError) as exc:
+                errors.append(checks.Error(str(exc), id="tasks_engine.E013"))
         return errors
 
     def _check_queues(self) -> list[checks.CheckMessage]:
@@ -226,17 +239,13 @@ class DurableBackend(BaseTaskBackend):
                     id="tasks_engine.E011",
                 )
             ]
-        bad = sorted(
-            repr(q)
-            for q in self.queues
-            if not isinstance(q, str) or not 0 < len(q) <= QUEUE_MAX_LENGTH
-        )
+        bad = sorted(repr(q) for q in self.queues if _queue_problem(q) is not None)
         if bad:
             return [
                 checks.Error(
                     f"{where} holds names no run can be stored under: {', '.join(bad)}",
                     hint=f"Queue names are non-empty strings of at most {QUEUE_MAX_LENGTH} "
-                    "characters.",
+                    "characters, without a NUL character.",
                     id="tasks_engine.E012",
                 )
             ]
@@ -298,6 +307,15 @@ def _idempotency_key(task: Task, args: list[Any], kwargs: dict[str, Any]) -> str
     if key is None:
         return None
     return str(key(*args, **kwargs) if callable(key) else key.format(*args, **kwargs))
+
+
+def _queue_problem(queue: Any) -> str | None:
+    """Why no run can be stored under `queue` (the rule @workflow and enqueue apply), or None."""
+    try:
+        check_text("queue_name", queue, QUEUE_MAX_LENGTH)
+    except (TypeError, ValueError) as exc:
+        return str(exc)
+    return None
 
 
 def _valid_queues_setting(value: Any) -> bool:

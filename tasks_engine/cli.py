@@ -9,6 +9,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .text import check_text
+
 
 def _number[N: (int, float)](
     value: str, parse: Callable[[str], N], ok: Callable[[N], bool], what: str
@@ -66,17 +68,13 @@ def _not_json(name: str) -> Any:
 
 def queue_name(value: str) -> str:
     """A queue a run can have (WorkflowRun.queue: 1 to 100 characters, no NUL): a worker
-    told to serve another would serve nothing."""
-    from .definitions import QUEUE_MAX_LENGTH as longest
+    told to serve another would serve nothing. A usage error otherwise."""
+    from .definitions import QUEUE_MAX_LENGTH
 
-    if not value:
-        raise argparse.ArgumentTypeError(f"must be a non-empty queue name, got {value!r}")
-    if "\x00" in value:
-        raise argparse.ArgumentTypeError(f"must not contain a NUL character, got {value!r}")
-    if len(value) > longest:
-        raise argparse.ArgumentTypeError(
-            f"must be a queue name of at most {longest} characters, got {len(value)}"
-        )
+    try:
+        check_text("queue", value, QUEUE_MAX_LENGTH)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return value
 
 

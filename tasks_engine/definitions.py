@@ -16,6 +16,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from .durations import MAX_DURATION, duration_seconds
 from .exceptions import NonRetryableError, UnknownTaskError
 from .serialization import to_jsonable, unstorable
+from .text import check_text
 
 if TYPE_CHECKING:
     from .context import TaskContext
@@ -174,11 +175,7 @@ class Workflow:
             key = self._call_key(what, declared, stored) if callable(declared) else declared
         if key is None:
             return None
-        if not isinstance(key, str) or not key or len(key) > 255:
-            raise ValueError(
-                f"{what} of {self.key} must be a non-empty string of at most 255"
-                f" characters, not {key!r}"
-            )
+        check_text(f"{what} of {self.key}", key, 255, not_a_string=ValueError)
         return key
 
     def _call_key(self, what: str, declared: Callable[[Any], str], stored: Any) -> Any:
@@ -348,12 +345,12 @@ def _check_definition(
     """@workflow's own arguments, refused where the workflow is defined (import time):
     TypeError for a wrong type, ValueError for a value its runs' columns cannot hold."""
     if name is not None:
-        _check_text("workflow name", name, NAME_MAX_LENGTH)
+        check_text("workflow name", name, NAME_MAX_LENGTH)
     if isinstance(version, bool) or not isinstance(version, int):
         raise TypeError(f"workflow version must be an integer, not {version!r}")
     if not 1 <= version <= INT32[1]:
         raise ValueError(f"workflow version must be from 1 to {INT32[1]}, not {version!r}")
-    _check_text("workflow queue", queue, QUEUE_MAX_LENGTH)
+    check_text("workflow queue", queue, QUEUE_MAX_LENGTH)
     for what, policy in (("retry", retry), ("step_retry", step_retry)):
         if policy is not None and not isinstance(policy, RetryPolicy):
             raise TypeError(f"workflow {what} must be a RetryPolicy, not {policy!r}")
@@ -367,16 +364,6 @@ def check_priority(priority: Any, what: str = "priority") -> None:
         raise TypeError(f"{what} must be an integer, not {priority!r}")
     if not INT32[0] <= priority <= INT32[1]:
         raise ValueError(f"{what} must be between {INT32[0]} and {INT32[1]}, not {priority!r}")
-
-
-def _check_text(what: str, value: Any, longest: int) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a string, not {value!r}")
-    if not value or len(value) > longest or "\x00" in value:
-        raise ValueError(
-            f"{what} must be a non-empty string of at most {longest} characters, without a"
-            f" NUL character, not {value!r}"
-        )
 
 
 def _check_limit(limit: Any) -> None:

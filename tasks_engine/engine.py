@@ -17,6 +17,7 @@ from .models import QUEUED, Fact, StepAttempt, WorkflowRun
 from .run_waiter import wait_finished
 from .serialization import check_reason, input_hash, to_jsonable
 from .states import FINISHED, RunStatus
+from .text import check_text
 
 
 @dataclass(frozen=True)
@@ -146,14 +147,8 @@ _LONGEST: dict[str, int] = {
 
 
 def _check_text(what: str, value: Any) -> None:
-    """ValueError unless `value` is a non-empty string the column can hold (no NUL either:
-    PostgreSQL's text refuses it)."""
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty string, not {value!r}")
-    if len(value) > _LONGEST[what]:
-        raise ValueError(f"{what} is {len(value)} characters long: at most {_LONGEST[what]}")
-    if "\x00" in value:
-        raise ValueError(f"{what} must not contain a NUL character")
+    """ValueError (a wrong type too: enqueue's and signal's contract) unless `value` fits."""
+    check_text(what, value, _LONGEST[what], not_a_string=ValueError)
 
 
 def check_time(what: str, value: Any) -> None:

@@ -99,12 +99,17 @@ def prepare(
 
 def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     """Drive the handler once and write the outcome. Returns what happened, for logs and tests.
-    Observed: a span for the claim (tracing.py) and the run's outcome counted (metrics.py)."""
+    Observed: a span for the claim (tracing.py) and the run's outcome counted (metrics.py); a
+    completion is both once written (`_completion_written`): a cancel may have won."""
     with tracing.claim_span(ctx) as span:
         ctx._state.span = span
-        outcome = _drive(run, wf, ctx)
-        tracing.outcome_of_claim(span, outcome)
-    if outcome != "completed":  # a completion is counted once written (`_completion_written`)
+        try:
+            outcome = _drive(run, wf, ctx)
+        except BaseException:
+            tracing.end_claim(span, None)
+            raise
+    if outcome != "completed":
+        tracing.end_claim(span, outcome)
         metrics.record_run_outcome(run.task_name, outcome)
     return outcome
 
@@ -140,21 +145,25 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         unreached,
         has_parent=handle.has_parent,
         progress=progress,
-        ended=functools.partial(_completion_written, run),
+        ended=functools.partial(_completion_written, run, state.span),
     )
     if unreached:
         ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
     return "completed"
 
 
-def _completion_written(run: WorkflowRun, status: str) -> None:
-    """The completion's write is done (for a detached one, on the writer's thread): count what
-    it wrote. A cancel that committed after the handler's last look at it won: the run ended
-    canceled, its output not kept. It holds the run, not the run's context: holding the
-    context until the writer settled cost a worker about 20 us of CPU a run (bench/PROFILE.md,
-    eleventh session), likely the cyclic collector's, as contexts then outlived its young
-    generation."""
+def _completion_written(run: WorkflowRun, span: Any, status: str | None) -> None:
+    """The completion's write is done (for a detached one, on the writer's thread): end the
+    claim's span with what it wrote and count it (None: a detached write that failed, its run
+    dropped; nothing to count). A cancel that committed after the handler's last look at it
+    won: the run ended canceled, its output not kept. It holds the run and the span, not the
+    run's context: holding the context until the writer settled cost a worker about 20 us of
+    CPU a run (bench/PROFILE.md, eleventh session), likely the cyclic collector's, as contexts
+    then outlived its young generation."""
     try:  # observability only: it must never fail the writer that reports it
+        tracing.end_claim(span, status)
+        if status is None:
+            return
         metrics.record_run_outcome(run.task_name, status)
         if status == "canceled":
             run_logger(run).info("run canceled", why="the cancel committed as the handler returned")

@@ -91,7 +91,9 @@ def _run_parent(trace_id: str) -> Any:
 
 @contextlib.contextmanager
 def claim_span(ctx: Any) -> Iterator[Any]:
-    """The span of one claim of a run, current while the handler runs (None: no tracing)."""
+    """The span of one claim of a run, current while the handler runs (None: no tracing).
+    Leaving the block does not end it: `end_claim` does, once the claim's outcome is known
+    (a completion's once written, which a detached write reports after the slot moved on)."""
     tracer = _tracer()
     if tracer is None:
         yield None
@@ -110,6 +112,7 @@ def claim_span(ctx: Any) -> Iterator[Any]:
         attributes=attributes,
         record_exception=False,
         set_status_on_exception=False,
+        end_on_exit=False,
     ) as span:
         yield span
 
@@ -155,11 +158,16 @@ def end_step_span(span: Any, status: str, message: str | None) -> None:
     span.end()
 
 
-def outcome_of_claim(span: Any, outcome: str) -> None:
-    if span is not None:
+def end_claim(span: Any, outcome: str | None) -> None:
+    """End a claim's span with its outcome (None: none to tell: the claim raised, or its
+    detached completion failed). Only the first call counts: an ended span is left as it is."""
+    if span is None or not span.is_recording():
+        return
+    if outcome is not None:
         span.set_attribute("tasks.outcome", outcome)
         if outcome == "failed":
             span.set_status(trace.Status(trace.StatusCode.ERROR))
+    span.end()
 
 
 # -- carrying a trace through the outbox -------------------------------------------------------

@@ -243,9 +243,9 @@ def test_workflows_on_the_default_queue_need_no_declaration(engine: Any) -> None
 @pytest.mark.parametrize(
     ("queue", "message"),
     [
-        ("", "must be a non-empty queue name"),  # was served as nothing, exit 0
+        ("", "queue must be a non-empty string"),  # was served as nothing, exit 0
         ("i\x00o", "must not contain a NUL character"),
-        ("q" * 101, "at most 100 characters"),
+        ("q" * 101, "queue is 101 characters long: at most 100"),
     ],
 )
 def test_runworker_refuses_a_queue_no_run_can_have_as_a_usage_error(

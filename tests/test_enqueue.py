@@ -164,6 +164,30 @@ def test_a_name_resolves_to_its_newest_version_and_unregistering_one_falls_back(
 @pytest.mark.parametrize(
     ("options", "error", "message"),
     [
+        ({"queue": 3}, TypeError, "workflow queue must be a non-empty string, not 3"),
+        ({"queue": ""}, ValueError, "workflow queue must be a non-empty string, not ''"),
+        ({"queue": "q" * 101}, ValueError, "workflow queue is 101 characters long: at most 100"),
+        ({"queue": "a\x00b"}, ValueError, "workflow queue must not contain a NUL character"),
+        ({"name": b"n"}, TypeError, "workflow name must be a non-empty string, not b'n'"),
+        ({"name": "n" * 201}, ValueError, "workflow name is 201 characters long: at most 200"),
+    ],
+)
+def test_workflow_text_arguments_follow_the_rule_enqueue_applies(
+    options: dict, error: type[Exception], message: str
+) -> None:
+    """@workflow's name and queue, enqueue's queue and keys, runworker's --queue: one rule
+    (tasks_engine.text.check_text), one wording; @workflow keeps TypeError for a non-string."""
+    from tasks_engine.definitions import registry, workflow
+
+    before = registry.pairs()
+    with pytest.raises(error, match=message):
+        workflow(**{"name": "text-probe", **options})(lambda ctx: None)
+    assert registry.pairs() == before
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
         ({"queue": ""}, ValueError, "queue must be a non-empty string"),
         ({"queue": "q" * 101}, ValueError, "queue is 101 characters long: at most 100"),
         ({"queue": "a\x00b"}, ValueError, "queue must not contain a NUL"),
@@ -172,7 +196,7 @@ def test_a_name_resolves_to_its_newest_version_and_unregistering_one_falls_back(
         (
             {"concurrency_key": "c" * 256},
             ValueError,
-            "concurrency_key of noop@1 must be a non-empty",
+            "concurrency_key of noop@1 is 256 characters long: at most 255",
         ),
         ({"trace_id": "t" * 65}, ValueError, "trace_id is 65 characters long: at most 64"),
         ({"priority": 2**31}, ValueError, "priority must be between"),

@@ -290,3 +290,29 @@ def test_the_group_writer_plans_without_sequential_scans() -> None:
     finally:
         with connection.cursor() as cur:
             cur.execute("RESET enable_seqscan")
+
+
+def test_a_detached_completion_that_fails_tells_its_run_it_was_not_written() -> None:
+    """Nobody waits for a handed-off completion: when it fails (its fence, or the writer
+    thread's death), `ended` hears None, so that the claim's span still ends (executor.py)."""
+    from tasks_engine.definitions import registry
+    from tasks_engine.logs import get_logger
+    from tasks_engine.outages import Outage
+    from tasks_engine.worker import Worker, WorkerConfig
+
+    for _ in range(2):
+        tasks_engine.enqueue("bench_noop")
+    fenced, orphaned = claim(2)
+    WorkflowRun.objects.filter(pk=fenced.lease.run_id).update(lease_token=None, status="pending")
+    worker = Worker(WorkerConfig(workflows=(registry.get("bench_noop", 1),), concurrency=2))
+    log = get_logger()
+    writer = GroupCommit(worker.slots, transitions.ClaimRequest("w", PAIRS, None, 0, 30), log)
+    heard: list[str | None] = []
+    writes = [complete(fenced), complete(orphaned)]
+    for write in writes:
+        write.detached, write.ended = True, heard.append
+    writer.commit([writes[0]], Outage(log, "group commit"))
+    assert isinstance(writes[0].error, LeaseLostError) and heard == [None]
+    writer._queue.put((writes[1], None))  # queued as the writer thread died
+    writer._fail_queued()
+    assert writes[1].error is not None and heard == [None, None]

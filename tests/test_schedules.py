@@ -209,6 +209,32 @@ def test_a_fire_whose_enqueue_raises_fails_alone_and_the_others_fire(
     assert not WorkflowRun.objects.filter(task_name="keyed-by-disk").exists()
 
 
+@pytest.fixture
+def leaky_key() -> Iterator[Workflow]:
+    """A workflow whose key callable fails with a database URL, password and all, in its
+    message (the password long enough to straddle last_error's 2,000-character cut)."""
+
+    def key(i: Any) -> str:
+        raise RuntimeError(f"{'x' * i['pad']} postgres://u:{'secret' * 100}@h/db unreachable")
+
+    wf = registry.register(Workflow(fn=lambda ctx: None, name="leaky-key", concurrency_key=key))
+    yield wf
+    registry.unregister(wf.name, wf.version)
+
+
+@pytest.mark.parametrize("pad", [0, 1700], ids=["short", "cut-in-the-password"])
+def test_a_failed_fires_stored_error_is_redacted_as_its_log_line(
+    settings: Any, clock_at: FakeClock, leaky_key: Workflow, pad: int
+) -> None:
+    define(settings, a={"task": "leaky-key", "cron": "0 3 * * *", "input": {"pad": pad}})
+    schedules.run_once()
+    clock_at.current = datetime(2026, 12, 2, 3, 0, 1, tzinfo=UTC)
+    assert schedules.run_once() == {"fired": 0, "failed": 1}
+    error = row("a").last_error
+    assert "RuntimeError" in error and "postgres://u:" in error
+    assert "secret" not in error and len(error) <= 2000
+
+
 def test_pause_stops_fires_and_resume_goes_on_from_the_next_slot(nightly: FakeClock) -> None:
     schedules.run_once()
     assert schedules.pause("nightly-scan") is True

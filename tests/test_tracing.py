@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import transaction
@@ -16,7 +19,7 @@ import tasks_engine
 from outbox import publish
 from outbox.models import OutboxEvent
 from outbox.relay import relay_once
-from tasks_engine import testing, tracing
+from tasks_engine import LeaseLostError, executor, testing, tracing, transitions
 from tasks_engine.models import WorkflowRun
 from tests.helpers import FakeClock, drain
 
@@ -233,3 +236,68 @@ def test_spans_made_inside_a_step_body_nest_under_its_step(spans: InMemorySpanEx
     assert step.parent is not None and step.parent.span_id == claim.context.span_id
     assert inner.parent is not None and inner.parent.span_id == step.context.span_id
     assert trace.get_current_span() is trace.INVALID_SPAN  # the step's span left no trace here
+
+
+# -- a claim's span tells what its completion wrote -------------------------------------------
+
+
+def test_a_completion_a_cancel_beat_ends_its_claim_span_canceled(
+    spans: InMemorySpanExporter, fake_clock: FakeClock
+) -> None:
+    """The completion reports the status it wrote (a cancel committed as the handler returned:
+    "canceled"); the claim's span said "completed" whatever was written."""
+    rid = tasks_engine.enqueue("canceled_as_it_returns").run_id
+    assert drain(fake_clock, horizon=0) == ["completed"]  # what the handler's return says
+    assert WorkflowRun.objects.get(pk=rid).status == "canceled"
+    (claim,) = _named(spans, "workflow ")
+    assert claim.attributes["tasks.outcome"] == "canceled"
+    assert claim.status.status_code == trace.StatusCode.UNSET
+
+
+class _HeldWriter:
+    """A worker's group writer, for the run's last write: handed off, written later (after
+    the slot moved on), or dropped."""
+
+    def __init__(self) -> None:
+        self.held: list[transitions.HotWrite] = []
+
+    def send(self, write: transitions.HotWrite) -> None:
+        transitions.write_alone(write)
+
+    def hand_off(self, write: transitions.HotWrite) -> None:
+        write.detached = True
+        self.held.append(write)
+
+
+def _execute_held(task: str, input: Any = None) -> tuple[str, transitions.HotWrite]:
+    tasks_engine.enqueue(task, input)
+    [c] = transitions.claim_runs("w", [(task, 1)], None, 1, 30)
+    writer = _HeldWriter()
+    lease = dataclasses.replace(c.lease, writer=writer)
+    prepared = executor.prepare(c.run, lease, threading.Event(), c.prestarted)
+    outcome = executor.execute(c.run, prepared.workflow, prepared.ctx)
+    [write] = writer.held
+    return outcome, write
+
+
+@pytest.mark.django_db(transaction=True)  # outside a transaction: the lease's writer is used
+def test_a_detached_completion_ends_its_claim_span_once_written(
+    spans: InMemorySpanExporter,
+) -> None:
+    outcome, write = _execute_held("canceled_as_it_returns")
+    assert outcome == "completed"
+    assert _named(spans, "workflow ") == []  # not ended: what the write does is not known yet
+    transitions.write_alone(write)  # the group writer, after the slot moved on
+    (claim,) = _named(spans, "workflow ")
+    assert claim.attributes["tasks.outcome"] == "canceled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_detached_completion_that_is_dropped_still_ends_its_claim_span(
+    spans: InMemorySpanExporter,
+) -> None:
+    _, write = _execute_held("noop", {"n": 1})
+    write.error = LeaseLostError("gone")
+    write.dropped()  # what the group writer does with a detached write that failed
+    (claim,) = _named(spans, "workflow ")
+    assert "tasks.outcome" not in (claim.attributes or {})

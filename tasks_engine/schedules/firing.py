@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from .. import clock
 from ..engine import enqueue
 from ..exceptions import IdempotencyConflict, UnknownTaskError
-from ..logs import get_logger
+from ..logs import get_logger, redact_text
 from ..models import Schedule
 from .slots import idempotency_key
 from .specs import ScheduleSpec, defined
@@ -135,7 +135,10 @@ def _enqueue(spec: ScheduleSpec, row: Schedule, slot: datetime, now: datetime) -
         # The definition is broken (manage.py check says so), or enqueue refused the run (a
         # key callable that raised, say: ValueError): this slot is given up, not retried every
         # second, and the round goes on with the other schedules; the next slot tries again.
-        row.last_error = error = f"{key}: {type(exc).__name__}: {exc}"[:2000]
+        # Shown in the admin and `schedules list`: secrets redacted as in the log line, before
+        # the cut (a URL cut before its `@` would keep its password).
+        error = f"{key}: {redact_text(f'{type(exc).__name__}: {exc}')}"[:2000]
+        row.last_error = error
         transaction.on_commit(lambda: log.error("schedule_fire_failed", error=error))
         return "failed"
     row.last_run_id, row.last_error = res.run_id, ""

@@ -44,7 +44,8 @@ class HotWrite:
 
     - "start": a step's fenced INSERT (refused once cancel is requested); `result` its id.
     - "complete": the run's completion; `result` the status it wrote: "completed", or
-      "canceled" when a cancel committed first. `ended` (if given) is told it once written.
+      "canceled" when a cancel committed first. `ended` (if given) is told it once written,
+      or None when a detached one failed (`dropped`: nobody else hears of it).
     - "deferred": the deferred completions alone (the heartbeat's flush); `result` True.
 
     A write whose fence fails gets `error = LeaseLostError`, a row the database refuses its
@@ -68,13 +69,19 @@ class HotWrite:
     result: Any = None
     error: BaseException | None = None
     detached: bool = False  # nobody waits for it: its slot went with it (worker/group_commit.py)
-    ended: Callable[[str], None] | None = None  # a completion's: told the status it wrote
+    ended: Callable[[str | None], None] | None = None  # a completion's: the status it wrote
 
     def outcome(self) -> Any:
         """The result, or the write's error raised."""
         if self.error is not None:
             raise self.error
         return self.result
+
+    def dropped(self) -> None:
+        """A detached write failed (its `error` set) and its run is dropped: `ended` is told
+        None, as nobody waits for the write to raise its error."""
+        if self.ended is not None:
+            self.ended(None)
 
 
 class DirectWriter:

@@ -62,14 +62,14 @@ def complete_run(
     *,
     has_parent: bool = False,
     progress: dict[str, Any] | None = None,
-    ended: Callable[[str], None] | None = None,
+    ended: Callable[[str | None], None] | None = None,
 ) -> None:
     """Running -> completed. The handler returned, so every attempt of this pass is closed.
     The last progress the handler reported (not yet flushed by the heartbeat) goes along.
     Without a parent it is the run's last write, handed off to the writer (the slot does not
     wait for it); a child's completion also wakes its parent, in one transaction. `ended` is
     told the status written, once it is: "completed", or "canceled" when a cancel committed
-    first."""
+    first; None if, handed off, it failed (a write that raises instead is not reported)."""
     write = HotWrite("complete", lease, lease.deferred.pending(), clock.now())
     write.output, write.unreached, write.progress = output, unreached, progress
     write.ended = ended

@@ -126,6 +126,7 @@ class GroupCommit(threading.Thread):
                 done.set()
             if write.detached:
                 self.slots.after_group([], 0, 1)  # the slot it took along is free again
+                write.dropped()
 
     def _gather(self) -> list[Queued]:
         """The next group: every write queued now, and those sent within GATHER_SECONDS by
@@ -199,6 +200,7 @@ class GroupCommit(threading.Thread):
                     run_id=str(write.lease.run_id),
                     error=str(write.error),
                 )
+                write.dropped()
 
     def _tune_session(self) -> None:
         """This thread's session runs the hot statements alone, each a lookup by primary key

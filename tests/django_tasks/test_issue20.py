@@ -268,11 +268,19 @@ def test_the_backend_knows_the_queue_column_length() -> None:
     assert backends.QUEUE_MAX_LENGTH == QUEUE_MAX_LENGTH == 100
 
 
-@pytest.mark.parametrize("queue", ["", "q" * (QUEUE_MAX_LENGTH + 1)], ids=["empty", "too-long"])
-def test_a_queue_name_no_run_can_be_stored_under_is_invalid(queue: str) -> None:
+@pytest.mark.parametrize(
+    ("queue", "message"),
+    [
+        ("", "queue_name must be a non-empty string"),
+        ("q" * (QUEUE_MAX_LENGTH + 1), "queue_name is 101 characters long: at most 100"),
+        ("a\x00b", "queue_name must not contain a NUL character"),  # was enqueue's ValueError
+    ],
+    ids=["empty", "too-long", "nul"],
+)
+def test_a_queue_name_no_run_can_be_stored_under_is_invalid(queue: str, message: str) -> None:
     """With QUEUES [] any name passes Django's check; the engine's column still bounds it (a
     longer name would fail the INSERT on PostgreSQL and abort the caller's transaction)."""
-    with pytest.raises(InvalidTask, match=re.escape("queue_name must be a non-empty string")):
+    with pytest.raises(InvalidTask, match=re.escape(message)):
         pt.noop_task.using(backend="other", queue_name=queue)
     assert pt.noop_task.using(backend="other", queue_name="q" * QUEUE_MAX_LENGTH).enqueue()
 
@@ -283,13 +291,14 @@ def test_a_queue_name_no_run_can_be_stored_under_is_invalid(queue: str) -> None:
         ("emails", "tasks_engine.E011", "must be a list of queue names, not str 'emails'"),
         (42, "tasks_engine.E011", "must be a list of queue names, not int 42"),
         (["default", ""], "tasks_engine.E012", "holds names no run can be stored under: ''"),
+        (["a\x00b"], "tasks_engine.E012", "holds names no run can be stored under: 'a\\x00b'"),
         (
             ["q" * (QUEUE_MAX_LENGTH + 1)],
             "tasks_engine.E012",
             "holds names no run can be stored under: 'qqq",
         ),
     ],
-    ids=["string", "int", "empty-name", "too-long"],
+    ids=["string", "int", "empty-name", "nul", "too-long"],
 )
 def test_check_reports_queues_no_run_can_use(queues: Any, check_id: str, text: str) -> None:
     with override_settings(TASKS={"default": {"BACKEND": BACKEND, "QUEUES": queues}}):
