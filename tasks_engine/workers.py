@@ -6,7 +6,7 @@ renewed should not look alive either). Beats are stamped with the database's clo
 on hosts with skewed clocks compare fairly. A graceful stop deletes the row.
 
 A worker whose beat is older than DEAD_WORKER_SECONDS is dead (`kill -9`, a lost host): the
-leader's `reap_dead_workers` service sets its runs' lease expiry to now, so the claim's
+leader's `reap_dead_workers` service sets its runs' lease expiry to its last beat, so the claim's
 expired-lease source takes them at once instead of at lease expiry, and deletes the row. That
 is safe even for a worker that was only stalled: its writes are fenced by the lease token, and a
 lease nobody took over is still its own (the heartbeat renews it, and the next beat re-inserts
@@ -212,8 +212,14 @@ def _serves(worker: tuple[list[str], list[str]], task: str, version: int, queue:
 
 def reap_dead_workers() -> dict[str, int]:
     """One round of the leader's dead-worker service: for every worker whose beat is older than
-    DEAD_WORKER_SECONDS, make its running runs claimable now (lease expiry = now) and delete its
-    row, in one short transaction. Returns {"workers": n, "runs": m}."""
+    DEAD_WORKER_SECONDS, make its running runs claimable now and delete its row, in one short
+    transaction. Returns {"workers": n, "runs": m}.
+
+    The runs' lease expiry becomes the dead worker's last beat, not this leader's clock:
+    claimers compare the expiry with their own clocks, and a leader whose clock ran ahead
+    would keep the runs from them for the difference. The last beat is on the database's
+    clock and DEAD_WORKER_SECONDS old or more, so neither the leader's clock nor a database
+    clock that far ahead of a claimer's delays the takeover."""
     cutoff_sql, cutoff_params = db_now_sql(-engine_settings().dead_worker_seconds)
     # Not sql.execute(): a statement shape per number of dead workers is not worth preparing.
     with transaction.atomic(), connection.cursor() as cur:
@@ -225,12 +231,13 @@ def reap_dead_workers() -> dict[str, int]:
         dead = [r[0] for r in cur.fetchall()]
         if not dead:
             return {"workers": 0, "runs": 0}
-        now = p_dt(clock.now())
         ids = placeholders(len(dead))
+        last_beat = f"(SELECT w.last_heartbeat FROM {WORKER} w WHERE w.id = {RUN}.worker_id)"
         cur.execute(
-            f"""UPDATE {RUN} SET available_at = %s
-                WHERE status = 'running' AND worker_id IN ({ids}) AND available_at > %s""",
-            [now, *dead, now],
+            f"""UPDATE {RUN} SET available_at = {last_beat}
+                WHERE status = 'running' AND worker_id IN ({ids})
+                    AND available_at > {last_beat}""",
+            dead,
         )
         runs = cur.rowcount
         cur.execute(f"DELETE FROM {WORKER} WHERE id IN ({ids})", dead)

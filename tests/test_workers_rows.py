@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 import tasks_engine
-from tasks_engine import transitions
+from tasks_engine import clock, transitions
 from tasks_engine.definitions import registry
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.models import WorkflowRun
@@ -75,6 +75,26 @@ def test_reap_releases_the_runs_of_a_dead_worker_only() -> None:
     assert retaken.lease.run_id == held_dead.lease.run_id
     assert WorkflowRun.objects.get(pk=held_live.lease.run_id).worker_id == live.id
     assert reap_dead_workers() == {"workers": 0, "runs": 0}  # idempotent
+
+
+def test_a_dead_workers_runs_are_claimable_at_once_even_if_the_leaders_clock_is_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reaper used to set the runs' lease expiry to the leader's own clock: with that clock
+    # a minute ahead of the claimers', the runs stayed unclaimable for that minute. Found by
+    # the worker-rows audit (a worker whose clock is skewed).
+    dead = worker()
+    dead.registration.beat()
+    run_id = tasks_engine.enqueue("noop").run_id
+    [held] = transitions.claim_runs(dead.id, dead.pairs, None, 1, 120.0)
+    age(dead.id, 11)
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(seconds=60))
+    assert reap_dead_workers() == {"workers": 1, "runs": 1}
+    monkeypatch.setattr(clock, "now", real_now)
+    other = worker()
+    [retaken] = transitions.claim_runs(other.id, other.pairs, None, 1, 120.0)
+    assert retaken.lease.run_id == held.lease.run_id == run_id
 
 
 def test_a_reaped_worker_that_was_only_stalled_beats_its_row_back() -> None:
