@@ -6,11 +6,11 @@ renewed should not look alive either). Beats are stamped with the database's clo
 on hosts with skewed clocks compare fairly. A graceful stop deletes the row.
 
 A worker whose beat is older than DEAD_WORKER_SECONDS is dead (`kill -9`, a lost host): the
-leader's `reap_dead_workers` service sets its runs' lease expiry to now, so the claim's
-expired-lease source takes them at once instead of at lease expiry, and deletes the row. That
-is safe even for a worker that was only stalled: its writes are fenced by the lease token, and a
-lease nobody took over is still its own (the heartbeat renews it, and the next beat re-inserts
-the row).
+leader's `reap_dead_workers` service sets its runs' lease expiry to its last beat (and their
+`due_at` to the reap, for the claim-delay metric), so the claim's expired-lease source takes
+them at once instead of at lease expiry, and deletes the row. That is safe even for a worker
+that was only stalled: its writes are fenced by the lease token, and a lease nobody took over
+is still its own (the heartbeat renews it, and the next beat re-inserts the row).
 """
 
 from __future__ import annotations
@@ -212,8 +212,16 @@ def _serves(worker: tuple[list[str], list[str]], task: str, version: int, queue:
 
 def reap_dead_workers() -> dict[str, int]:
     """One round of the leader's dead-worker service: for every worker whose beat is older than
-    DEAD_WORKER_SECONDS, make its running runs claimable now (lease expiry = now) and delete its
-    row, in one short transaction. Returns {"workers": n, "runs": m}."""
+    DEAD_WORKER_SECONDS, make its running runs claimable now and delete its row, in one short
+    transaction. Returns {"workers": n, "runs": m}.
+
+    The runs' lease expiry becomes the dead worker's last beat, not this leader's clock:
+    claimers compare the expiry with their own clocks, and a leader whose clock ran ahead
+    would keep the runs from them for the difference. The last beat is on the database's
+    clock and DEAD_WORKER_SECONDS old or more, so neither the leader's clock nor a database
+    clock that far ahead of a claimer's delays the takeover. The runs' `due_at` is the reap
+    (database clock): the claim keeps it for a running run whose `due_at` is past its expiry,
+    so the claim-delay metric counts from when the runs became claimable, not from the beat."""
     cutoff_sql, cutoff_params = db_now_sql(-engine_settings().dead_worker_seconds)
     # Not sql.execute(): a statement shape per number of dead workers is not worth preparing.
     with transaction.atomic(), connection.cursor() as cur:
@@ -225,12 +233,14 @@ def reap_dead_workers() -> dict[str, int]:
         dead = [r[0] for r in cur.fetchall()]
         if not dead:
             return {"workers": 0, "runs": 0}
-        now = p_dt(clock.now())
+        now_sql, now_params = db_now_sql()
         ids = placeholders(len(dead))
+        last_beat = f"(SELECT w.last_heartbeat FROM {WORKER} w WHERE w.id = {RUN}.worker_id)"
         cur.execute(
-            f"""UPDATE {RUN} SET available_at = %s
-                WHERE status = 'running' AND worker_id IN ({ids}) AND available_at > %s""",
-            [now, *dead, now],
+            f"""UPDATE {RUN} SET available_at = {last_beat}, due_at = {now_sql}
+                WHERE status = 'running' AND worker_id IN ({ids})
+                    AND available_at > {last_beat}""",
+            [*now_params, *dead],
         )
         runs = cur.rowcount
         cur.execute(f"DELETE FROM {WORKER} WHERE id IN ({ids})", dead)

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 import tasks_engine
-from tasks_engine import transitions
+from tasks_engine import clock, transitions
 from tasks_engine.definitions import registry
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.models import WorkflowRun
@@ -77,6 +77,26 @@ def test_reap_releases_the_runs_of_a_dead_worker_only() -> None:
     assert reap_dead_workers() == {"workers": 0, "runs": 0}  # idempotent
 
 
+def test_a_dead_workers_runs_are_claimable_at_once_even_if_the_leaders_clock_is_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The reaper used to set the runs' lease expiry to the leader's own clock: with that clock
+    # a minute ahead of the claimers', the runs stayed unclaimable for that minute. Found by
+    # the worker-rows audit (a worker whose clock is skewed).
+    dead = worker()
+    dead.registration.beat()
+    run_id = tasks_engine.enqueue("noop").run_id
+    [held] = transitions.claim_runs(dead.id, dead.pairs, None, 1, 120.0)
+    age(dead.id, 11)
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(seconds=60))
+    assert reap_dead_workers() == {"workers": 1, "runs": 1}
+    monkeypatch.setattr(clock, "now", real_now)
+    other = worker()
+    [retaken] = transitions.claim_runs(other.id, other.pairs, None, 1, 120.0)
+    assert retaken.lease.run_id == held.lease.run_id == run_id
+
+
 def test_a_reaped_worker_that_was_only_stalled_beats_its_row_back() -> None:
     w = worker()
     w.registration.beat()
@@ -113,3 +133,29 @@ def test_unserved_runs_are_known_only_once_a_worker_is_alive() -> None:
     WorkflowRun.objects.filter(pk=io).update(status="canceled", finished_at=db_clock())
     age(w.id, 11)
     assert unserved_runs() is None  # its only worker is dead
+
+
+def test_a_retaken_runs_claim_delay_counts_from_the_reap_not_from_the_last_beat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # tasks_claim_delay_seconds is measured from the claimed run's due_at, the claim's copy of
+    # its available_at. A dead worker's run is claimable from the reap, although its lease
+    # expiry is the worker's last beat: the reap's time is what the claim keeps as due_at (a
+    # minute-old beat would have counted a minute of backlog that never was).
+    dead = worker()
+    dead.registration.beat()
+    tasks_engine.enqueue("noop")
+    transitions.claim_runs(dead.id, dead.pairs, None, 1, 120.0)
+    age(dead.id, 60)
+    reaped_from = db_clock()
+    assert reap_dead_workers() == {"workers": 1, "runs": 1}
+    other = worker()
+    [retaken] = transitions.claim_runs(other.id, other.pairs, None, 1, 120.0)
+    assert retaken.run.due_at >= reaped_from
+    # A lease that ran out on its own is due at its expiry, as before.
+    expiry = WorkflowRun.objects.get(pk=retaken.lease.run_id).available_at
+    real_now = clock.now
+    monkeypatch.setattr(clock, "now", lambda: real_now() + timedelta(seconds=121))
+    third = worker()
+    [expired] = transitions.claim_runs(third.id, third.pairs, None, 1, 120.0)
+    assert expired.run.due_at == expiry

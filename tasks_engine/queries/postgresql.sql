@@ -96,7 +96,8 @@ expired AS (
 -- claim_take --
 -- The claim's update of the runs it takes from `claim_sources`, returning {columns}: the statement itself for a plain claim, CTE `k` of a group that claims along (transitions/hot_sql.py).
 UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = gen_random_uuid(),
-    worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
+    worker_id = %(worker_id)s, attempts = attempts + 1,
+    due_at = CASE WHEN status = 'running' AND due_at > available_at THEN due_at ELSE available_at END,
     available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
     updated_at = %(now)s
 WHERE id IN (

@@ -51,7 +51,8 @@ WITH expired AS (
     ORDER BY priority DESC, available_at LIMIT %(limit)s
 )
 UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = lower(hex(randomblob(16))),
-    worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
+    worker_id = %(worker_id)s, attempts = attempts + 1,
+    due_at = CASE WHEN status = 'running' AND due_at > available_at THEN due_at ELSE available_at END,
     available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
     updated_at = %(now)s
 WHERE id IN (
@@ -154,7 +155,8 @@ SELECT * FROM (
 -- flow_claim_update --
 -- The runs a guarded claim admitted (a JSON array of ids) become running under fresh leases.
 UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = lower(hex(randomblob(16))),
-    worker_id = %(worker_id)s, attempts = attempts + 1, due_at = available_at,
+    worker_id = %(worker_id)s, attempts = attempts + 1,
+    due_at = CASE WHEN status = 'running' AND due_at > available_at THEN due_at ELSE available_at END,
     available_at = %(lease_until)s, waiting_on = '', started_at = COALESCE(started_at, %(now)s),
     updated_at = %(now)s
 WHERE id IN (SELECT value FROM json_each(%(ids)s))

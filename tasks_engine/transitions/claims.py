@@ -256,10 +256,15 @@ def _filter_values(
 
 
 def claim_update() -> str:
-    """What a claim writes to each run it takes (the plain and the guarded claim alike)."""
+    """What a claim writes to each run it takes (the plain and the guarded claim alike).
+    `due_at` (the claim-delay metric's start) is when the run became claimable: its
+    `available_at`, except for a dead worker's run, whose lease expiry the leader set to the
+    worker's last beat and whose `due_at` to the reap (`workers.reap_dead_workers`); a
+    running run's `due_at` is otherwise its claim's, before its lease expiry."""
     return (
         f"UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,"
-        " attempts = attempts + 1, due_at = available_at, available_at = %s, waiting_on = '',"
+        " attempts = attempts + 1, due_at = CASE WHEN status = 'running' AND due_at >"
+        " available_at THEN due_at ELSE available_at END, available_at = %s, waiting_on = '',"
         " started_at = COALESCE(started_at, %s), updated_at = %s"
     )
 

@@ -6,18 +6,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 import tasks_engine
 from tasks_engine.leader import ROLE, current_leader
 from tasks_engine.models import LeaderLease, WorkflowRun
 from tasks_engine.models import Worker as WorkerRow
-from tests.helpers import ROOT, database_url, wait_for
+from tests.helpers import ROOT, WorkerProcess, database_url, wait_for
 from tests.testapp.leader_probe import probed_pids
 from tests.testapp.models import Marker, SideEffect
 
@@ -95,6 +97,53 @@ def test_a_killed_worker_costs_seconds_not_its_120s_lease(workers) -> None:
     assert not WorkerRow.objects.filter(pid=doomed.pid).exists()  # reaped
 
 
+def write_lock_free() -> bool:
+    """SQLite: whether a write could start now (BEGIN IMMEDIATE within half a second), from a
+    connection of its own. Always true on PostgreSQL, which has no database-wide lock."""
+    if connection.vendor != "sqlite":
+        return True
+    probe = sqlite3.connect(connection.settings_dict["NAME"], timeout=0.5, isolation_level=None)
+    try:
+        probe.execute("BEGIN IMMEDIATE")
+        probe.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        probe.close()
+
+
+def stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is stopped (kill returns before the signal is delivered)."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.exists():
+        return True  # not Linux: take the signal as delivered
+    states = []
+    for task in tasks.iterdir():
+        try:
+            states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+    return all(state in "Tt" for state in states)
+
+
+def freeze(w: WorkerProcess) -> None:
+    """SIGSTOP `w` at a moment it holds no SQLite write lock. Stopped inside one of its short
+    write transactions (a claim, a beat, the leader's rounds), it would hold the database's only
+    write lock for as long as it is stopped, and every other process's writes would wait for it
+    (docs/SQLITE.md, "One writer"); a rescuer then cannot even start (Django's JSON probe, run in
+    a transaction, times out and the system check reports "SQLite does not support
+    JSONFields"). That is SQLite, not the dead-worker service under test."""
+    for _ in range(20):
+        w.send(signal.SIGSTOP)
+        wait_for(lambda: stopped(w.pid), 5, "the worker to stop")
+        if write_lock_free():
+            return
+        w.send(signal.SIGCONT)
+        time.sleep(0.01)
+    raise AssertionError("the worker held the write lock at every SIGSTOP")
+
+
 def test_a_stalled_worker_declared_dead_commits_nothing_and_comes_back(workers) -> None:
     """The dead-worker service cannot tell a stalled worker (SIGSTOP, a long GC pause, a
     suspended VM) from a dead one: it releases the runs of a worker whose beat is old. When the
@@ -103,7 +152,7 @@ def test_a_stalled_worker_declared_dead_commits_nothing_and_comes_back(workers) 
     run_id = tasks_engine.enqueue("fenced_slow", {"seconds": 3}).run_id
     frozen = workers("--lease-seconds", "120", *FAST, tag="frozen")
     wait_for(lambda: SideEffect.objects.filter(key="op-start").exists(), 30, "the op to start")
-    frozen.send(signal.SIGSTOP)
+    freeze(frozen)
     try:
         rescuer = workers("--lease-seconds", "120", *FAST, tag="rescuer")
         wait_for(
