@@ -31,7 +31,9 @@ Strings (every string value and mapping key, nested ones included, and `redact_t
   whose name is a secret-looking key: the value becomes `[redacted]`. In a query string
   (`?` or `&` before the name) a bare `key` also counts (`?key=<Google API key>`);
 - `Authorization: Bearer abc`, `authorization=Basic abc`, `"Authorization": "Bearer abc"`:
-  the scheme is kept, the credentials redacted; a `Cookie:` header's value to the line's end;
+  the scheme is kept, the credentials redacted (credentials given as parameters, as
+  `Digest username="u", response="..."`, all of them to the line's end); a `Cookie:`
+  header's value to the line's end;
 - a bare `Bearer <token>` anywhere, anything shaped like a JWT (`eyJ...`.`eyJ...`.`...`), and
   a PEM private key (`-----BEGIN ... PRIVATE KEY-----` to its END line) whole.
 
@@ -167,6 +169,11 @@ _AUTH_VALUE = re.compile(
     rf"""(?P<q>["'])(?:{AUTH_SCHEMES}[ \t]+)?(?P<qsecret>(?:\\.|(?!(?P=q))[^\n\\])*)
        |(?:{AUTH_SCHEMES}[ \t]+(?=[^\s"']))?(?P<secret>[^\s&#,;"'<>]+)""",
     re.I | re.X,
+)
+# Credentials as a list of auth-params after the scheme (`Digest username="u", response="…"`,
+# `AWS4-HMAC-SHA256 Credential=…, Signature=…`): all of them, to the line's end.
+_AUTH_PARAMS = re.compile(
+    rf"(?i){AUTH_SCHEMES}[ \t]+(?=[\w\-]+[ \t]*=(?!=)[^\s=])(?P<secret>[^\r\n]+)"
 )
 _HEADER_LINE_VALUE = re.compile(rf"""{_QUOTED}|(?P<secret>[^\r\n"']+)""")
 _SCHEME_PREFIX = re.compile(rf"(?i){AUTH_SCHEMES}[ \t]+(?=\S)")
@@ -308,13 +315,13 @@ def _redact_pairs(text: str, low: str) -> str:
         if is_header_line and _is_cookie_key(name):
             pattern = _HEADER_LINE_VALUE
         elif _is_auth_key(name):
-            pattern = _AUTH_VALUE
+            pattern = _AUTH_PARAMS if _AUTH_PARAMS.match(text, pos) else _AUTH_VALUE
         else:
             pattern = _VALUE
         v = pattern.match(text, pos)
         if v is None:
             continue
-        group = "qsecret" if v["q"] else "secret"
+        group = "qsecret" if v.groupdict().get("q") else "secret"
         secret = v[group]
         if not secret or secret.startswith(REDACTED):
             pos = max(pos, v.end())

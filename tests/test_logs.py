@@ -149,6 +149,14 @@ def test_secret_query_parameters_are_redacted_and_others_kept(captured: Capture)
         ),
         ("{'authorization': 'Token xyz-123'}", f"{{'authorization': 'Token {REDACTED}'}}"),
         ("Proxy-Authorization: Basic Zm9vOmJhcg==", f"Proxy-Authorization: Basic {REDACTED}"),
+        (
+            'Authorization: Digest username="bob", nonce="n1", response="6629fae4"',
+            f"Authorization: Digest {REDACTED}",
+        ),
+        (
+            "authorization=AWS4-HMAC-SHA256 Credential=AKIA/x, Signature=fe5f80f7",
+            f"authorization=AWS4-HMAC-SHA256 {REDACTED}",
+        ),
         ("Authorization: opaque-value-1", f"Authorization: {REDACTED}"),
         ("HTTP_AUTHORIZATION=Bearer abc def", f"HTTP_AUTHORIZATION=Bearer {REDACTED} def"),
         ("sent Bearer abc123 upstream", f"sent Bearer {REDACTED} upstream"),
