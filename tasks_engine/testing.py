@@ -241,7 +241,9 @@ class WorkflowTester:
     def run_to_completion(self, run_id: uuid.UUID | str, *, jump: bool = True) -> RunView:
         """Run until `run_id` has finished (completed, failed or canceled) and return its view,
         jumping over every timer when `jump`, fact timeouts included. AssertionError when it
-        cannot finish without outside help (it waits on a fact that has no timeout)."""
+        cannot finish without outside help (it waits on a fact that has no timeout), or names
+        no run (then nothing is driven)."""
+        self.get_run(run_id)
         self._drive(jump=jump, fact_timeouts=True)
         view = self.get_run(run_id)
         if view.status not in FINISHED:

@@ -227,3 +227,14 @@ def test_the_tester_refuses_a_start_that_is_no_aware_datetime(start: object, err
 def test_advance_refuses_a_bad_duration(seconds: object, error: type) -> None:
     with testing.WorkflowTester() as t, pytest.raises(error, match="advance"):
         t.advance(seconds)  # type: ignore[arg-type]
+
+
+def test_run_to_completion_of_an_unknown_run_runs_nothing() -> None:
+    """A run id from another test (or a typo) was found unknown only after the drive: every
+    other due run had been executed by then (steps written) before the AssertionError."""
+    with testing.WorkflowTester() as t:
+        other = t.start("three_steps", {"n": 1})
+        with pytest.raises(AssertionError, match="no run 00000000-0000-0000-0000-000000000000"):
+            t.run_to_completion("00000000-0000-0000-0000-000000000000")
+        assert t.get_run(other).status == "pending"
+        assert t.steps(other) == []
