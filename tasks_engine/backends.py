@@ -28,6 +28,7 @@ engine and its models are imported inside functions.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -39,7 +40,7 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
@@ -140,6 +141,8 @@ class DurableBackend(BaseTaskBackend):
         self.retry_max_interval: Any = self.options.get("RETRY_MAX_INTERVAL", 60.0)
 
     def validate_task(self, task: Task) -> None:
+        if (problem := _option_type_problem(task)) is not None:
+            raise InvalidTask(problem)  # before Django's checks, which crash on these
         super().validate_task(task)
         if (problem := _queue_problem(task.queue_name)) is not None:
             raise InvalidTask(problem)
@@ -171,7 +174,7 @@ class DurableBackend(BaseTaskBackend):
             DJANGO_TASK,
             data,
             idempotency_key=f"{task.module_path}:{key}" if key is not None else None,
-            priority=task.priority,
+            priority=int(task.priority),  # Django accepts a whole float (5.0)
             available_at=task.run_after,
             queue=task.queue_name,
         )
@@ -307,6 +310,22 @@ def _idempotency_key(task: Task, args: list[Any], kwargs: dict[str, Any]) -> str
     if key is None:
         return None
     return str(key(*args, **kwargs) if callable(key) else key.format(*args, **kwargs))
+
+
+def _option_type_problem(task: Task) -> str | None:
+    """Why `priority` or `run_after` is of a type Django's checks would crash on (ValueError
+    for NaN, TypeError for a string, AttributeError for a date) or let through to fail at
+    enqueue (a bool), or None."""
+    priority = task.priority
+    number = isinstance(priority, int | float) and not isinstance(priority, bool)
+    if not number or not math.isfinite(priority):
+        return (
+            f"priority must be a whole number between {TASK_MIN_PRIORITY} and"
+            f" {TASK_MAX_PRIORITY}, not {priority!r}"
+        )
+    if task.run_after is not None and not isinstance(task.run_after, datetime):
+        return f"run_after must be an aware datetime, not {type(task.run_after).__name__}"
+    return None
 
 
 def _queue_problem(queue: Any) -> str | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import date, timedelta
 from typing import Any
 
 import pytest
@@ -140,6 +140,30 @@ def test_run_after_defers_the_start(fake_clock: FakeClock) -> None:
     assert got.status == SUCCESSFUL
     assert got.started_at is not None and got.started_at >= when
     assert got.task.run_after == when
+
+
+def test_a_whole_float_priority_enqueues_as_django_validates_it() -> None:
+    """Django's rule is "a whole number": `using(priority=5.0)` passed validation, then
+    enqueue raised TypeError ("priority must be an integer") from the engine."""
+    result = t.add.using(priority=5.0).enqueue(1, 2)  # type: ignore[arg-type]
+    assert WorkflowRun.objects.get(pk=result.id).priority == 5
+    assert result.task.priority == 5
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("priority", float("nan")),  # ValueError from int(nan) in Django's check
+        ("priority", "5"),  # TypeError comparing str and int
+        ("priority", True),  # passed validation, then TypeError at enqueue
+        ("run_after", date(2030, 1, 1)),  # AttributeError: no utcoffset
+        ("run_after", timedelta(minutes=5)),
+    ],
+)
+def test_a_task_option_of_the_wrong_type_is_invalid_task(field: str, value: object) -> None:
+    with pytest.raises(InvalidTask, match=field):
+        t.add.using(**{field: value})  # type: ignore[arg-type]
+    assert not WorkflowRun.objects.exists()
 
 
 def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(
