@@ -122,10 +122,11 @@ def drain(
     clock, jump to the next timer instead of waiting for it, and over a rate limit's window
     that holds due runs back (`rate_window_frees`) (only to times within
     `horizon` seconds, when given; over fact timeouts only with `fact_timeouts`). `limit`
-    bounds the executions (a run that never settles)."""
+    bounds the executions (a run that never settles), and the clock jumps between two."""
     pairs = pairs or registry.pairs()
     outcomes: list[str] = []
-    for _ in range(limit):
+    jumps = 0  # in a row, without an execution: bounded by `limit` too
+    while len(outcomes) < limit and jumps <= limit:
         claimed = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
         if not claimed:
             wake = next_timer(fact_timeouts=fact_timeouts) if fake is not None else None
@@ -143,7 +144,9 @@ def drain(
                 break
             assert fake is not None
             fake.jump_to(wake)
+            jumps += 1
             continue
+        jumps = 0
         run, lease = claimed[0].run, claimed[0].lease
         prepared = executor.prepare(run, lease, threading.Event(), claimed[0].prestarted)
         with _StepTimeouts(prepared):
@@ -217,6 +220,16 @@ class WorkflowTester:
 
     def __exit__(self, *exc: object) -> None:
         clock.now = self._saved  # type: ignore[method-assign]
+        self._saved = None
+
+    def _check_entered(self) -> None:
+        """Outside its `with` block the engine runs on the real clock: nothing would be
+        jumped, and a run would only seem stuck."""
+        if self._saved is None:
+            raise RuntimeError(
+                "the tester's clock is installed only inside its block: use"
+                " `with testing.WorkflowTester() as t:`"
+            )
 
     @property
     def now(self) -> datetime:
@@ -224,6 +237,7 @@ class WorkflowTester:
 
     def advance(self, seconds: float | timedelta) -> None:
         """Move the fake clock forward (runs due by then run at the next `run_until_idle`)."""
+        self._check_entered()
         self.clock.advance(seconds)
 
     # -- driving ------------------------------------------------------------------------------
@@ -244,19 +258,25 @@ class WorkflowTester:
         cannot finish without outside help (it waits on a fact that has no timeout), or names
         no run (then nothing is driven)."""
         self.get_run(run_id)
-        self._drive(jump=jump, fact_timeouts=True)
+        executed = len(self._drive(jump=jump, fact_timeouts=True))
         view = self.get_run(run_id)
         if view.status not in FINISHED:
             waiting = WorkflowRun.objects.filter(pk=view.run_id).values_list(
                 "waiting_on", flat=True
             )
+            why = (
+                f"the drive stopped after {executed} executions (limit={self.limit})"
+                if executed >= self.limit
+                else "nothing more is due: signal it, or advance the clock"
+            )
             raise AssertionError(
                 f"run {view.run_id} is {view.status} (waiting on {waiting.first() or 'nothing'!r})"
-                " and nothing more is due: signal it, or advance the clock"
+                f" and {why}"
             )
         return view
 
     def _drive(self, *, jump: bool, fact_timeouts: bool) -> list[str]:
+        self._check_entered()
         return drain(
             self.clock if jump else None,
             limit=self.limit,

@@ -238,3 +238,25 @@ def test_run_to_completion_of_an_unknown_run_runs_nothing() -> None:
             t.run_to_completion("00000000-0000-0000-0000-000000000000")
         assert t.get_run(other).status == "pending"
         assert t.steps(other) == []
+
+
+def test_run_to_completion_says_when_the_execution_limit_stopped_it() -> None:
+    """`limit` counted clock jumps as executions (limit=2: one execution, one jump over the
+    backoff), and the error then said "nothing more is due: signal it, or advance the clock",
+    though a retry was due and the limit had stopped the drive."""
+    observe_workflows.ATTEMPTS.pop("limited", None)
+    with testing.WorkflowTester(limit=2) as t:
+        run = t.start("observe_backoff", {"key": "limited", "failures": 3})
+        with pytest.raises(AssertionError, match=r"stopped after 2 executions \(limit=2\)"):
+            t.run_to_completion(run)
+
+
+def test_driving_a_tester_that_was_not_entered_is_an_error() -> None:
+    """Without `with`, the engine kept the real clock: a 10 s sleep was never jumped and
+    run_to_completion said the run waits with "nothing more is due"."""
+    t = testing.WorkflowTester()
+    run = t.start("sleeper", {"seconds": 10})
+    for drive in (t.run_until_idle, lambda: t.run_to_completion(run), lambda: t.advance(10)):
+        with pytest.raises(RuntimeError, match=r"with testing\.WorkflowTester"):
+            drive()
+    assert t.get_run(run).status == "pending"
