@@ -149,6 +149,9 @@ class DurableBackend(BaseTaskBackend):
         attempts = getattr(task, "max_attempts", 1)
         if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
             raise InvalidTask(f"max_attempts must be a whole number >= 1, got {attempts!r}")
+        key = getattr(task, "idempotency_key", None)
+        if key is not None and not isinstance(key, str) and not callable(key):
+            raise InvalidTask(f"idempotency_key must be a string or a callable, got {key!r}")
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         from . import engine
@@ -306,10 +309,28 @@ class DurableBackend(BaseTaskBackend):
 
 
 def _idempotency_key(task: Task, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """The call's key: the task's format string filled with the call's arguments, or what its
+    callable returns for them (a string; an int stands for its digits). TypeError, naming the
+    task, for a key the arguments do not fill or a callable's other value (None was the key
+    "None", under which every call deduped into the first)."""
     key = getattr(task, "idempotency_key", None)
     if key is None:
         return None
-    return str(key(*args, **kwargs) if callable(key) else key.format(*args, **kwargs))
+    if callable(key):
+        value = key(*args, **kwargs)
+    else:
+        try:
+            value = key.format(*args, **kwargs)
+        except (IndexError, KeyError, AttributeError, ValueError) as exc:
+            raise TypeError(
+                f"the idempotency_key {key!r} of {task.module_path} does not format with the"
+                f" call's arguments (args {args!r}, kwargs {kwargs!r}): {exc!r}"
+            ) from exc
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TypeError(
+            f"the idempotency_key callable of {task.module_path} returned {value!r}, not a string"
+        )
+    return str(value)
 
 
 def _option_type_problem(task: Task) -> str | None:

@@ -228,6 +228,32 @@ def test_idempotency_key_dedupes_and_refuses_other_arguments() -> None:
     assert keyed.enqueue("x").id == keyed.enqueue("x").id
 
 
+def test_an_idempotency_key_that_is_no_string_or_callable_is_invalid_task() -> None:
+    """idempotency_key=5 passed `using()`, then enqueue raised AttributeError ('int' object
+    has no attribute 'format')."""
+    with pytest.raises(InvalidTask, match="idempotency_key must be a string or a callable"):
+        t.record.using(idempotency_key=5)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("key", "args", "message"),
+    [
+        # KeyError 'order_id': the key names an argument the call passed by position
+        ("order:{order_id}", (5,), "does not format with the call's arguments"),
+        ("order:{1}", (5,), "does not format with the call's arguments"),  # IndexError
+        # A callable's None became the key "None": every call deduped into the first one
+        (lambda key: None, ("a",), "returned None, not a string"),
+    ],
+)
+def test_an_idempotency_key_that_gives_no_string_fails_the_enqueue_clearly(
+    key: Any, args: tuple[Any, ...], message: str
+) -> None:
+    keyed = t.record.using(idempotency_key=key)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=message):
+        keyed.enqueue(*args)
+    assert not WorkflowRun.objects.exists()
+
+
 def test_an_unimportable_task_path_fails_its_run_and_the_worker_goes_on(
     fake_clock: FakeClock,
 ) -> None:
