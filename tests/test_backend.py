@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import date, timedelta
 from typing import Any
 
@@ -364,3 +365,24 @@ def test_attempts_count_only_calls_that_ran_not_the_give_up(fake_clock: FakeCloc
         assert reason.exception_class_path == "tasks_engine.exceptions.StepFailedError"
         assert "interrupted 2 times without finishing" in reason.traceback
     assert effects("dies") == 0
+
+
+@pytest.mark.parametrize(
+    ("sent", "stored"), [(1e20, 10**20), (-1.5e17, -(15 * 10**16)), (-0.0, 0.0), (1e-07, 1e-07)]
+)
+def test_a_float_argument_reads_back_as_postgresql_stores_it_on_both_databases(
+    fake_clock: FakeClock, sent: float, stored: float
+) -> None:
+    """PostgreSQL's jsonb keeps a number, not its notation: the argument 1e20 (Python writes
+    1e+20) came back as the int 100000000000000000000 and -0.0 as 0.0 on PostgreSQL, while the
+    worker's first call saw the float and SQLite kept it: a task's arguments, return value and
+    a step's replayed result depended on the database. They are now the stored form at once."""
+    result = t.add.enqueue(sent, 0)  # type: ignore[arg-type]
+    assert drain(fake_clock) == ["completed"]
+    got = t.add.get_result(result.id)
+    for value in (result.args[0], got.args[0], got.return_value):
+        assert (value, type(value), math.copysign(1, value)) == (
+            stored,
+            type(stored),
+            math.copysign(1, stored),
+        )

@@ -260,3 +260,17 @@ def test_driving_a_tester_that_was_not_entered_is_an_error() -> None:
         with pytest.raises(RuntimeError, match=r"with testing\.WorkflowTester"):
             drive()
     assert t.get_run(run).status == "pending"
+
+
+def test_a_step_s_floats_replay_as_they_first_came_back_on_both_databases() -> None:
+    """PostgreSQL's jsonb keeps a number, not its notation: a step that returned 1e20 (Python
+    writes 1e+20) gave the float on its first pass and the int 100000000000000000000 on
+    replay, -0.0 came back as 0.0, and SQLite kept the floats: the workflow saw other values
+    after a sleep, and on the other database."""
+    with testing.WorkflowTester() as t:
+        view = t.run_to_completion(t.start("float_results"))
+    assert view.output["first"] == view.output["replayed"]
+    assert view.output["replayed"] == [
+        repr([10**20, -(15 * 10**16), 0.0, 1e-07, 2.5]),
+        repr(10**20),
+    ]
