@@ -206,11 +206,11 @@ class WorkflowTester:
         *,
         start: datetime | None = None,
         worker_id: str = "workflow-tester",
-        limit: int = 1000,
+        limit: int | None = None,
     ) -> None:
         self.clock = FakeClock(start)
         self.worker_id = worker_id
-        self.limit = limit
+        self._limit = limit
         self._saved: Any = None
 
     def __enter__(self) -> WorkflowTester:
@@ -230,6 +230,16 @@ class WorkflowTester:
                 "the tester's clock is installed only inside its block: use"
                 " `with testing.WorkflowTester() as t:`"
             )
+
+    @property
+    def limit(self) -> int:
+        """The executions one drive may make: as given, else 1000 more than the engine's
+        MAX_STEP_ATTEMPTS_PER_RUN, so that a step retried without end reaches the cap and fails
+        its run as in a worker (at the default cap of 1000, a limit of 1000 stopped the drive
+        one execution short of it)."""
+        if self._limit is not None:
+            return self._limit
+        return engine_settings().max_step_attempts_per_run + 1000
 
     @property
     def now(self) -> datetime:

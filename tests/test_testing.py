@@ -274,3 +274,14 @@ def test_a_step_s_floats_replay_as_they_first_came_back_on_both_databases() -> N
         repr([10**20, -(15 * 10**16), 0.0, 1e-07, 2.5]),
         repr(10**20),
     ]
+
+
+def test_a_step_that_uses_the_run_s_whole_attempt_budget_fails_the_run_as_in_a_worker() -> None:
+    """The default limit (1000 executions) equalled the default MAX_STEP_ATTEMPTS_PER_RUN: a
+    step retried without end stopped the tester one execution before the engine failed the
+    run, so run_to_completion raised where a worker ends the run `failed`. (About 1000
+    executions: some seconds.)"""
+    with testing.WorkflowTester() as t:
+        view = t.run_to_completion(t.start("always_fails_step"))
+    assert view.status == "failed"
+    assert view.error["message"] == "run made 1000 step attempts (limit 1000)"

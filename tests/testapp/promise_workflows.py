@@ -109,6 +109,16 @@ def float_results(ctx: TaskContext) -> Any:
     return {"first": first, "replayed": [repr(plain), repr(model["reading"])]}
 
 
+@workflow(name="always_fails_step", step_retry=RetryPolicy(max_attempts=10**6, initial_interval=0))
+def always_fails_step(ctx: TaskContext) -> None:
+    """A step that fails on every attempt, retried far past MAX_STEP_ATTEMPTS_PER_RUN."""
+
+    def fails() -> None:
+        raise ValueError("fails again")
+
+    ctx.step.run("fails", fails)
+
+
 class Reading(BaseModel):
     celsius: float
     label: str = ""
