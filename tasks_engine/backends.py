@@ -336,7 +336,9 @@ def _idempotency_key(task: Task, args: list[Any], kwargs: dict[str, Any]) -> str
 def _option_type_problem(task: Task) -> str | None:
     """Why `priority` or `run_after` is of a type Django's checks would crash on (ValueError
     for NaN, TypeError for a string, AttributeError for a date) or let through to fail at
-    enqueue (a bool), or None."""
+    enqueue (a bool, a run_after past year 9999 in UTC), or None."""
+    from .engine import utc_range_problem
+
     priority = task.priority
     number = isinstance(priority, int | float) and not isinstance(priority, bool)
     if not number or not math.isfinite(priority):
@@ -344,9 +346,12 @@ def _option_type_problem(task: Task) -> str | None:
             f"priority must be a whole number between {TASK_MIN_PRIORITY} and"
             f" {TASK_MAX_PRIORITY}, not {priority!r}"
         )
-    if task.run_after is not None and not isinstance(task.run_after, datetime):
-        return f"run_after must be an aware datetime, not {type(task.run_after).__name__}"
-    return None
+    run_after = task.run_after
+    if run_after is None:
+        return None
+    if not isinstance(run_after, datetime):
+        return f"run_after must be an aware datetime, not {type(run_after).__name__}"
+    return None if run_after.utcoffset() is None else utc_range_problem("run_after", run_after)
 
 
 def _queue_problem(queue: Any) -> str | None:

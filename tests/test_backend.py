@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -159,6 +159,9 @@ def test_a_whole_float_priority_enqueues_as_django_validates_it() -> None:
         ("priority", True),  # passed validation, then TypeError at enqueue
         ("run_after", date(2030, 1, 1)),  # AttributeError: no utcoffset
         ("run_after", timedelta(minutes=5)),
+        # Year 10000 in UTC: SQLite raised OverflowError; PostgreSQL stored the run, and then
+        # every read of its row failed (psycopg: "timestamp too large (after year 10K)").
+        ("run_after", datetime.max.replace(tzinfo=timezone(timedelta(hours=-5)))),
     ],
 )
 def test_a_task_option_of_the_wrong_type_is_invalid_task(field: str, value: object) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -212,6 +212,7 @@ def test_a_step_timeout_past_what_a_thread_can_wait_leaves_later_timeouts_workin
         (datetime(2030, 1, 1), ValueError),  # naive: failed later, comparing with aware times
         ("2030-01-01T00:00:00Z", TypeError),
         (date(2030, 1, 1), TypeError),
+        (datetime.max.replace(tzinfo=timezone(timedelta(hours=-5))), ValueError),  # year 10000
     ],
 )
 def test_the_tester_refuses_a_start_that_is_no_aware_datetime(start: object, error: type) -> None:
