@@ -40,6 +40,7 @@ from .durations import duration_seconds
 from .engine import RunView, Signaled, StepView
 from .models import WorkflowRun
 from .states import RunStatus
+from .text import check_text
 from .transitions.flow_claims import rate_frees_at
 
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
@@ -123,6 +124,7 @@ def drain(
     that holds due runs back (`rate_window_frees`) (only to times within
     `horizon` seconds, when given; over fact timeouts only with `fact_timeouts`). `limit`
     bounds the executions (a run that never settles), and the clock jumps between two."""
+    check_worker_id(worker_id)
     pairs = pairs or registry.pairs()
     outcomes: list[str] = []
     jumps = 0  # in a row, without an execution: bounded by `limit` too
@@ -152,6 +154,14 @@ def drain(
         with _StepTimeouts(prepared):
             outcomes.append(executor.execute(run, prepared.workflow, prepared.ctx))
     return outcomes
+
+
+def check_worker_id(worker_id: Any) -> None:
+    """TypeError or ValueError for a worker id the claimed rows cannot hold (it is written in
+    every claim): checked before the first, which would otherwise fail its statement."""
+    longest = WorkflowRun._meta.get_field("worker_id").max_length
+    assert longest is not None
+    check_text("worker_id", worker_id, longest)
 
 
 class _StepTimeouts:
@@ -208,6 +218,7 @@ class WorkflowTester:
         worker_id: str = "workflow-tester",
         limit: int | None = None,
     ) -> None:
+        check_worker_id(worker_id)
         self.clock = FakeClock(start)
         self.worker_id = worker_id
         self._limit = limit

@@ -286,3 +286,17 @@ def test_a_step_that_uses_the_run_s_whole_attempt_budget_fails_the_run_as_in_a_w
         view = t.run_to_completion(t.start("always_fails_step"))
     assert view.status == "failed"
     assert view.error["message"] == "run made 1000 step attempts (limit 1000)"
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "error"),
+    [(None, TypeError), ("", ValueError), ("w" * 201, ValueError), ("a\x00b", ValueError)],
+)
+def test_the_tester_refuses_a_worker_id_no_row_can_hold(worker_id: object, error: type) -> None:
+    """A worker id too long or holding a NUL failed the first claim's statement (PostgreSQL:
+    the test's transaction aborted; SQLite stored the NUL), None did too: now the tester and
+    drain refuse it up front, before any claim."""
+    with pytest.raises(error, match="worker_id"):
+        testing.WorkflowTester(worker_id=worker_id)  # type: ignore[arg-type]
+    with pytest.raises(error, match="worker_id"):
+        testing.drain(worker_id=worker_id)  # type: ignore[arg-type]
