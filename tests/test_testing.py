@@ -277,15 +277,21 @@ def test_a_step_s_floats_replay_as_they_first_came_back_on_both_databases() -> N
     ]
 
 
-def test_a_step_that_uses_the_run_s_whole_attempt_budget_fails_the_run_as_in_a_worker() -> None:
+def test_a_step_that_uses_the_run_s_whole_attempt_budget_fails_the_run_as_in_a_worker(
+    settings: Any,
+) -> None:
     """The default limit (1000 executions) equalled the default MAX_STEP_ATTEMPTS_PER_RUN: a
     step retried without end stopped the tester one execution before the engine failed the
-    run, so run_to_completion raised where a worker ends the run `failed`. (About 1000
-    executions: some seconds.)"""
+    run, so run_to_completion raised where a worker ends the run `failed`. The default limit
+    now leaves room past the cap, whatever the cap."""
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "MAX_STEP_ATTEMPTS_PER_RUN": 40}
     with testing.WorkflowTester() as t:
         view = t.run_to_completion(t.start("always_fails_step"))
     assert view.status == "failed"
-    assert view.error["message"] == "run made 1000 step attempts (limit 1000)"
+    assert view.error["message"] == "run made 40 step attempts (limit 40)"
+    for cap in (1000, 5000):
+        settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "MAX_STEP_ATTEMPTS_PER_RUN": cap}
+        assert testing.WorkflowTester().limit > cap
 
 
 @pytest.mark.parametrize(
