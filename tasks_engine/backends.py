@@ -43,11 +43,11 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
-from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from pydantic import BaseModel
 
+from . import clock
 from .definitions import QUEUE_MAX_LENGTH, RetryPolicy, workflow
 from .durations import duration_seconds
 from .exceptions import (
@@ -492,7 +492,7 @@ def _current(
     result = backend.get_result(str(ctx.run_id))
     object.__setattr__(result, "status", status)
     if status != TaskResultStatus.RUNNING:
-        object.__setattr__(result, "finished_at", timezone.now())
+        object.__setattr__(result, "finished_at", clock.now())  # the engine's, as the run's
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", value)
     return result

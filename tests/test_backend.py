@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -13,7 +13,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.tasks.signals import task_enqueued
 
 import tasks_engine
-from tasks_engine import IdempotencyConflict, clock
+from tasks_engine import IdempotencyConflict, clock, testing
 from tasks_engine.backends import DJANGO_TASK, DurableBackend, DurableTask
 from tasks_engine.models import WorkflowRun
 from tests.helpers import FakeClock, drain
@@ -389,3 +389,24 @@ def test_a_float_argument_reads_back_as_postgresql_stores_it_on_both_databases(
             type(stored),
             math.copysign(1, stored),
         )
+
+
+def test_task_finished_says_when_the_run_finished_on_the_engine_s_clock() -> None:
+    """The worker's task_finished result took finished_at from timezone.now(), not the
+    engine's clock: under the tester (a fake clock in 2030) the signal said the task
+    finished today while get_result said 2030."""
+    from django.tasks.signals import task_finished
+
+    seen: list[Any] = []
+
+    def on_finished(sender: Any, task_result: Any, **kw: Any) -> None:
+        seen.append(task_result.finished_at)
+
+    task_finished.connect(on_finished)
+    try:
+        with testing.WorkflowTester(start=datetime(2030, 1, 1, tzinfo=UTC)) as tester:
+            ok, failed = t.add.enqueue(1, 2), t.boom.enqueue("late")
+            tester.run_until_idle()
+    finally:
+        task_finished.disconnect(on_finished)
+    assert seen == [t.add.get_result(ok.id).finished_at, t.boom.get_result(failed.id).finished_at]
