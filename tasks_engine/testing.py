@@ -72,20 +72,30 @@ class FakeClock:
         self.current = max(self.current, when)
 
 
-def next_timer(*, fact_timeouts: bool = True, after: datetime | None = None) -> datetime | None:
-    """The earliest time a pending or waiting run becomes due (None: no run has a timer),
-    later than `after` when given. Without `fact_timeouts`, runs waiting for a fact are left
-    out: their timer is the timeout the test may mean to beat by signalling."""
-    runs = _timed_runs(fact_timeouts)
+def next_timer(
+    *,
+    fact_timeouts: bool = True,
+    after: datetime | None = None,
+    pairs: list[tuple[str, int]] | None = None,
+) -> datetime | None:
+    """The earliest time a pending or waiting run (of `pairs`, when given) becomes due (None:
+    no run has a timer), later than `after` when given. Without `fact_timeouts`, runs waiting
+    for a fact are left out: their timer is the timeout the test may mean to beat by
+    signalling."""
+    runs = _timed_runs(fact_timeouts, pairs)
     if after is not None:
         runs = runs.filter(available_at__gt=after)
     return runs.order_by("available_at").values_list("available_at", flat=True).first()
 
 
-def _timed_runs(fact_timeouts: bool) -> QuerySet[WorkflowRun]:
+def _timed_runs(
+    fact_timeouts: bool, pairs: list[tuple[str, int]] | None = None
+) -> QuerySet[WorkflowRun]:
     runs = WorkflowRun.objects.filter(
         status__in=[RunStatus.PENDING, RunStatus.WAITING], available_at__isnull=False
     )
+    if pairs is not None:
+        runs = runs.filter(reduce(or_, (Q(task_name=n, version=v) for n, v in pairs), Q(pk=None)))
     if not fact_timeouts:
         runs = runs.exclude(status=RunStatus.WAITING, waiting_on__startswith="fact:")
     return runs
@@ -102,8 +112,7 @@ def rate_window_frees(
     rated = [q for q, lim in limits.items() if lim.rate is not None]
     if not rated or not pairs:
         return None
-    of_pairs = reduce(or_, (Q(task_name=name, version=v) for name, v in pairs))
-    due = _timed_runs(fact_timeouts).filter(of_pairs, available_at__lte=now, queue__in=rated)
+    due = _timed_runs(fact_timeouts, pairs).filter(available_at__lte=now, queue__in=rated)
     queues = set(due.values_list("queue", flat=True).distinct())
     frees = (rate_frees_at(q, limits[q], now) for q in sorted(queues))
     return min((at for at in frees if at is not None), default=None)
@@ -131,14 +140,16 @@ def drain(
     while len(outcomes) < limit and jumps <= limit:
         claimed = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
         if not claimed:
-            wake = next_timer(fact_timeouts=fact_timeouts) if fake is not None else None
+            wake = (
+                next_timer(fact_timeouts=fact_timeouts, pairs=pairs) if fake is not None else None
+            )
             if fake is not None and wake is not None and wake <= fake.current:
                 # Due, yet no claim took it: held back by a queue's rate limit (jump to when
                 # its window frees a place, or to a later timer if that comes first), or not
                 # claimable by these pairs (nothing this drain can do).
                 wake = rate_window_frees(pairs, fact_timeouts=fact_timeouts)
                 if wake is not None:
-                    later = next_timer(fact_timeouts=fact_timeouts, after=fake.current)
+                    later = next_timer(fact_timeouts=fact_timeouts, after=fake.current, pairs=pairs)
                     wake = wake if later is None else min(wake, later)
             if wake is None:
                 break

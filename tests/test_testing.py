@@ -9,6 +9,7 @@ import pytest
 
 from tasks_engine import clock, testing
 from tasks_engine.models import WorkflowRun
+from tests.helpers import FakeClock
 from tests.testapp import observe_workflows
 from tests.testapp.observe_workflows import observe_acquire
 
@@ -306,3 +307,16 @@ def test_the_tester_refuses_a_worker_id_no_row_can_hold(worker_id: object, error
         testing.WorkflowTester(worker_id=worker_id)  # type: ignore[arg-type]
     with pytest.raises(error, match="worker_id"):
         testing.drain(worker_id=worker_id)  # type: ignore[arg-type]
+
+
+def test_drain_jumps_only_to_timers_of_the_runs_it_claims(fake_clock: FakeClock) -> None:
+    """drain(pairs=[noop]) jumped the clock a day, to the wake-up of a sleeper it could not
+    claim, then stopped: the next steps of the test ran a day late."""
+    from tasks_engine import enqueue
+
+    started = fake_clock.now()
+    enqueue("sleeper", {"seconds": 86400})
+    assert testing.drain(fake_clock, pairs=[("sleeper", 1)], horizon=10) == ["suspended"]
+    enqueue("noop", {"n": 1})
+    assert testing.drain(fake_clock, pairs=[("noop", 1)]) == ["completed"]
+    assert fake_clock.now() == started
