@@ -28,6 +28,7 @@ engine and its models are imported inside functions.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -39,14 +40,14 @@ from django.db import transaction
 from django.dispatch import Signal
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TaskError
+from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
-from django.utils import timezone
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from pydantic import BaseModel
 
+from . import clock
 from .definitions import QUEUE_MAX_LENGTH, RetryPolicy, workflow
 from .durations import duration_seconds
 from .exceptions import (
@@ -140,12 +141,17 @@ class DurableBackend(BaseTaskBackend):
         self.retry_max_interval: Any = self.options.get("RETRY_MAX_INTERVAL", 60.0)
 
     def validate_task(self, task: Task) -> None:
+        if (problem := _option_type_problem(task)) is not None:
+            raise InvalidTask(problem)  # before Django's checks, which crash on these
         super().validate_task(task)
         if (problem := _queue_problem(task.queue_name)) is not None:
             raise InvalidTask(problem)
         attempts = getattr(task, "max_attempts", 1)
         if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
             raise InvalidTask(f"max_attempts must be a whole number >= 1, got {attempts!r}")
+        key = getattr(task, "idempotency_key", None)
+        if key is not None and not isinstance(key, str) and not callable(key):
+            raise InvalidTask(f"idempotency_key must be a string or a callable, got {key!r}")
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         from . import engine
@@ -171,7 +177,7 @@ class DurableBackend(BaseTaskBackend):
             DJANGO_TASK,
             data,
             idempotency_key=f"{task.module_path}:{key}" if key is not None else None,
-            priority=task.priority,
+            priority=int(task.priority),  # Django accepts a whole float (5.0)
             available_at=task.run_after,
             queue=task.queue_name,
         )
@@ -303,10 +309,49 @@ class DurableBackend(BaseTaskBackend):
 
 
 def _idempotency_key(task: Task, args: list[Any], kwargs: dict[str, Any]) -> str | None:
+    """The call's key: the task's format string filled with the call's arguments, or what its
+    callable returns for them (a string; an int stands for its digits). TypeError, naming the
+    task, for a key the arguments do not fill or a callable's other value (None was the key
+    "None", under which every call deduped into the first)."""
     key = getattr(task, "idempotency_key", None)
     if key is None:
         return None
-    return str(key(*args, **kwargs) if callable(key) else key.format(*args, **kwargs))
+    if callable(key):
+        value = key(*args, **kwargs)
+    else:
+        try:
+            value = key.format(*args, **kwargs)
+        except (IndexError, KeyError, AttributeError, ValueError) as exc:
+            raise TypeError(
+                f"the idempotency_key {key!r} of {task.module_path} does not format with the"
+                f" call's arguments (args {args!r}, kwargs {kwargs!r}): {exc!r}"
+            ) from exc
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TypeError(
+            f"the idempotency_key callable of {task.module_path} returned {value!r}, not a string"
+        )
+    return str(value)
+
+
+def _option_type_problem(task: Task) -> str | None:
+    """Why `priority` or `run_after` is of a type Django's checks would crash on (ValueError
+    for NaN, TypeError for a string, AttributeError for a date) or let through to fail at
+    enqueue (a bool, a run_after past year 9999 in UTC), or None."""
+    from .engine import utc_range_problem
+
+    priority = task.priority
+    number = isinstance(priority, int | float) and not isinstance(priority, bool)
+    if not number or not math.isfinite(priority):
+        return (
+            f"priority must be a whole number between {TASK_MIN_PRIORITY} and"
+            f" {TASK_MAX_PRIORITY}, not {priority!r}"
+        )
+    run_after = task.run_after
+    if run_after is None:
+        return None
+    if not isinstance(run_after, datetime):
+        return f"run_after must be an aware datetime, not {type(run_after).__name__}"
+    return None if run_after.utcoffset() is None else utc_range_problem("run_after", run_after)
 
 
 def _queue_problem(queue: Any) -> str | None:
@@ -447,7 +492,7 @@ def _current(
     result = backend.get_result(str(ctx.run_id))
     object.__setattr__(result, "status", status)
     if status != TaskResultStatus.RUNNING:
-        object.__setattr__(result, "finished_at", timezone.now())
+        object.__setattr__(result, "finished_at", clock.now())  # the engine's, as the run's
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", value)
     return result

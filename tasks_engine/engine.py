@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
@@ -161,6 +161,19 @@ def check_time(what: str, value: Any) -> None:
             f"{what} must be timezone-aware (datetime.now(UTC), django.utils.timezone.now()),"
             f" got {value!r}"
         )
+    if (problem := utc_range_problem(what, value)) is not None:
+        raise ValueError(problem)
+
+
+def utc_range_problem(what: str, value: datetime) -> str | None:
+    """Why an aware datetime cannot be stored, or None: outside Python's years 1-9999 once in
+    UTC. PostgreSQL stores year 10000 (9999-12-31 23:00-05:00, say) but no read of that row
+    can return it (psycopg: "timestamp too large"); SQLite's adapter overflows at once."""
+    try:
+        value.astimezone(UTC)
+    except OverflowError:
+        return f"{what} is out of range: {value!r} is outside years 1-9999 in UTC"
+    return None
 
 
 def _run_id(run_id: uuid.UUID | str) -> uuid.UUID:

@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import traceback
+from decimal import Decimal
 from typing import Any
 
 from pydantic import BaseModel
@@ -48,7 +49,18 @@ def to_jsonable(value: Any, what: str = "value") -> Any:
         raise _unstorable(what, value) from None
     if "\\u0000" in text:  # rare: make sure it is a NUL and not the six characters \u0000
         _refuse_unstorable(what, value)
-    return json.loads(text)
+    return json.loads(text, parse_float=stored_float)
+
+
+def stored_float(text: str) -> float | int:
+    """A JSON number with a fraction or exponent as the store gives it back, on both
+    databases: PostgreSQL's jsonb keeps the number, not its notation, so 1e+20 (how Python
+    writes 1e20) comes back as the int 100000000000000000000, and -0.0 as 0.0 (its numeric
+    has no negative zero). Python writes a positive exponent only from 1e16 on, where every
+    float is a whole number."""
+    if "e+" in text or "E+" in text:
+        return int(Decimal(text))
+    return float(text) or 0.0
 
 
 def _model_jsonable(what: str, model: BaseModel) -> Any:
@@ -61,7 +73,7 @@ def _model_jsonable(what: str, model: BaseModel) -> Any:
     except PydanticSerializationError:  # a field of a type pydantic cannot write as JSON
         raise _unstorable(what, model) from None
     _refuse_unstorable(what, dumped)  # bytes holding a NUL, say
-    return dumped
+    return json.loads(json.dumps(dumped), parse_float=stored_float)  # its floats as stored
 
 
 def _default(value: Any) -> Any:

@@ -40,6 +40,7 @@ from .durations import duration_seconds
 from .engine import RunView, Signaled, StepView
 from .models import WorkflowRun
 from .states import RunStatus
+from .text import check_text
 from .transitions.flow_claims import rate_frees_at
 
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
@@ -71,20 +72,30 @@ class FakeClock:
         self.current = max(self.current, when)
 
 
-def next_timer(*, fact_timeouts: bool = True, after: datetime | None = None) -> datetime | None:
-    """The earliest time a pending or waiting run becomes due (None: no run has a timer),
-    later than `after` when given. Without `fact_timeouts`, runs waiting for a fact are left
-    out: their timer is the timeout the test may mean to beat by signalling."""
-    runs = _timed_runs(fact_timeouts)
+def next_timer(
+    *,
+    fact_timeouts: bool = True,
+    after: datetime | None = None,
+    pairs: list[tuple[str, int]] | None = None,
+) -> datetime | None:
+    """The earliest time a pending or waiting run (of `pairs`, when given) becomes due (None:
+    no run has a timer), later than `after` when given. Without `fact_timeouts`, runs waiting
+    for a fact are left out: their timer is the timeout the test may mean to beat by
+    signalling."""
+    runs = _timed_runs(fact_timeouts, pairs)
     if after is not None:
         runs = runs.filter(available_at__gt=after)
     return runs.order_by("available_at").values_list("available_at", flat=True).first()
 
 
-def _timed_runs(fact_timeouts: bool) -> QuerySet[WorkflowRun]:
+def _timed_runs(
+    fact_timeouts: bool, pairs: list[tuple[str, int]] | None = None
+) -> QuerySet[WorkflowRun]:
     runs = WorkflowRun.objects.filter(
         status__in=[RunStatus.PENDING, RunStatus.WAITING], available_at__isnull=False
     )
+    if pairs is not None:
+        runs = runs.filter(reduce(or_, (Q(task_name=n, version=v) for n, v in pairs), Q(pk=None)))
     if not fact_timeouts:
         runs = runs.exclude(status=RunStatus.WAITING, waiting_on__startswith="fact:")
     return runs
@@ -101,8 +112,7 @@ def rate_window_frees(
     rated = [q for q, lim in limits.items() if lim.rate is not None]
     if not rated or not pairs:
         return None
-    of_pairs = reduce(or_, (Q(task_name=name, version=v) for name, v in pairs))
-    due = _timed_runs(fact_timeouts).filter(of_pairs, available_at__lte=now, queue__in=rated)
+    due = _timed_runs(fact_timeouts, pairs).filter(available_at__lte=now, queue__in=rated)
     queues = set(due.values_list("queue", flat=True).distinct())
     frees = (rate_frees_at(q, limits[q], now) for q in sorted(queues))
     return min((at for at in frees if at is not None), default=None)
@@ -122,20 +132,24 @@ def drain(
     clock, jump to the next timer instead of waiting for it, and over a rate limit's window
     that holds due runs back (`rate_window_frees`) (only to times within
     `horizon` seconds, when given; over fact timeouts only with `fact_timeouts`). `limit`
-    bounds the executions (a run that never settles)."""
+    bounds the executions (a run that never settles), and the clock jumps between two."""
+    check_worker_id(worker_id)
     pairs = pairs or registry.pairs()
     outcomes: list[str] = []
-    for _ in range(limit):
+    jumps = 0  # in a row, without an execution: bounded by `limit` too
+    while len(outcomes) < limit and jumps <= limit:
         claimed = transitions.claim_runs(worker_id, pairs, None, 1, 30.0)
         if not claimed:
-            wake = next_timer(fact_timeouts=fact_timeouts) if fake is not None else None
+            wake = (
+                next_timer(fact_timeouts=fact_timeouts, pairs=pairs) if fake is not None else None
+            )
             if fake is not None and wake is not None and wake <= fake.current:
                 # Due, yet no claim took it: held back by a queue's rate limit (jump to when
                 # its window frees a place, or to a later timer if that comes first), or not
                 # claimable by these pairs (nothing this drain can do).
                 wake = rate_window_frees(pairs, fact_timeouts=fact_timeouts)
                 if wake is not None:
-                    later = next_timer(fact_timeouts=fact_timeouts, after=fake.current)
+                    later = next_timer(fact_timeouts=fact_timeouts, after=fake.current, pairs=pairs)
                     wake = wake if later is None else min(wake, later)
             if wake is None:
                 break
@@ -143,12 +157,22 @@ def drain(
                 break
             assert fake is not None
             fake.jump_to(wake)
+            jumps += 1
             continue
+        jumps = 0
         run, lease = claimed[0].run, claimed[0].lease
         prepared = executor.prepare(run, lease, threading.Event(), claimed[0].prestarted)
         with _StepTimeouts(prepared):
             outcomes.append(executor.execute(run, prepared.workflow, prepared.ctx))
     return outcomes
+
+
+def check_worker_id(worker_id: Any) -> None:
+    """TypeError or ValueError for a worker id the claimed rows cannot hold (it is written in
+    every claim): checked before the first, which would otherwise fail its statement."""
+    longest = WorkflowRun._meta.get_field("worker_id").max_length
+    assert longest is not None
+    check_text("worker_id", worker_id, longest)
 
 
 class _StepTimeouts:
@@ -203,11 +227,12 @@ class WorkflowTester:
         *,
         start: datetime | None = None,
         worker_id: str = "workflow-tester",
-        limit: int = 1000,
+        limit: int | None = None,
     ) -> None:
+        check_worker_id(worker_id)
         self.clock = FakeClock(start)
         self.worker_id = worker_id
-        self.limit = limit
+        self._limit = limit
         self._saved: Any = None
 
     def __enter__(self) -> WorkflowTester:
@@ -217,6 +242,26 @@ class WorkflowTester:
 
     def __exit__(self, *exc: object) -> None:
         clock.now = self._saved  # type: ignore[method-assign]
+        self._saved = None
+
+    def _check_entered(self) -> None:
+        """Outside its `with` block the engine runs on the real clock: nothing would be
+        jumped, and a run would only seem stuck."""
+        if self._saved is None:
+            raise RuntimeError(
+                "the tester's clock is installed only inside its block: use"
+                " `with testing.WorkflowTester() as t:`"
+            )
+
+    @property
+    def limit(self) -> int:
+        """The executions one drive may make: as given, else 1000 more than the engine's
+        MAX_STEP_ATTEMPTS_PER_RUN, so that a step retried without end reaches the cap and fails
+        its run as in a worker (at the default cap of 1000, a limit of 1000 stopped the drive
+        one execution short of it)."""
+        if self._limit is not None:
+            return self._limit
+        return engine_settings().max_step_attempts_per_run + 1000
 
     @property
     def now(self) -> datetime:
@@ -224,6 +269,7 @@ class WorkflowTester:
 
     def advance(self, seconds: float | timedelta) -> None:
         """Move the fake clock forward (runs due by then run at the next `run_until_idle`)."""
+        self._check_entered()
         self.clock.advance(seconds)
 
     # -- driving ------------------------------------------------------------------------------
@@ -241,20 +287,28 @@ class WorkflowTester:
     def run_to_completion(self, run_id: uuid.UUID | str, *, jump: bool = True) -> RunView:
         """Run until `run_id` has finished (completed, failed or canceled) and return its view,
         jumping over every timer when `jump`, fact timeouts included. AssertionError when it
-        cannot finish without outside help (it waits on a fact that has no timeout)."""
-        self._drive(jump=jump, fact_timeouts=True)
+        cannot finish without outside help (it waits on a fact that has no timeout), or names
+        no run (then nothing is driven)."""
+        self.get_run(run_id)
+        executed = len(self._drive(jump=jump, fact_timeouts=True))
         view = self.get_run(run_id)
         if view.status not in FINISHED:
             waiting = WorkflowRun.objects.filter(pk=view.run_id).values_list(
                 "waiting_on", flat=True
             )
+            why = (
+                f"the drive stopped after {executed} executions (limit={self.limit})"
+                if executed >= self.limit
+                else "nothing more is due: signal it, or advance the clock"
+            )
             raise AssertionError(
                 f"run {view.run_id} is {view.status} (waiting on {waiting.first() or 'nothing'!r})"
-                " and nothing more is due: signal it, or advance the clock"
+                f" and {why}"
             )
         return view
 
     def _drive(self, *, jump: bool, fact_timeouts: bool) -> list[str]:
+        self._check_entered()
         return drain(
             self.clock if jump else None,
             limit=self.limit,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import math
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.tasks.signals import task_enqueued
 
 import tasks_engine
-from tasks_engine import IdempotencyConflict, clock
+from tasks_engine import IdempotencyConflict, clock, testing
 from tasks_engine.backends import DJANGO_TASK, DurableBackend, DurableTask
 from tasks_engine.models import WorkflowRun
 from tests.helpers import FakeClock, drain
@@ -142,6 +143,33 @@ def test_run_after_defers_the_start(fake_clock: FakeClock) -> None:
     assert got.task.run_after == when
 
 
+def test_a_whole_float_priority_enqueues_as_django_validates_it() -> None:
+    """Django's rule is "a whole number": `using(priority=5.0)` passed validation, then
+    enqueue raised TypeError ("priority must be an integer") from the engine."""
+    result = t.add.using(priority=5.0).enqueue(1, 2)  # type: ignore[arg-type]
+    assert WorkflowRun.objects.get(pk=result.id).priority == 5
+    assert result.task.priority == 5
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("priority", float("nan")),  # ValueError from int(nan) in Django's check
+        ("priority", "5"),  # TypeError comparing str and int
+        ("priority", True),  # passed validation, then TypeError at enqueue
+        ("run_after", date(2030, 1, 1)),  # AttributeError: no utcoffset
+        ("run_after", timedelta(minutes=5)),
+        # Year 10000 in UTC: SQLite raised OverflowError; PostgreSQL stored the run, and then
+        # every read of its row failed (psycopg: "timestamp too large (after year 10K)").
+        ("run_after", datetime.max.replace(tzinfo=timezone(timedelta(hours=-5)))),
+    ],
+)
+def test_a_task_option_of_the_wrong_type_is_invalid_task(field: str, value: object) -> None:
+    with pytest.raises(InvalidTask, match=field):
+        t.add.using(**{field: value})  # type: ignore[arg-type]
+    assert not WorkflowRun.objects.exists()
+
+
 def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(
     django_capture_on_commit_callbacks: Any,
 ) -> None:
@@ -202,6 +230,32 @@ def test_idempotency_key_dedupes_and_refuses_other_arguments() -> None:
     assert other.id != first.id
     keyed = t.record.using(idempotency_key=lambda key: f"k-{key}")  # type: ignore[call-arg]
     assert keyed.enqueue("x").id == keyed.enqueue("x").id
+
+
+def test_an_idempotency_key_that_is_no_string_or_callable_is_invalid_task() -> None:
+    """idempotency_key=5 passed `using()`, then enqueue raised AttributeError ('int' object
+    has no attribute 'format')."""
+    with pytest.raises(InvalidTask, match="idempotency_key must be a string or a callable"):
+        t.record.using(idempotency_key=5)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize(
+    ("key", "args", "message"),
+    [
+        # KeyError 'order_id': the key names an argument the call passed by position
+        ("order:{order_id}", (5,), "does not format with the call's arguments"),
+        ("order:{1}", (5,), "does not format with the call's arguments"),  # IndexError
+        # A callable's None became the key "None": every call deduped into the first one
+        (lambda key: None, ("a",), "returned None, not a string"),
+    ],
+)
+def test_an_idempotency_key_that_gives_no_string_fails_the_enqueue_clearly(
+    key: Any, args: tuple[Any, ...], message: str
+) -> None:
+    keyed = t.record.using(idempotency_key=key)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match=message):
+        keyed.enqueue(*args)
+    assert not WorkflowRun.objects.exists()
 
 
 def test_an_unimportable_task_path_fails_its_run_and_the_worker_goes_on(
@@ -314,3 +368,45 @@ def test_attempts_count_only_calls_that_ran_not_the_give_up(fake_clock: FakeCloc
         assert reason.exception_class_path == "tasks_engine.exceptions.StepFailedError"
         assert "interrupted 2 times without finishing" in reason.traceback
     assert effects("dies") == 0
+
+
+@pytest.mark.parametrize(
+    ("sent", "stored"), [(1e20, 10**20), (-1.5e17, -(15 * 10**16)), (-0.0, 0.0), (1e-07, 1e-07)]
+)
+def test_a_float_argument_reads_back_as_postgresql_stores_it_on_both_databases(
+    fake_clock: FakeClock, sent: float, stored: float
+) -> None:
+    """PostgreSQL's jsonb keeps a number, not its notation: the argument 1e20 (Python writes
+    1e+20) came back as the int 100000000000000000000 and -0.0 as 0.0 on PostgreSQL, while the
+    worker's first call saw the float and SQLite kept it: a task's arguments, return value and
+    a step's replayed result depended on the database. They are now the stored form at once."""
+    result = t.add.enqueue(sent, 0)  # type: ignore[arg-type]
+    assert drain(fake_clock) == ["completed"]
+    got = t.add.get_result(result.id)
+    for value in (result.args[0], got.args[0], got.return_value):
+        assert (value, type(value), math.copysign(1, value)) == (
+            stored,
+            type(stored),
+            math.copysign(1, stored),
+        )
+
+
+def test_task_finished_says_when_the_run_finished_on_the_engine_s_clock() -> None:
+    """The worker's task_finished result took finished_at from timezone.now(), not the
+    engine's clock: under the tester (a fake clock in 2030) the signal said the task
+    finished today while get_result said 2030."""
+    from django.tasks.signals import task_finished
+
+    seen: list[Any] = []
+
+    def on_finished(sender: Any, task_result: Any, **kw: Any) -> None:
+        seen.append(task_result.finished_at)
+
+    task_finished.connect(on_finished)
+    try:
+        with testing.WorkflowTester(start=datetime(2030, 1, 1, tzinfo=UTC)) as tester:
+            ok, failed = t.add.enqueue(1, 2), t.boom.enqueue("late")
+            tester.run_until_idle()
+    finally:
+        task_finished.disconnect(on_finished)
+    assert seen == [t.add.get_result(ok.id).finished_at, t.boom.get_result(failed.id).finished_at]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from tasks_engine import clock, testing
 from tasks_engine.models import WorkflowRun
+from tests.helpers import FakeClock
 from tests.testapp import observe_workflows
 from tests.testapp.observe_workflows import observe_acquire
 
@@ -212,6 +213,7 @@ def test_a_step_timeout_past_what_a_thread_can_wait_leaves_later_timeouts_workin
         (datetime(2030, 1, 1), ValueError),  # naive: failed later, comparing with aware times
         ("2030-01-01T00:00:00Z", TypeError),
         (date(2030, 1, 1), TypeError),
+        (datetime.max.replace(tzinfo=timezone(timedelta(hours=-5))), ValueError),  # year 10000
     ],
 )
 def test_the_tester_refuses_a_start_that_is_no_aware_datetime(start: object, error: type) -> None:
@@ -227,3 +229,94 @@ def test_the_tester_refuses_a_start_that_is_no_aware_datetime(start: object, err
 def test_advance_refuses_a_bad_duration(seconds: object, error: type) -> None:
     with testing.WorkflowTester() as t, pytest.raises(error, match="advance"):
         t.advance(seconds)  # type: ignore[arg-type]
+
+
+def test_run_to_completion_of_an_unknown_run_runs_nothing() -> None:
+    """A run id from another test (or a typo) was found unknown only after the drive: every
+    other due run had been executed by then (steps written) before the AssertionError."""
+    with testing.WorkflowTester() as t:
+        other = t.start("three_steps", {"n": 1})
+        with pytest.raises(AssertionError, match="no run 00000000-0000-0000-0000-000000000000"):
+            t.run_to_completion("00000000-0000-0000-0000-000000000000")
+        assert t.get_run(other).status == "pending"
+        assert t.steps(other) == []
+
+
+def test_run_to_completion_says_when_the_execution_limit_stopped_it() -> None:
+    """`limit` counted clock jumps as executions (limit=2: one execution, one jump over the
+    backoff), and the error then said "nothing more is due: signal it, or advance the clock",
+    though a retry was due and the limit had stopped the drive."""
+    observe_workflows.ATTEMPTS.pop("limited", None)
+    with testing.WorkflowTester(limit=2) as t:
+        run = t.start("observe_backoff", {"key": "limited", "failures": 3})
+        with pytest.raises(AssertionError, match=r"stopped after 2 executions \(limit=2\)"):
+            t.run_to_completion(run)
+
+
+def test_driving_a_tester_that_was_not_entered_is_an_error() -> None:
+    """Without `with`, the engine kept the real clock: a 10 s sleep was never jumped and
+    run_to_completion said the run waits with "nothing more is due"."""
+    t = testing.WorkflowTester()
+    run = t.start("sleeper", {"seconds": 10})
+    for drive in (t.run_until_idle, lambda: t.run_to_completion(run), lambda: t.advance(10)):
+        with pytest.raises(RuntimeError, match=r"with testing\.WorkflowTester"):
+            drive()
+    assert t.get_run(run).status == "pending"
+
+
+def test_a_step_s_floats_replay_as_they_first_came_back_on_both_databases() -> None:
+    """PostgreSQL's jsonb keeps a number, not its notation: a step that returned 1e20 (Python
+    writes 1e+20) gave the float on its first pass and the int 100000000000000000000 on
+    replay, -0.0 came back as 0.0, and SQLite kept the floats: the workflow saw other values
+    after a sleep, and on the other database."""
+    with testing.WorkflowTester() as t:
+        view = t.run_to_completion(t.start("float_results"))
+    assert view.output["first"] == view.output["replayed"]
+    assert view.output["replayed"] == [
+        repr([10**20, -(15 * 10**16), 0.0, 1e-07, 2.5]),
+        repr(10**20),
+    ]
+
+
+def test_a_step_that_uses_the_run_s_whole_attempt_budget_fails_the_run_as_in_a_worker(
+    settings: Any,
+) -> None:
+    """The default limit (1000 executions) equalled the default MAX_STEP_ATTEMPTS_PER_RUN: a
+    step retried without end stopped the tester one execution before the engine failed the
+    run, so run_to_completion raised where a worker ends the run `failed`. The default limit
+    now leaves room past the cap, whatever the cap."""
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "MAX_STEP_ATTEMPTS_PER_RUN": 40}
+    with testing.WorkflowTester() as t:
+        view = t.run_to_completion(t.start("always_fails_step"))
+    assert view.status == "failed"
+    assert view.error["message"] == "run made 40 step attempts (limit 40)"
+    for cap in (1000, 5000):
+        settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "MAX_STEP_ATTEMPTS_PER_RUN": cap}
+        assert testing.WorkflowTester().limit > cap
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "error"),
+    [(None, TypeError), ("", ValueError), ("w" * 201, ValueError), ("a\x00b", ValueError)],
+)
+def test_the_tester_refuses_a_worker_id_no_row_can_hold(worker_id: object, error: type) -> None:
+    """A worker id too long or holding a NUL failed the first claim's statement (PostgreSQL:
+    the test's transaction aborted; SQLite stored the NUL), None did too: now the tester and
+    drain refuse it up front, before any claim."""
+    with pytest.raises(error, match="worker_id"):
+        testing.WorkflowTester(worker_id=worker_id)  # type: ignore[arg-type]
+    with pytest.raises(error, match="worker_id"):
+        testing.drain(worker_id=worker_id)  # type: ignore[arg-type]
+
+
+def test_drain_jumps_only_to_timers_of_the_runs_it_claims(fake_clock: FakeClock) -> None:
+    """drain(pairs=[noop]) jumped the clock a day, to the wake-up of a sleeper it could not
+    claim, then stopped: the next steps of the test ran a day late."""
+    from tasks_engine import enqueue
+
+    started = fake_clock.now()
+    enqueue("sleeper", {"seconds": 86400})
+    assert testing.drain(fake_clock, pairs=[("sleeper", 1)], horizon=10) == ["suspended"]
+    enqueue("noop", {"n": 1})
+    assert testing.drain(fake_clock, pairs=[("noop", 1)]) == ["completed"]
+    assert fake_clock.now() == started

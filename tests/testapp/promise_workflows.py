@@ -95,6 +95,30 @@ def model_results(ctx: TaskContext) -> Any:
     return Stamped(when=first["when"], id=first["id"], reading=1.5)
 
 
+FLOATS = [1e20, -1.5e17, -0.0, 1e-07, 2.5]  # Python writes the first two with an exponent
+
+
+@workflow(name="float_results")
+def float_results(ctx: TaskContext) -> Any:
+    """A step returns floats, plain and in a model: the run reports what the step gave before
+    and after a sleep (the second pass replays it from the store)."""
+    plain = ctx.step.run("plain", lambda: FLOATS)
+    model = ctx.step.run("model", lambda: Stamped(when=STAMP.when, id=STAMP.id, reading=1e20))
+    first = ctx.step.run("first", lambda: [repr(plain), repr(model["reading"])])  # pass 1
+    ctx.step.sleep("nap", 1)
+    return {"first": first, "replayed": [repr(plain), repr(model["reading"])]}
+
+
+@workflow(name="always_fails_step", step_retry=RetryPolicy(max_attempts=10**6, initial_interval=0))
+def always_fails_step(ctx: TaskContext) -> None:
+    """A step that fails on every attempt, retried far past MAX_STEP_ATTEMPTS_PER_RUN."""
+
+    def fails() -> None:
+        raise ValueError("fails again")
+
+    ctx.step.run("fails", fails)
+
+
 class Reading(BaseModel):
     celsius: float
     label: str = ""
