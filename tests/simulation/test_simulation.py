@@ -24,7 +24,7 @@ from tasks_engine import clock, executor
 from . import machine
 from .harness import ThreadPool, TickingClock, install_hooks
 from .invariants import reset_tables
-from .machine import EngineSimulation, SimEnv
+from .machine import RETENTION_DAYS, EngineSimulation, SimEnv
 from .profiles import selected, timeout_seconds
 from .workflows import NARROW_LIMIT, NARROW_QUEUE, registered
 
@@ -50,7 +50,8 @@ def sim_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimEnv]:
     fake = TickingClock()
     monkeypatch.setattr(clock, "now", fake.now)
     narrow = {NARROW_QUEUE: {"concurrency": NARROW_LIMIT}}
-    monkeypatch.setattr(settings, "TASKS_ENGINE", {**settings.TASKS_ENGINE, "QUEUES": narrow})
+    engine = {**settings.TASKS_ENGINE, "QUEUES": narrow, "RETENTION_DAYS": RETENTION_DAYS}
+    monkeypatch.setattr(settings, "TASKS_ENGINE", engine)
     monkeypatch.setattr(executor, "run_logger", lambda run: QuietLogger())
     install_hooks(monkeypatch)
     pool = ThreadPool()
