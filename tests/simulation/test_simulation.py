@@ -22,6 +22,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from tasks_engine import clock, executor
 
 from . import machine
+from .defects import inject
 from .harness import ThreadPool, TickingClock, install_hooks
 from .invariants import reset_tables
 from .machine import RETENTION_DAYS, EngineSimulation, SimEnv
@@ -52,6 +53,7 @@ def sim_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimEnv]:
     narrow = {NARROW_QUEUE: {"concurrency": NARROW_LIMIT}}
     engine = {**settings.TASKS_ENGINE, "QUEUES": narrow, "RETENTION_DAYS": RETENTION_DAYS}
     monkeypatch.setattr(settings, "TASKS_ENGINE", engine)
+    inject(monkeypatch)  # SIM_INJECT: broken services, to see the invariants catch them
     monkeypatch.setattr(executor, "run_logger", lambda run: QuietLogger())
     install_hooks(monkeypatch)
     pool = ThreadPool()
