@@ -8,7 +8,10 @@ list, or `none` to check everything (`SIM_KNOWN_DEFECTS=none make simulate`).
 
 from __future__ import annotations
 
+import functools
 import os
+from datetime import datetime
+from typing import Any
 
 # Every defect the simulation was built to catch is fixed; so are the ones it found (see the
 # regression tests in tests/test_promises.py, tests/test_claim.py and
@@ -31,3 +34,141 @@ DEFECTS = known_defects()
 def known(name: str) -> bool:
     """Whether the simulation should still step around defect `name`."""
     return name in DEFECTS
+
+
+# -- injected defects -------------------------------------------------------------------------
+#
+# The other way round: an invariant is only worth its keep if it catches the defect it is
+# about. `SIM_INJECT` (a comma-separated list of the names below) swaps a maintenance service
+# for a broken copy for one run; the ci profile must then fail with that invariant's violation,
+# and pass without it:
+#
+#     SIM_INJECT=prune-ignores-unfinished-parent SIM_SHRINK=0 HYPOTHESIS_PROFILE=ci \
+#         .venv/bin/python -m pytest tests/simulation -q
+#
+# - reap-ignores-worker              the dead-worker service releases every running run, not
+#                                    only the dead workers' (invariant `reap`)
+# - reap-keeps-leases                it deletes the dead workers' rows but leaves their runs to
+#                                    wait for the lease (invariant `reap`)
+# - prune-ignores-unfinished-parent  retention prunes a finished child whose parent is not
+#                                    finished (invariant `prune`; the parent then resumes on a
+#                                    child that is gone)
+# - prune-ignores-unfinished-child   retention prunes a finished parent whose child is not
+#                                    finished (invariant `prune`)
+# - prune-ignores-status             retention prunes runs that are not finished (invariant
+#                                    `prune`)
+INJECTABLE = frozenset(
+    {
+        "reap-ignores-worker",
+        "reap-keeps-leases",
+        "prune-ignores-unfinished-parent",
+        "prune-ignores-unfinished-child",
+        "prune-ignores-status",
+    }
+)
+
+
+def injected() -> frozenset[str]:
+    raw = os.environ.get("SIM_INJECT", "")
+    names = frozenset(part.strip() for part in raw.split(",") if part.strip())
+    unknown = names - INJECTABLE
+    if unknown:
+        raise ValueError(f"SIM_INJECT: unknown defect {sorted(unknown)[0]!r}, see defects.py")
+    return names
+
+
+def inject(monkeypatch: Any) -> frozenset[str]:
+    """Swap in the broken services `SIM_INJECT` names (the sim_env fixture calls this)."""
+    from tasks_engine import maintenance, workers
+
+    names = injected()
+    if names & {"reap-ignores-worker", "reap-keeps-leases"}:
+        monkeypatch.setattr(workers, "reap_dead_workers", functools.partial(_reap, names))
+    if names & {n for n in INJECTABLE if n.startswith("prune-")}:
+        monkeypatch.setattr(maintenance, "_prune_batch", functools.partial(_prune_batch, names))
+    return names
+
+
+def _reap(names: frozenset[str]) -> dict[str, int]:
+    """workers.reap_dead_workers, broken as `names` say."""
+    from django.db import connection, transaction
+
+    from tasks_engine import clock
+    from tasks_engine.conf import engine_settings
+    from tasks_engine.sql import db_now_sql, p_dt, placeholders
+    from tasks_engine.workers import RUN, WORKER
+
+    cutoff_sql, cutoff_params = db_now_sql(-engine_settings().dead_worker_seconds)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(f"SELECT id FROM {WORKER} WHERE last_heartbeat < {cutoff_sql}", cutoff_params)
+        dead = [r[0] for r in cur.fetchall()]
+        if not dead:
+            return {"workers": 0, "runs": 0}
+        now = p_dt(clock.now())
+        ids = placeholders(len(dead))
+        runs = 0
+        if "reap-ignores-worker" in names:
+            cur.execute(
+                f"""UPDATE {RUN} SET available_at = %s
+                    WHERE status = 'running' AND available_at > %s""",
+                [now, now],
+            )
+            runs = cur.rowcount
+        elif "reap-keeps-leases" not in names:
+            cur.execute(
+                f"""UPDATE {RUN} SET available_at = %s
+                    WHERE status = 'running' AND worker_id IN ({ids}) AND available_at > %s""",
+                [now, *dead, now],
+            )
+            runs = cur.rowcount
+        cur.execute(f"DELETE FROM {WORKER} WHERE id IN ({ids})", dead)
+        return {"workers": cur.rowcount, "runs": runs}
+
+
+def _prune_batch(
+    names: frozenset[str], statuses: list[str], cutoff: datetime, batch: int
+) -> dict[str, int]:
+    """maintenance._prune_batch, broken as `names` say."""
+    from django.db import connection, transaction
+    from django.db.models import Exists, OuterRef, Q
+
+    from tasks_engine.maintenance import RUN
+    from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
+    from tasks_engine.sql import p_uuid, placeholders
+    from tasks_engine.states import ACTIVE
+
+    with transaction.atomic():
+        active = sorted(ACTIVE)
+        parent_unfinished = WorkflowRun.objects.filter(
+            pk=OuterRef("parent_run_id"), status__in=active
+        )
+        child_unfinished = WorkflowRun.objects.filter(
+            parent_run_id=OuterRef("pk"), status__in=active
+        )
+        runs = WorkflowRun.objects.filter(finished_at__lt=cutoff)
+        if "prune-ignores-status" in names:
+            # Any run older than the cutoff, finished or not (created_at: unfinished runs have
+            # no finished_at).
+            runs = WorkflowRun.objects.filter(
+                Q(status__in=statuses, finished_at__lt=cutoff) | Q(created_at__lt=cutoff)
+            )
+        else:
+            runs = runs.filter(status__in=statuses)
+        if "prune-ignores-unfinished-parent" not in names:
+            runs = runs.exclude(Exists(parent_unfinished))
+        if "prune-ignores-unfinished-child" not in names:
+            runs = runs.exclude(Exists(child_unfinished))
+        ids = list(runs.order_by("created_at").values_list("pk", flat=True)[:batch])
+        if not ids:
+            return {"runs": 0, "steps": 0, "facts": 0, "ledger": 0}
+        ledger, _ = OpLedger.objects.filter(run_id__in=ids).delete()
+        steps, _ = StepAttempt.objects.filter(run_id__in=ids).delete()
+        facts, _ = Fact.objects.filter(run_id__in=ids).delete()
+        WorkflowRun.objects.filter(parent_run_id__in=ids).update(parent_run=None)
+        with connection.cursor() as cur:
+            cur.execute(
+                f"DELETE FROM {RUN} WHERE id IN ({placeholders(len(ids))})",
+                [p_uuid(i) for i in ids],
+            )
+            n = cur.rowcount
+    return {"runs": n, "steps": steps, "facts": facts, "ledger": ledger}

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Count, Max
 
-from tasks_engine.models import QUEUED, Fact, OpLedger, StepAttempt, WorkflowRun
+from tasks_engine.models import QUEUED, Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from tasks_engine.states import ACTIVE, FINISHED
 
 from .defects import known
@@ -118,7 +118,7 @@ def diff(before: dict[str, list[tuple[Any, ...]]], after: dict[str, list[tuple[A
 
 def reset_tables() -> None:
     with connection.cursor() as cur:
-        for model in (OpLedger, Fact, StepAttempt, WorkflowRun):
+        for model in (OpLedger, Fact, StepAttempt, WorkflowRun, Worker):
             cur.execute(f"DELETE FROM {model._meta.db_table}")
 
 
@@ -190,7 +190,8 @@ def check_cancel_promises(
     return [
         f"{state.runs[run_id].label}: cancel answered True, the run ended {status}"
         for run_id, retries in promised.items()
-        if retried[run_id] == retries
+        if run_id in state.runs  # not pruned since
+        and retried[run_id] == retries
         and (status := state.runs[run_id].status) in FINISHED
         and status != "canceled"
     ]
@@ -244,7 +245,12 @@ def check_steps_after_cancel(state: DbState) -> list[str]:
     return out
 
 
-def check_outcomes(state: DbState, disrupted: Counter[uuid.UUID]) -> list[str]:
+def check_outcomes(
+    state: DbState, disrupted: Counter[uuid.UUID], pruned: dict[uuid.UUID, RunRow] | None = None
+) -> list[str]:
+    """Completed runs return what their workflow computes; failed runs failed as it means to
+    (`pruned`: the runs the retention service deleted, whose failures may explain a
+    parent's)."""
     out = []
     for run in state.runs.values():
         expect = EXPECT.get(run.task_name)
@@ -254,13 +260,18 @@ def check_outcomes(state: DbState, disrupted: Counter[uuid.UUID]) -> list[str]:
             if expect.must_fail or run.output not in expect.outputs:
                 out.append(f"{run.label}: completed with {run.output!r}")
         elif run.status == "failed":
-            why = failure_not_allowed(run, state, disrupted)
+            why = failure_not_allowed(run, state, disrupted, pruned or {})
             if why:
                 out.append(f"{run.label}: {why}")
     return out
 
 
-def failure_not_allowed(run: RunRow, state: DbState, disrupted: Counter[uuid.UUID]) -> str:
+def failure_not_allowed(
+    run: RunRow,
+    state: DbState,
+    disrupted: Counter[uuid.UUID],
+    pruned: dict[uuid.UUID, RunRow],
+) -> str:
     """Why this failure is an engine defect ('' when the workflow's own failure explains it).
     A run may fail as its workflow means to; a step interrupted (crash, lost lease) more times
     than its retry budget allows fails it; a parent fails when its child was canceled."""
@@ -269,7 +280,9 @@ def failure_not_allowed(run: RunRow, state: DbState, disrupted: Counter[uuid.UUI
     kind, message = str(error.get("type", "")), str(error.get("message", ""))
     if kind in expect.fails_with or (expect.must_fail and not expect.fails_with):
         return ""
-    family = [run, *state.children(run.id)]
+    # Its children, those pruned since it failed too (as they were when pruned).
+    children = state.children(run.id) + [r for r in pruned.values() if r.parent_run_id == run.id]
+    family = [run, *children]
     if kind.endswith(".StepFailedError") and "interrupted" in message:
         if any(disrupted[r.id] for r in family) or known("outage-counts-as-crash"):
             return ""
@@ -278,14 +291,12 @@ def failure_not_allowed(run: RunRow, state: DbState, disrupted: Counter[uuid.UUI
         # Its retry started a new child, which flaked because the first one never ran (it
         # was canceled, say): the retry budget is spent. With one child, the retry got the
         # failed child back instead of running it again.
-        if len(state.children(run.id)) >= 2:
+        if len(children) >= 2:
             return ""
         return f"failed with the child's first failure, never rerun: {message}"
     if known("db-error-fails-run") and "simulated database outage" in message:
         return ""
-    if kind.endswith(".TaskCanceledError") and any(
-        c.status == "canceled" for c in state.children(run.id)
-    ):
+    if kind.endswith(".TaskCanceledError") and any(c.status == "canceled" for c in children):
         return ""
     return f"failed with {kind}: {message}"
 
@@ -295,6 +306,10 @@ class CompletedSteps:
 
     def __init__(self) -> None:
         self.seen: dict[int, tuple[uuid.UUID, str, Any]] = {}
+
+    def forget(self, runs: Any) -> None:
+        """The steps of `runs` (pruned) are gone with their runs."""
+        self.seen = {sid: seen for sid, seen in self.seen.items() if seen[0] not in runs}
 
     def check(self, state: DbState) -> list[str]:
         now = {s.id: s for s in state.steps}
@@ -309,13 +324,24 @@ class CompletedSteps:
         return out
 
 
-def check_log(state: DbState, log: SimLog, interrupted: Counter[uuid.UUID]) -> list[str]:
-    """Op commits happen once per op key; bodies meant to run once ran once, or once more
-    for each time their run was interrupted (a crash, a lost lease, a database error)."""
+def check_log(
+    state: DbState,
+    log: SimLog,
+    interrupted: Counter[uuid.UUID],
+    forgotten: Counter[str] | None = None,
+) -> list[str]:
+    """Op commits happen once per op key, or once more for each result of it the retention
+    service pruned (`forgotten`: a pruned run's ledger rows go with it, DESIGN.md's
+    retention); bodies meant to run once ran once, or once more for each time their run was
+    interrupted (a crash, a lost lease, a database error)."""
     out = []
+    forgotten = forgotten or Counter()
     for op_key, n in Counter(key for key, _, _ in log.commits).items():
-        if n > 1:
-            out.append(f"op {op_key!r} committed its business write {n} times")
+        if n > 1 + forgotten[op_key]:
+            out.append(
+                f"op {op_key!r} committed its business write {n} times, its result was "
+                f"pruned {forgotten[op_key]} times"
+            )
     for run in state.runs.values():
         for key in EXPECT[run.task_name].run_once:
             n = log.count(run.id, key)
@@ -337,11 +363,18 @@ def check_quiescent(state: DbState) -> list[str]:
     for run in state.runs.values():
         if run.status not in FINISHED:
             out.append(f"{run.label}: did not finish (waiting_on={run.waiting_on!r})")
-            continue
-        if run.status != "completed":
-            continue
-        completed = Counter(s.name for s in state.steps_of(run.id) if s.status == "completed")
-        for key in EXPECT[run.task_name].steps:
-            if completed[key] != 1:
-                out.append(f"{run.label}: step {key!r} completed {completed[key]} times")
+        out += check_completed_steps(run, state)
     return out
+
+
+def check_completed_steps(run: RunRow, state: DbState) -> list[str]:
+    """A completed run completed each of its steps exactly once (checked at quiescence, and of
+    a run the retention service prunes before that)."""
+    if run.status != "completed":
+        return []
+    completed = Counter(s.name for s in state.steps_of(run.id) if s.status == "completed")
+    return [
+        f"{run.label}: step {key!r} completed {completed[key]} times"
+        for key in EXPECT[run.task_name].steps
+        if completed[key] != 1
+    ]

@@ -16,12 +16,28 @@ Rules
   advance_all     release every live attempt for one stop, round robin
   db_error        the n-th statement an attempt sends from now raises OperationalError,
                   then release it
-  crash           worker w dies: its attempts stop where they are and never write again
+  crash           worker w dies: its attempts stop where they are and never write again; its
+                  row stays (beating no more) and the process that replaces it beats a new one
   heartbeat       worker w renews its leases (`renew_leases`), aborts runs whose lease is gone
-                  or whose cancel was requested, sends deferred step completions
+                  or whose cancel was requested, sends deferred step completions, and beats its
+                  worker row (`workers.Registration.beat`, an upsert), whether it holds runs
+                  or not
   stop_worker     graceful stop: draining, a grace of a few stops, abort, hand back
-                  (`requeue_run`), exit
-  cancel, signal  `tasks_engine.cancel` / `tasks_engine.signal(run, "go")` on any run
+                  (`requeue_run`), exit (its row removed); its replacement beats a new row
+  reap            one round of the leader's dead-worker service (`workers.reap_dead_workers`)
+                  after aging every worker row to its last beat on the fake clock (beats are
+                  stamped with the database's clock)
+  stall           worker w stalls for DEAD_WORKER_SECONDS + 1 while the others' heartbeats run,
+                  then the leader reaps: w's runs are retaken by others while its attempts
+                  are parked; they go on later, and its next heartbeat beats its row back
+  prune           one round of the leader's retention service (`maintenance.prune_expired`,
+                  RETENTION_DAYS completed and canceled 0, failed 31 s), in batches of 1
+                  or 500, one batch a status or all; in half the examples (`start` draws it) the
+                  quiescence drain runs one too each time a run finishes, and in half it cancels
+                  the first parent it finds waiting on a running child, then prunes
+  cancel, signal  `tasks_engine.cancel` / `tasks_engine.signal(run, "go")` on any run (a cancel
+                  may be followed at once by a retention round, as `prune`)
+  cancel_parent   cancel a waiting parent whose child is running, then a retention round
   retry           `tasks_engine.retry_run` of a failed or canceled top-level run (an operator's
                   retry: back to pending, its completed steps kept, the rest run again)
   advance_clock   0.6 s (deferred completions), 5 s, 11 s (sleeps), 31 s (leases expire)
@@ -54,9 +70,23 @@ Invariants, after every rule (invariants.py)
     runs share one key of limit 1; the claims are the guarded claim once one is enqueued)
   - a queueing key has at most one queued run (pending, never started, not an operator's
     retry), and an enqueue that a run with the key answered was answered by that queued run
+  - reap: a worker row reaped beat more than DEAD_WORKER_SECONDS ago, one kept beat less; a
+    reaped worker's running runs are claimable at once (lease expiry now: the claim's
+    expired-lease source), not at lease expiry; a kept worker's runs keep their lease
+  - prune: the retention service deletes finished runs only, never a finished child whose
+    parent is unfinished (the parent reads it when it resumes) nor a finished parent with an
+    unfinished child; a completed run it prunes completed each of its steps once; a run
+    leaves the tables only by a prune (the other checks, quiescence included, then look at
+    the runs that are left; an op key whose result was pruned may commit once more)
+  - a stalled worker's attempts after a reap, and attempts of runs pruned under them, are held
+    by the checks above: a stale lease writes nothing, no attempt dies of DoesNotExist (or any
+    unexpected exception)
 At quiescence (teardown: release every attempt, claim whatever is due, signal every fact
 wait, jump over every timer and lease, until nothing moves)
-  - every run finished, and every completed run completed each of its steps exactly once
+  - every run (not pruned) finished, and every completed run completed each of its steps
+    exactly once
+Defects injected with SIM_INJECT (defects.py) show that the reap and prune invariants catch
+what they are about.
 """
 
 from __future__ import annotations
@@ -68,7 +98,8 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import event
@@ -82,9 +113,12 @@ from hypothesis.stateful import (
 )
 
 import tasks_engine
-from tasks_engine import first_steps, flow, transitions
+from tasks_engine import first_steps, flow, maintenance, transitions, workers
+from tasks_engine.conf import engine_settings
 from tasks_engine.exceptions import LeaseLostError, TaskCanceledError, WorkerStopping
-from tasks_engine.models import WorkflowRun
+from tasks_engine.models import OpLedger, WorkflowRun
+from tasks_engine.models import Worker as WorkerRow
+from tasks_engine.sql import db_clock
 from tasks_engine.states import FINISHED
 
 from . import harness
@@ -92,10 +126,12 @@ from .defects import known
 from .harness import Attempt, ThreadPool, TickingClock
 from .invariants import (
     CompletedSteps,
+    RunRow,
     check_answered_by_queued,
     check_attempts,
     check_cancel_promises,
     check_cancels,
+    check_completed_steps,
     check_flow_limits,
     check_log,
     check_outcomes,
@@ -121,6 +157,12 @@ DRAIN_LIMIT = 5000  # stops, claims and clock jumps the quiescence drain may tak
 
 PARKING_TASKS = frozenset({"sim-sleep", "sim-fact", "sim-fact-timeout"})  # besides parents
 PARENT_TASKS = frozenset({"sim-parent", "sim-parent-retry"})
+PRUNE_BATCH = 500
+# The retention service's RETENTION_DAYS (test_simulation.py installs it): completed and
+# canceled runs go at the next round, failed ones once they are 31 s old on the fake clock (an
+# operator may retry them until then).
+DAY = 86_400.0
+RETENTION_DAYS = {"completed": 0, "failed": 31 / DAY, "canceled": 0}
 
 
 @dataclass(frozen=True)
@@ -179,13 +221,21 @@ def env() -> SimEnv:
 
 
 class SimWorker:
-    """A simulated worker process: a new id on every (re)start, as a real one has."""
+    """A simulated worker process: a new id on every (re)start, as a real one has, and a worker
+    row (`workers.Registration`) that it beats when it starts and at every heartbeat."""
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
         self.generation = 0
         self.draining = threading.Event()
         self.attempts: list[Attempt] = []
+        # What Registration reads of its worker process.
+        self.pairs = env().pairs
+        self.config = SimpleNamespace(concurrency=CONCURRENCY)
+        self.registration = workers.Registration(self)  # type: ignore[arg-type]
+
+    def held(self) -> list[Attempt]:
+        return self.live()
 
     @property
     def id(self) -> str:
@@ -202,9 +252,12 @@ class SimWorker:
         return [a for a in self.attempts if not a.done]
 
     def restart(self) -> None:
+        """The process that replaces it (after a crash or a graceful stop): a new id, a new
+        row. A crashed process's row stays behind until the leader reaps it."""
         self.generation += 1
         self.draining = threading.Event()
         self.attempts = []
+        self.registration = workers.Registration(self)  # type: ignore[arg-type]
 
 
 class Violation(AssertionError):
@@ -251,6 +304,15 @@ class EngineSimulation(RuleBasedStateMachine):
         self.env.clock.reset()
         self.log = harness.reset_log()
         self.workers = [SimWorker(i) for i in range(WORKERS)]
+        # Worker rows: the fake-clock time of each row's last beat. Beats are stamped with the
+        # database's clock (sql.db_now_sql); before a reap the rows are aged to match (`_age`).
+        self.beats: dict[str, datetime] = {}
+        for worker in self.workers:
+            self._beat(worker)
+        self.released: set[uuid.UUID] = set()  # runs a reap made claimable
+        self.pruned: dict[uuid.UUID, RunRow] = {}  # runs the retention service deleted
+        self.ledger_pruned: Counter[str] = Counter()  # op results pruned with their runs
+        self.known_runs: set[uuid.UUID] = set()
         self.attempts: list[Attempt] = []
         self.enqueued = 0
         self.disrupted: Counter[uuid.UUID] = Counter()  # kills and lost leases, per run
@@ -265,8 +327,16 @@ class EngineSimulation(RuleBasedStateMachine):
 
     # -- rules --------------------------------------------------------------------------------
 
-    @initialize(shapes=st.lists(st.sampled_from(ENABLED_SHAPES), min_size=1, max_size=MAX_RUNS))
-    def start(self, shapes: list[str]) -> None:
+    @initialize(
+        shapes=st.lists(st.sampled_from(ENABLED_SHAPES), min_size=1, max_size=MAX_RUNS),
+        prune_while_draining=st.booleans(),
+        cancel_while_draining=st.booleans(),
+    )
+    def start(
+        self, shapes: list[str], prune_while_draining: bool, cancel_while_draining: bool
+    ) -> None:
+        self.prune_while_draining = prune_while_draining
+        self.cancel_while_draining = cancel_while_draining
         for shape in shapes:
             self.enqueue(shape)
 
@@ -322,15 +392,20 @@ class EngineSimulation(RuleBasedStateMachine):
             self.disrupted[attempt.run_id] += 1
             attempt.kill()
             self._ended(attempt)
-        worker.restart()
+        worker.restart()  # the dead process's row stays, beating no more
+        self._beat(worker)
 
     @rule(w=WORKER)
     def heartbeat(self, w: int) -> None:
         """What worker/heartbeat.py does each interval: renew every lease the worker holds,
-        abort runs whose lease is gone or whose cancel was requested, flush old completions."""
+        abort runs whose lease is gone or whose cancel was requested, flush old completions,
+        then beat the worker's row (an upsert: a row reaped while it stalled comes back)."""
         held = [a for a in self.workers[w].live() if a.ctx is not None and not a.lost]
-        if not held:
-            return
+        if held:
+            self._renew(held)
+        self._beat(self.workers[w])
+
+    def _renew(self, held: list[Attempt]) -> None:
         renewed = transitions.renew_leases([a.lease for a in held], LEASE_SECONDS)
         for attempt in held:
             assert attempt.ctx is not None
@@ -388,10 +463,15 @@ class EngineSimulation(RuleBasedStateMachine):
                     if not self._stale(a)
                 ],
             )
+        worker.registration.remove()
+        self.beats.pop(worker.id, None)
         worker.restart()
+        self._beat(worker)
 
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
+    @rule(data=st.data(), then_prune=st.booleans())
+    def cancel(self, data: st.DataObject, then_prune: bool) -> None:
+        """`tasks_engine.cancel` of any run; with `then_prune`, a retention round at once (a
+        canceled parent is finished while its running child still finishes its step)."""
         candidates = [r for r in runs() if self._may_cancel(r)]
         if candidates:
             run = data.draw(st.sampled_from(candidates), label="run")
@@ -405,6 +485,29 @@ class EngineSimulation(RuleBasedStateMachine):
                     if now in FINISHED
                     else [f"run {run.id}: cancel answered False, it is {now}"],
                 )
+            if then_prune:
+                self._prune(PRUNE_BATCH, None)
+
+    @precondition(lambda self: self._parents_of_running_children())
+    @rule(data=st.data())
+    def cancel_parent(self, data: st.DataObject) -> None:
+        """Cancel a waiting parent while its child runs, then a retention round: the parent
+        is canceled at once, its child only once its holder sees the request (`prune` must
+        keep the parent until then)."""
+        parents = self._parents_of_running_children()
+        if parents:
+            run_id = data.draw(st.sampled_from(parents), label="parent")
+            if tasks_engine.cancel(run_id):
+                self.cancel_promised[run_id] = self.retried[run_id]
+            self._prune(PRUNE_BATCH, None)
+
+    @staticmethod
+    def _parents_of_running_children() -> list[uuid.UUID]:
+        children = WorkflowRun.objects.filter(status="running", parent_run_id__isnull=False)
+        parents = WorkflowRun.objects.filter(
+            status="waiting", pk__in=children.values("parent_run_id")
+        )
+        return list(parents.order_by("created_at").values_list("id", flat=True))
 
     @rule(data=st.data())
     def retry(self, data: st.DataObject) -> None:
@@ -422,8 +525,10 @@ class EngineSimulation(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def signal(self, data: st.DataObject) -> None:
-        run = data.draw(st.sampled_from(runs()), label="run")
-        tasks_engine.signal(run.id, FACT, FACT_PAYLOAD)
+        candidates = runs()  # none, once every run was pruned
+        if candidates:
+            run = data.draw(st.sampled_from(candidates), label="run")
+            tasks_engine.signal(run.id, FACT, FACT_PAYLOAD)
 
     @rule(seconds=st.sampled_from([DEFERRED_MAX_AGE + 0.1, 5.0, 11.0, LEASE_SECONDS + 1]))
     def advance_clock(self, seconds: float) -> None:
@@ -435,11 +540,117 @@ class EngineSimulation(RuleBasedStateMachine):
         if due is not None:
             self.env.clock.jump_to(due)
 
+    @rule()
+    def reap(self) -> None:
+        """One round of the leader's dead-worker service (`workers.reap_dead_workers`): the
+        runs of every worker whose row beat more than DEAD_WORKER_SECONDS ago (on the fake
+        clock) become claimable at once, and the rows go; the others' runs and rows stay."""
+        dead_after = engine_settings().dead_worker_seconds
+        ages = self._age()
+        rows = set(WorkerRow.objects.values_list("id", flat=True))
+        running = WorkflowRun.objects.filter(status="running")
+        before = {r[0]: r[1:] for r in running.values_list("id", "worker_id", "available_at")}
+        workers.reap_dead_workers()
+        now = self.env.clock.now()
+        reaped = rows - set(WorkerRow.objects.values_list("id", flat=True))
+        after = dict(
+            WorkflowRun.objects.filter(pk__in=list(before)).values_list("id", "available_at")
+        )
+        problems = [
+            f"worker {w}: beat {ages[w]:.1f} s ago, {'reaped' if w in reaped else 'kept'}"
+            for w in rows
+            if w in ages
+            # A second's slack either side: the database clock moves on while this runs.
+            if (w in reaped and ages[w] < dead_after - 1)
+            or (w not in reaped and ages[w] > dead_after + 1)
+        ]
+        for run_id, (worker_id, available_at) in before.items():
+            later = after.get(run_id)
+            if worker_id in reaped:
+                if later is None or later > now:
+                    problems.append(
+                        f"run {run_id}: its worker {worker_id} was reaped, the run is not "
+                        f"claimable until {later} (now {now})"
+                    )
+                else:
+                    self.released.add(run_id)
+            elif later != available_at:
+                problems.append(
+                    f"run {run_id}: its worker {worker_id} is alive, a reap moved its lease "
+                    f"from {available_at} to {later}"
+                )
+        self._report("reap", problems)
+        for w in reaped:
+            self.beats.pop(w, None)
+        STATS["workers reaped"] += len(reaped)
+        STATS["runs a reap released"] += sum(1 for r, (w, _) in before.items() if w in reaped)
+        if reaped:
+            event("the leader reaped a worker")
+
+    @rule(w=WORKER)
+    def stall(self, w: int) -> None:
+        """Worker w stalls (a long pause: its threads stop, its process lives) for longer than
+        DEAD_WORKER_SECONDS while the others' heartbeats run, and the leader reaps it. Its
+        attempts and heartbeat go on afterwards (the stale-lease invariant holds them), and
+        its next beat brings its row back."""
+        self.env.clock.advance(engine_settings().dead_worker_seconds + 1)
+        for other in range(WORKERS):
+            if other != w:
+                self.heartbeat(other)
+        self.reap()
+
+    @rule(batch=st.sampled_from([1, PRUNE_BATCH]), max_batches=st.sampled_from([1, None]))
+    def prune(self, batch: int, max_batches: int | None) -> None:
+        """One round of the leader's retention service (`maintenance.prune_expired`, with
+        RETENTION_DAYS short enough for this fake clock). It deletes finished runs only, and
+        never a finished child whose parent is unfinished (the parent reads it when it
+        resumes) nor a finished parent with an unfinished child."""
+        self._prune(batch, max_batches)
+
+    def _prune(self, batch: int, max_batches: int | None) -> None:
+        before = read_state()
+        done = list(OpLedger.objects.filter(status="done").values_list("op_key", "run_id"))
+        maintenance.prune_expired(batch=batch, max_batches=max_batches)
+        after = read_state()
+        pruned = [run for run_id, run in before.runs.items() if run_id not in after.runs]
+        # An op's result goes with its run: a later run with the same op key runs it again.
+        self.ledger_pruned.update(k for k, r in done if r in before.runs and r not in after.runs)
+        problems = []
+        for run in pruned:
+            parent = before.runs.get(run.parent_run_id) if run.parent_run_id else None
+            if run.status not in FINISHED:
+                problems.append(f"{run.label}: pruned, it was not finished")
+            if parent is not None and parent.status not in FINISHED:
+                problems.append(f"{run.label}: pruned, its parent {parent.label} is not")
+            for child in before.children(run.id):
+                if child.status not in FINISHED:
+                    problems.append(f"{run.label}: pruned, its child {child.label} is not")
+            # What quiescence would have checked of it, had it stayed.
+            problems += check_completed_steps(run, before)
+        self._report("prune", problems)
+        for run in before.runs.values():  # the windows the prune rules are about
+            parent = before.runs.get(run.parent_run_id) if run.parent_run_id else None
+            if parent is not None and (run.status in FINISHED) != (parent.status in FINISHED):
+                STATS[
+                    f"prunes over a {'child' if run.status in FINISHED else 'parent'} "
+                    "finished before its family"
+                ] += 1
+        for run in pruned:
+            self.pruned[run.id] = run
+        self.completed_steps.forget(self.pruned)
+        STATS["runs pruned"] += len(pruned)
+        if pruned:
+            event("the retention service pruned a run")
+
     # -- invariants ---------------------------------------------------------------------------
 
     @invariant()
     def engine_state_is_consistent(self) -> None:
         state = read_state()
+        # A run leaves the tables only through the retention service (the prune rule).
+        vanished = self.known_runs - state.runs.keys() - self.pruned.keys()
+        self._report("runs-kept", [f"run {r}: gone, and nothing pruned it" for r in vanished])
+        self.known_runs |= state.runs.keys()
         for check in dict.fromkeys(c for c, _ in self.log.violations):
             self._report(check, [m for c, m in self.log.violations if c == check])
         self._report("attempts-match-runs", check_attempts(state))
@@ -452,11 +663,11 @@ class EngineSimulation(RuleBasedStateMachine):
         self._report("flow-limits", check_flow_limits())
         self._report("queueing-key", check_queueing_keys())
         self._report("completed-steps-stable", self.completed_steps.check(state))
-        self._report("run-outcomes", check_outcomes(state, self.disrupted))
+        self._report("run-outcomes", check_outcomes(state, self.disrupted, self.pruned))
         # A body meant to run once runs once more per interruption, and per operator retry of
         # a run it failed (its failed step runs again).
         reruns = self.disrupted + self.outages + self.retried
-        self._report("side-effects", check_log(state, self.log, reruns))
+        self._report("side-effects", check_log(state, self.log, reruns, self.ledger_pruned))
 
     def teardown(self) -> None:
         try:
@@ -483,6 +694,26 @@ class EngineSimulation(RuleBasedStateMachine):
     def _live(self) -> list[Attempt]:
         return [a for a in self.attempts if not a.done]
 
+    def _beat(self, worker: SimWorker) -> None:
+        worker.registration.beat()
+        self.beats[worker.id] = self.env.clock.now()
+
+    def _age(self) -> dict[str, float]:
+        """Age every worker row as the fake clock says (beats are stamped with the database's
+        clock, not the fake one): its last beat is as long before the database's now as it
+        is before the fake clock's. Returns the ages, in seconds, of the rows there are."""
+        now, db_now = self.env.clock.now(), db_clock()
+        ages = {}
+        for worker_id in WorkerRow.objects.values_list("id", flat=True):
+            if worker_id not in self.beats:  # not a simulated worker's: left as it is
+                continue
+            age = (now - self.beats[worker_id]).total_seconds()
+            WorkerRow.objects.filter(pk=worker_id).update(
+                last_heartbeat=db_now - timedelta(seconds=age)
+            )
+            ages[worker_id] = age
+        return ages
+
     def _claim(self, worker: SimWorker) -> bool:
         held = tuple(a.run_id for a in worker.live())  # as worker/loop.py passes its slots' runs
         claimed = transitions.claim_runs(
@@ -490,6 +721,9 @@ class EngineSimulation(RuleBasedStateMachine):
         )
         for item in claimed:
             run_id = item.lease.run_id
+            if run_id in self.released:
+                self.released.discard(run_id)
+                STATS["runs retaken after a reap"] += 1
             if any(a.run_id == run_id for a in self._live()):
                 self.disrupted[run_id] += 1  # a live attempt lost its lease to this claim
             attempt = Attempt(len(self.attempts) + 1, worker.id, item, worker.draining)
@@ -553,7 +787,22 @@ class EngineSimulation(RuleBasedStateMachine):
 
     def _quiesce(self) -> None:
         drainer = SimWorker(WORKERS)  # a worker that never fails
+        finished = 0
         for _ in range(DRAIN_LIMIT):
+            if self.prune_while_draining:
+                # A retention round each time a run finishes: a child that completes before
+                # its parent resumes, a parent canceled before its child ends, go by a prune.
+                now_finished = WorkflowRun.objects.filter(status__in=FINISHED).count()
+                if now_finished > finished:
+                    self._prune(PRUNE_BATCH, None)
+                finished = now_finished
+            if self.cancel_while_draining and (parents := self._parents_of_running_children()):
+                # Once: an operator cancels a parent whose child runs, and a retention round
+                # follows at once (what the cancel_parent rule does, reached far more often).
+                self.cancel_while_draining = False
+                if tasks_engine.cancel(parents[0]):
+                    self.cancel_promised[parents[0]] = self.retried[parents[0]]
+                self._prune(PRUNE_BATCH, None)
             live = self._live()
             if live:
                 self._step(live[0])

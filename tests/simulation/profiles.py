@@ -6,6 +6,8 @@
   examples are kept under /tmp/umt-sim-examples and replayed first on the next run.
 - `dev`: a quick look while editing (20 examples).
 
+`SIM_SHRINK=0` runs any of them without shrinking (see `selected`).
+
 A failure prints the shrunk rule sequence (the reproduction) and a `@reproduce_failure` blob;
 `--hypothesis-seed=N` makes the whole search repeatable.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 EXAMPLES_DIR = "/tmp/umt-sim-examples"
@@ -53,8 +55,13 @@ settings.register_profile(
 
 
 def selected() -> settings:
+    """The profile; `SIM_SHRINK=0` leaves the shrinking out (to see an injected defect fail
+    the profile, defects.py, without minutes of shrinking its first failure)."""
     name = os.environ.get("HYPOTHESIS_PROFILE", "ci")
-    return settings.get_profile(name if name.startswith("sim-") else f"sim-{name}")
+    chosen = settings.get_profile(name if name.startswith("sim-") else f"sim-{name}")
+    if os.environ.get("SIM_SHRINK", "1") == "0":
+        return settings(chosen, phases=[p for p in chosen.phases if p != Phase.shrink])
+    return chosen
 
 
 def timeout_seconds() -> int:

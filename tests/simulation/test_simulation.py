@@ -22,9 +22,10 @@ from hypothesis.stateful import run_state_machine_as_test
 from tasks_engine import clock, executor
 
 from . import machine
+from .defects import inject
 from .harness import ThreadPool, TickingClock, install_hooks
 from .invariants import reset_tables
-from .machine import EngineSimulation, SimEnv
+from .machine import RETENTION_DAYS, EngineSimulation, SimEnv
 from .profiles import selected, timeout_seconds
 from .workflows import NARROW_LIMIT, NARROW_QUEUE, registered
 
@@ -50,7 +51,9 @@ def sim_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimEnv]:
     fake = TickingClock()
     monkeypatch.setattr(clock, "now", fake.now)
     narrow = {NARROW_QUEUE: {"concurrency": NARROW_LIMIT}}
-    monkeypatch.setattr(settings, "TASKS_ENGINE", {**settings.TASKS_ENGINE, "QUEUES": narrow})
+    engine = {**settings.TASKS_ENGINE, "QUEUES": narrow, "RETENTION_DAYS": RETENTION_DAYS}
+    monkeypatch.setattr(settings, "TASKS_ENGINE", engine)
+    inject(monkeypatch)  # SIM_INJECT: broken services, to see the invariants catch them
     monkeypatch.setattr(executor, "run_logger", lambda run: QuietLogger())
     install_hooks(monkeypatch)
     pool = ThreadPool()
