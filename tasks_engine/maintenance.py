@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
@@ -120,21 +121,27 @@ def _prune_batch(statuses: list[str], cutoff: datetime, batch: int) -> dict[str,
             .select_for_update(skip_locked=True)
             .values_list("pk", flat=True)[:batch]
         )
-        if not ids:
-            return {"runs": 0, "steps": 0, "facts": 0, "ledger": 0}
-        # The ledger's foreign key is SET NULL (an entry outlives a run deleted by hand): a
-        # pruned run's entries go with it, or they would pile up for ever.
-        ledger, _ = OpLedger.objects.filter(run_id__in=ids).delete()
-        steps, _ = StepAttempt.objects.filter(run_id__in=ids).delete()
-        facts, _ = Fact.objects.filter(run_id__in=ids).delete()
-        # A child outlives its pruned parent, without the link (the foreign key's SET NULL).
-        WorkflowRun.objects.filter(parent_run_id__in=ids).update(parent_run=None)
-        # Not QuerySet.delete(): its collector would read every row and redo the work above.
-        # Nor sql.execute(): a statement shape per batch size is not worth preparing.
-        with connection.cursor() as cur:
-            cur.execute(
-                f"DELETE FROM {RUN} WHERE id IN ({placeholders(len(ids))})",
-                [p_uuid(i) for i in ids],
-            )
-            runs = cur.rowcount
+        return delete_runs(ids)
+
+
+def delete_runs(ids: list[Any]) -> dict[str, int]:
+    """Delete these runs with their steps, facts and ledger entries (inside the caller's
+    transaction); their children keep going without the link. Returns what it deleted."""
+    if not ids:
+        return {"runs": 0, "steps": 0, "facts": 0, "ledger": 0}
+    # The ledger's foreign key is SET NULL (an entry outlives a run deleted by hand): a
+    # pruned run's entries go with it, or they would pile up for ever.
+    ledger, _ = OpLedger.objects.filter(run_id__in=ids).delete()
+    steps, _ = StepAttempt.objects.filter(run_id__in=ids).delete()
+    facts, _ = Fact.objects.filter(run_id__in=ids).delete()
+    # A child outlives its pruned parent, without the link (the foreign key's SET NULL).
+    WorkflowRun.objects.filter(parent_run_id__in=ids).update(parent_run=None)
+    # Not QuerySet.delete(): its collector would read every row and redo the work above.
+    # Nor sql.execute(): a statement shape per batch size is not worth preparing.
+    with connection.cursor() as cur:
+        cur.execute(
+            f"DELETE FROM {RUN} WHERE id IN ({placeholders(len(ids))})",
+            [p_uuid(i) for i in ids],
+        )
+        runs = cur.rowcount
     return {"runs": runs, "steps": steps, "facts": facts, "ledger": ledger}

@@ -129,12 +129,11 @@ def _prune_batch(
     names: frozenset[str], statuses: list[str], cutoff: datetime, batch: int
 ) -> dict[str, int]:
     """maintenance._prune_batch, broken as `names` say."""
-    from django.db import connection, transaction
+    from django.db import transaction
     from django.db.models import Exists, OuterRef, Q
 
-    from tasks_engine.maintenance import RUN
-    from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
-    from tasks_engine.sql import p_uuid, placeholders
+    from tasks_engine.maintenance import delete_runs
+    from tasks_engine.models import WorkflowRun
     from tasks_engine.states import ACTIVE
 
     with transaction.atomic():
@@ -159,16 +158,4 @@ def _prune_batch(
         if "prune-ignores-unfinished-child" not in names:
             runs = runs.exclude(Exists(child_unfinished))
         ids = list(runs.order_by("created_at").values_list("pk", flat=True)[:batch])
-        if not ids:
-            return {"runs": 0, "steps": 0, "facts": 0, "ledger": 0}
-        ledger, _ = OpLedger.objects.filter(run_id__in=ids).delete()
-        steps, _ = StepAttempt.objects.filter(run_id__in=ids).delete()
-        facts, _ = Fact.objects.filter(run_id__in=ids).delete()
-        WorkflowRun.objects.filter(parent_run_id__in=ids).update(parent_run=None)
-        with connection.cursor() as cur:
-            cur.execute(
-                f"DELETE FROM {RUN} WHERE id IN ({placeholders(len(ids))})",
-                [p_uuid(i) for i in ids],
-            )
-            n = cur.rowcount
-    return {"runs": n, "steps": steps, "facts": facts, "ledger": ledger}
+        return delete_runs(ids)
