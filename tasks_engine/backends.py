@@ -28,6 +28,7 @@ engine and its models are imported inside functions.
 
 from __future__ import annotations
 
+import enum
 import math
 import uuid
 from collections.abc import Callable
@@ -78,6 +79,16 @@ STATUS_MAP: dict[str, TaskResultStatus] = {
 IdempotencyKey = str | Callable[..., str] | None
 
 
+class _Unset(enum.Enum):
+    """The default of an option whose None means something: `using(idempotency_key=None)`
+    removes the key, so None cannot also stand for "not given, keep it"."""
+
+    UNSET = enum.auto()
+
+
+_UNSET = _Unset.UNSET
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DurableTask(Task):
     """A Django task with the durable backend's options (`@task(max_attempts=..., ...)`)."""
@@ -93,15 +104,18 @@ class DurableTask(Task):
         run_after: datetime | None = None,
         backend: str | None = None,
         max_attempts: int | None = None,
-        idempotency_key: IdempotencyKey = None,
+        idempotency_key: IdempotencyKey | _Unset = _UNSET,
     ) -> DurableTask:
+        """A copy with the options given changed. `idempotency_key=None` removes the task's
+        key; without the argument the key is kept (the other options keep theirs on None, as
+        in Django)."""
         task: Task = Task.using(
             self, priority=priority, queue_name=queue_name, run_after=run_after, backend=backend
         )
         changes: dict[str, Any] = {}
         if max_attempts is not None:
             changes["max_attempts"] = max_attempts
-        if idempotency_key is not None:
+        if idempotency_key is not _UNSET:
             changes["idempotency_key"] = idempotency_key
         return replace(task, **changes) if changes else task  # type: ignore[return-value]
 

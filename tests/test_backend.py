@@ -232,6 +232,22 @@ def test_idempotency_key_dedupes_and_refuses_other_arguments() -> None:
     assert keyed.enqueue("x").id == keyed.enqueue("x").id
 
 
+def test_using_idempotency_key_none_clears_the_key_and_no_argument_keeps_it() -> None:
+    """`using(idempotency_key=None)` kept the task's key: None stood for "not given", so a key
+    once set could not be removed."""
+    kept = t.ship_order.using(priority=3)  # type: ignore[call-arg]
+    assert kept.idempotency_key == "order:{order_id}"  # type: ignore[attr-defined]
+    assert kept.enqueue(order_id=1).id == kept.enqueue(order_id=1).id
+    cleared = t.ship_order.using(idempotency_key=None)  # type: ignore[call-arg]
+    assert cleared.idempotency_key is None  # type: ignore[attr-defined]
+    assert cleared.enqueue(order_id=1).id != cleared.enqueue(order_id=1).id
+    assert WorkflowRun.objects.count() == 3
+    assert WorkflowRun.objects.filter(idempotency_key__isnull=True).count() == 2
+    assert cleared.using(priority=1).idempotency_key is None  # type: ignore[attr-defined]
+    rekeyed = cleared.using(idempotency_key="again:{order_id}")  # type: ignore[call-arg]
+    assert rekeyed.idempotency_key == "again:{order_id}"  # type: ignore[attr-defined]
+
+
 def test_an_idempotency_key_that_is_no_string_or_callable_is_invalid_task() -> None:
     """idempotency_key=5 passed `using()`, then enqueue raised AttributeError ('int' object
     has no attribute 'format')."""
