@@ -12,7 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
 from tasks_engine.admin.audit import record
-from tasks_engine.admin.lookups import RefuseNulLookupsMixin
+from tasks_engine.admin.lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 
 from .events import revive_dead
 from .models import OutboxEvent
@@ -21,7 +21,7 @@ RETRY_PERMISSION = "outbox.retry_outboxevent"
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
+class OutboxEventAdmin(RefuseMalformedSelectionMixin, RefuseNulLookupsMixin, admin.ModelAdmin):
     list_display = (
         "id",
         "type",

@@ -31,7 +31,7 @@ from ..states import RunStatus
 from . import stats as admin_stats
 from .cancel import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
-from .lookups import RefuseNulLookupsMixin
+from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 from .operator_actions import unknown_object
 from .paging import CappedPaginator, RunPaginator
 from .queues import QueuesMixin
@@ -67,9 +67,10 @@ def when(value: Any) -> str:
     )
 
 
-class ReadOnlyAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
+class ReadOnlyAdmin(RefuseMalformedSelectionMixin, RefuseNulLookupsMixin, admin.ModelAdmin):
     """No add, change or delete for anyone; lists without full-table counts or facets; a NUL
-    character in a list's filter parameters is an invalid lookup (lookups.py)."""
+    character in a list's filter parameters is an invalid lookup, and a list action with a
+    malformed selected id a message, nothing changed (lookups.py)."""
 
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
