@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import transaction
+import structlog
+from django.db import connection, transaction
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -21,6 +24,8 @@ from outbox.models import OutboxEvent
 from outbox.relay import relay_once
 from tasks_engine import LeaseLostError, executor, testing, tracing, transitions
 from tasks_engine.models import WorkflowRun
+from tasks_engine.worker.group_commit import GroupCommit
+from tasks_engine.worker.slots import SlotPool
 from tests.helpers import FakeClock, drain
 
 pytestmark = pytest.mark.django_db
@@ -301,3 +306,44 @@ def test_a_detached_completion_that_is_dropped_still_ends_its_claim_span(
     write.dropped()  # what the group writer does with a detached write that failed
     (claim,) = _named(spans, "workflow ")
     assert "tasks.outcome" not in (claim.attributes or {})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_spans_of_the_writes_a_dying_group_writer_held_still_end(
+    spans: InMemorySpanExporter,
+) -> None:
+    """The group writer's log stream breaks (stderr a pipe whose reader exited): its warning
+    about a fenced completion raised, the thread died, and the claim spans of the handed-off
+    completions it held (the rest of its group, its queue) were never ended. Each ends now,
+    with no outcome (one written before the death keeps its own)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("group commit needs data-modifying CTEs (PostgreSQL)")
+    held = [_execute_held("noop", {"n": n})[1] for n in range(3)]
+    fenced = [w.lease.run_id for w in held[:2]]  # their leases were lost: the fence refuses them
+    WorkflowRun.objects.filter(pk__in=fenced).update(lease_token=None, status="pending")
+    reader, writer_end = os.pipe()
+    os.close(reader)
+    stream = os.fdopen(writer_end, "w")
+    log = structlog.wrap_logger(
+        structlog.PrintLogger(stream), processors=[structlog.processors.KeyValueRenderer()]
+    )
+    slots = SlotPool(concurrency=3, prefetch=0)
+    slots.reserve(3)  # the slots the three runs handed over with their completions
+    claims = transitions.ClaimRequest("w", [("noop", 1)], None, 0, 30)
+    group = GroupCommit(slots, claims, log)
+    for write in held:  # as hand_off queues them: detached, nobody waits
+        group._queue.put((write, None))
+    group._queue.put(None)  # nothing comes after them
+    try:
+        group.start()
+        group.join(10)
+    finally:
+        with contextlib.suppress(OSError):
+            stream.close()
+    assert not group.is_alive() and group.dead
+    ended = {c.attributes["tasks.run_id"]: c for c in _named(spans, "workflow ")}
+    assert set(ended) == {str(w.lease.run_id) for w in held}
+    for run_id in fenced:
+        assert "tasks.outcome" not in (ended[str(run_id)].attributes or {})
+    assert ended[str(held[2].lease.run_id)].attributes["tasks.outcome"] == "completed"
+    assert slots.busy() == 0

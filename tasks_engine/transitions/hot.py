@@ -79,9 +79,11 @@ class HotWrite:
 
     def dropped(self) -> None:
         """A detached write failed (its `error` set) and its run is dropped: `ended` is told
-        None, as nobody waits for the write to raise its error."""
-        if self.ended is not None:
-            self.ended(None)
+        None, as nobody waits for the write to raise its error; once (the group writer's
+        death drops what it held, which may include a write it dropped already)."""
+        ended, self.ended = self.ended, None
+        if ended is not None:
+            ended(None)
 
 
 class DirectWriter:

@@ -13,10 +13,16 @@ Under a backlog the group also claims: a group that completes k runs claims up t
 any idle slot's) in the same statement, and hands them to the slots those completions free.
 Not while flow control guards the worker's claims (`SlotPool.claims_ahead`): the claim loop
 claims then, on its own connection, so this thread never waits for a limited queue's lock.
+
+If this thread dies (say its log stream broke: a log call raised), the worker's watch over its
+side loops stops the worker (loop.py), and every write the thread held, the group in hand and
+the queue behind it, fails with EngineUnavailable: a waiting slot raises it, and a handed-off
+completion is dropped, its slot freed and its claim's span ended (`HotWrite.dropped`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import queue
 import threading
@@ -55,6 +61,8 @@ class GroupCommit(threading.Thread):
         self.log = log
         self._slot_state = threading.local()
         self._tuned: Any = None  # the connection _tune_session set up
+        self._in_hand: list[Queued] = []  # the group taken off the queue, until it is told
+        self._slots_given = True  # the group in hand's handed-over slots went to after_group
         self.dead = False
 
     # -- the Writer interface (transitions/_common.py), called from slot threads -------------
@@ -85,6 +93,8 @@ class GroupCommit(threading.Thread):
             return
         write.detached = True
         self._queue.put((write, None))
+        if self.dead:  # it died as this was queued, after its last look at the queue
+            self._fail_queued()
 
     # -- the writer thread -----------------------------------------------------------------------
 
@@ -103,16 +113,32 @@ class GroupCommit(threading.Thread):
                 for _, done in group:
                     if done is not None:
                         done.set()
+                self._in_hand = []
         except BaseException as exc:  # the worker's watch (loop.py) stops the worker
-            self.log.exception("group commit thread died", error=str(exc))
-            self.dead = True
-            self._fail_queued()
+            with contextlib.suppress(Exception):  # a broken log stream may be what killed it
+                self.log.exception("group commit thread died", error=str(exc))
         finally:
             self.dead = True  # from now on each write goes alone (see `send`)
-            connection.close()
+            try:
+                self._fail_held()
+            finally:
+                connection.close()
+
+    def _fail_held(self) -> None:
+        """This thread ended: each write it held and did not write, in the group in hand (which
+        it died with) or queued, fails; their slots drop their runs."""
+        in_hand, self._in_hand = self._in_hand, []
+        if not self._slots_given:  # it died before the group's after_group
+            handed_over = sum(1 for write, _ in in_hand if write.detached)
+            if handed_over:
+                self.slots.after_group([], 0, handed_over)
+        for write, done in in_hand:
+            _give_up(write, done)
+        self._fail_queued()
 
     def _fail_queued(self) -> None:
-        """Whatever was queued when this thread died: its slots drop their runs."""
+        """Whatever was queued when this thread died: its slots drop their runs. (Also called
+        by `hand_off` for a write queued as the thread died: each is taken off once.)"""
         while True:
             try:
                 queued = self._queue.get_nowait()
@@ -121,12 +147,9 @@ class GroupCommit(threading.Thread):
             if queued is None:
                 continue
             write, done = queued
-            write.error = EngineUnavailable("group commit thread died")
-            if done is not None:
-                done.set()
             if write.detached:
                 self.slots.after_group([], 0, 1)  # the slot it took along is free again
-                write.dropped()
+            _give_up(write, done)
 
     def _gather(self) -> list[Queued]:
         """The next group: every write queued now, and those sent within GATHER_SECONDS by
@@ -136,7 +159,10 @@ class GroupCommit(threading.Thread):
         first = self._queue.get()
         if first is None:
             return []
-        group = [first]
+        # In hand from now on: if this thread dies before the group is told, `_fail_held`
+        # fails what it holds.
+        group = self._in_hand = [first]
+        self._slots_given = False
         deadline = time.monotonic() + GATHER_SECONDS
         while len(group) < MAX_GROUP:
             try:
@@ -193,6 +219,7 @@ class GroupCommit(threading.Thread):
                 write.error = exc
         finally:
             self.slots.after_group(claimed, limit, handed_over)
+            self._slots_given = True
         for write in group:
             if write.detached and write.error is not None:  # nobody waits: the run is dropped
                 self.log.warning(
@@ -228,6 +255,17 @@ class GroupCommit(threading.Thread):
                     error=str(exc).strip(),
                 )
                 write.error = exc
+
+
+def _give_up(write: transitions.HotWrite, done: threading.Event | None) -> None:
+    """A write the dead thread held: an error unless it was written, its slot woken, and a
+    detached one that failed dropped (its `ended` hears None, its claim's span ends)."""
+    if write.result is None and write.error is None:
+        write.error = EngineUnavailable("group commit thread died")
+    if done is not None:
+        done.set()
+    if write.detached and write.error is not None:
+        write.dropped()
 
 
 def _connection_usable() -> bool:
