@@ -317,6 +317,9 @@ def get_run(run_id: uuid.UUID | str) -> RunView | None:
     return _view(run, steps)
 
 
+LIMIT_MAX = 2**63 - 1
+
+
 def list_runs(
     *,
     task: str | None = None,
@@ -335,7 +338,9 @@ def list_runs(
         qs = qs.filter(version=version)
     if status is not None:
         qs = qs.filter(status=status)
-    return [_view(run) for run in qs[: max(int(limit), 0)]]
+    # A LIMIT past the 64-bit range is refused by both databases (bigint out of range); no
+    # table holds that many runs, so it means "all" as the largest one the statement takes.
+    return [_view(run) for run in qs[: min(max(int(limit), 0), LIMIT_MAX)]]
 
 
 def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:
