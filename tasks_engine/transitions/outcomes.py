@@ -243,6 +243,42 @@ def _holder_gone(run: WorkflowRun) -> bool:
     return run.available_at is not None and run.available_at <= clock.now()
 
 
+ORPHAN_BATCH = 100
+
+
+def end_orphaned_cancels() -> int:
+    """The leader's service: end, as `canceled`, the running runs whose cancel was requested
+    while a worker still held them and whose holder has died since (`_holder_gone`; the lease
+    expired). A claim would end them, but none comes when no live worker serves the run's
+    (task, version) or queue: a deploy that retired a version while a killed worker held a
+    run of it left the run `running`, with the request, for good. Returns how many ended."""
+    live = Worker.objects.filter(alive()).values("pk")
+    ids = list(
+        WorkflowRun.objects.filter(
+            status=RunStatus.RUNNING,
+            cancel_requested_at__isnull=False,
+            available_at__lte=clock.now(),
+        )
+        .exclude(worker_id__in=live)
+        .order_by("available_at")
+        .values_list("pk", flat=True)[:ORPHAN_BATCH]
+    )
+    ended = 0
+    for run_id in ids:
+        with transaction.atomic():
+            lock_parent(run_id)  # parent row, then the child's, as every run end takes them
+            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+            if (
+                run is not None
+                and run.status == RunStatus.RUNNING
+                and run.cancel_requested_at is not None
+                and _holder_gone(run)
+            ):
+                cancel_idle_run(run, run.cancel_reason)
+                ended += 1
+    return ended
+
+
 def cancel_children(run_id: uuid.UUID, reason: str) -> None:
     """Cancel every unfinished child of a run (parent's row locked first, then the child's)."""
     children = WorkflowRun.objects.select_for_update().filter(

@@ -49,3 +49,24 @@ def test_cancel_ends_a_run_whose_dead_holder_no_live_worker_replaces(workers) ->
     assert (middle.status, middle.counted) == ("abandoned", False)
     assert unserved_runs() == []
     assert tasks_engine.cancel(run_id) is False
+
+
+def test_a_cancel_requested_before_the_holder_was_killed_ends_the_run(workers) -> None:
+    """The cancel reaches the old worker as a request (it is alive, deep in a step that does
+    not watch its abort), then the worker is SIGKILLed and the new deploy does not serve the
+    version: the leader of the new generation ends the run."""
+    run_id = tasks_engine.enqueue("slow_middle", {"seconds": 60}).run_id
+    old = workers("--poll-interval", "0.2", tag="old")
+    wait_for(lambda: SideEffect.objects.filter(key="middle-start").exists(), 30, "the step")
+    assert tasks_engine.cancel(run_id, "version retired") is True
+    assert WorkflowRun.objects.get(pk=run_id).status == "running"  # a request for the holder
+    old.send(signal.SIGKILL)
+    old.wait(10)
+    workers("--task", "a@2", "--poll-interval", "0.2", tag="new")
+    wait_for(
+        lambda: WorkflowRun.objects.get(pk=run_id).status == "canceled",
+        60,
+        "the new generation's leader to end the run",
+    )
+    middle = StepAttempt.objects.get(run_id=run_id, name="middle")
+    assert (middle.status, middle.counted) == ("abandoned", False)
