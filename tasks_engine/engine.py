@@ -206,8 +206,11 @@ def enqueue(
     `concurrency_key` and `concurrency_limit` override the workflow's, as `queueing_key` does
     (docs/FLOW_CONTROL.md). With a queueing key that a queued run holds (pending, never
     started), that run is the answer (`deduplicated=True`) and nothing is written."""
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        # "1" was looked up as "unknown task a@1" beside a registered a@1; True and 1.0 ran as 1
+        raise TypeError(f"version must be an integer, not {version!r}")
     if isinstance(task, Workflow):
-        version = version or task.version
+        version = task.version if version is None else version
         task = task.name
     wf = registry.get(task, version)
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
