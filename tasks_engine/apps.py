@@ -30,9 +30,12 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 
 def register_services() -> None:
     """The engine's own maintenance services, run by the leader (leader.py)."""
-    from . import maintenance, schedules, services, workers
+    from . import maintenance, schedules, services, transitions, workers
 
     services.register("dead-workers", workers.reap_dead_workers, every=DEAD_WORKERS_EVERY)
+    services.register(
+        "orphaned-cancels", transitions.end_orphaned_cancels, every=DEAD_WORKERS_EVERY
+    )
     services.register(
         "retention",
         lambda: maintenance.prune_expired(max_batches=RETENTION_MAX_BATCHES),

@@ -206,8 +206,11 @@ def enqueue(
     `concurrency_key` and `concurrency_limit` override the workflow's, as `queueing_key` does
     (docs/FLOW_CONTROL.md). With a queueing key that a queued run holds (pending, never
     started), that run is the answer (`deduplicated=True`) and nothing is written."""
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        # "1" was looked up as "unknown task a@1" beside a registered a@1; True and 1.0 ran as 1
+        raise TypeError(f"version must be an integer, not {version!r}")
     if isinstance(task, Workflow):
-        version = version or task.version
+        version = task.version if version is None else version
         task = task.name
     wf = registry.get(task, version)
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
@@ -317,6 +320,9 @@ def get_run(run_id: uuid.UUID | str) -> RunView | None:
     return _view(run, steps)
 
 
+LIMIT_MAX = 2**63 - 1
+
+
 def list_runs(
     *,
     task: str | None = None,
@@ -335,7 +341,9 @@ def list_runs(
         qs = qs.filter(version=version)
     if status is not None:
         qs = qs.filter(status=status)
-    return [_view(run) for run in qs[: max(int(limit), 0)]]
+    # A LIMIT past the 64-bit range is refused by both databases (bigint out of range); no
+    # table holds that many runs, so it means "all" as the largest one the statement takes.
+    return [_view(run) for run in qs[: min(max(int(limit), 0), LIMIT_MAX)]]
 
 
 def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:

@@ -25,6 +25,13 @@ _LEGACY_GIVE_UP = re.compile(  # the message: f"step {key!r} was interrupted ...
 )
 
 
+# The longest step key (StepAttempt.name). A sleep's key also goes into the run's `waiting_on`
+# after "sleep:" (300 characters), so it is shorter; a fact wait's name is a fact's name.
+STEP_KEY_LONGEST = 300
+SLEEP_KEY_LONGEST = STEP_KEY_LONGEST - len("sleep:")
+FACT_NAME_LONGEST = 200
+
+
 def current_pass(failures: int, pass_offset: int) -> int:
     """The number of the pass a run's next claim executes: its workflow retries so far
     (`failures`) on top of the passes before the last operator retry (`pass_offset`, which
@@ -91,13 +98,23 @@ class ReplayHistory:
     name_counts: dict[str, int] = field(default_factory=dict)
     patches: dict[str, bool] = field(default_factory=dict)  # ctx.patched() answers this pass
 
-    def next_key(self, name: str) -> str:
-        """The key of this call of step `name` (its n-th call is `name#n`), marked reached."""
+    def next_key(self, name: str, longest: int = STEP_KEY_LONGEST) -> str:
+        """The key of this call of step `name` (its n-th call is `name#n`), marked reached.
+        ValueError, nothing marked, for a name whose key the step's rows cannot hold (longer
+        than `longest`, a NUL character): PostgreSQL would refuse its first write, an outage
+        the run would meet again on every replay, and SQLite would store it."""
         if not name or "#" in name:
             raise ValueError(f"invalid step name {name!r} (non-empty, no '#')")
+        if "\x00" in name:
+            raise ValueError(f"invalid step name {name!r} (no NUL character)")
         n = self.name_counts.get(name, 0) + 1
-        self.name_counts[name] = n
         key = name if n == 1 else f"{name}#{n}"
+        if len(key) > longest:
+            raise ValueError(
+                f"step name {name[:40]!r}... is too long: its key {key[:40]!r}... is"
+                f" {len(key)} characters, at most {longest}"
+            )
+        self.name_counts[name] = n
         self.seen.add(key)
         return key
 

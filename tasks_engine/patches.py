@@ -16,7 +16,7 @@ on any worker, after any restart, gives the same one.
 
 from __future__ import annotations
 
-from .history import Attempt
+from .history import STEP_KEY_LONGEST, Attempt
 from .states import StepKind, StepStatus
 from .step_base import StepBase
 
@@ -25,8 +25,17 @@ PATCH_PREFIX = "patch:"
 
 class PatchSteps(StepBase):
     def patched(self, change_id: str) -> bool:
-        if not isinstance(change_id, str) or not change_id or "#" in change_id:
-            raise ValueError(f"invalid change id {change_id!r} (a non-empty string, no '#')")
+        if (
+            not isinstance(change_id, str)
+            or not change_id
+            or "#" in change_id
+            or "\x00" in change_id
+            or len(PATCH_PREFIX + change_id) > STEP_KEY_LONGEST  # its marker's step key
+        ):
+            raise ValueError(
+                f"invalid change id {change_id!r} (a non-empty string of at most"
+                f" {STEP_KEY_LONGEST - len(PATCH_PREFIX)} characters, no '#', no NUL)"
+            )
         answers = self._s.history.patches
         answer = answers.get(change_id)
         if answer is not None:

@@ -83,11 +83,13 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
         "the steps sleep, wait_for_fact and run_child (park_run_unless)",
     ),
     (RunStatus.RUNNING, RunStatus.CANCELED): Edge(
-        "cancel reached the worker, or committed as the handler returned",
-        "cancel_running_run, complete_run, fail_run",
+        "cancel reached the worker, or committed as the handler returned, or no live worker"
+        " holds the run",
+        "cancel_running_run, complete_run, fail_run, cancel_idle_run",
         "the executor; the heartbeat when a step ignores its cancel; the completion's or the"
         " failure's write when a cancel committed before it (the run ends canceled, without"
-        " its output, with its error)",
+        " its output, with its error); engine.cancel of a run whose holder is dead or reaped"
+        " with its lease expired (cancel_active)",
     ),
     (RunStatus.WAITING, RunStatus.RUNNING): Edge(
         "timer due (sleep, timeout, deadline)", "claim_runs", "a worker's claim"

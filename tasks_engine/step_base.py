@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from . import clock, first_steps, transitions
 from .attempt_handle import AttemptHandle
 from .exceptions import MaxStepAttemptsExceeded, NonDeterminismError, Suspend, TaskCanceledError
-from .history import Attempt, ReplayHistory, StepRecord
+from .history import (
+    FACT_NAME_LONGEST,
+    SLEEP_KEY_LONGEST,
+    STEP_KEY_LONGEST,
+    Attempt,
+    ReplayHistory,
+    StepRecord,
+)
 from .serialization import rebuild_error
 from .states import StepKind
 
@@ -98,13 +105,18 @@ class StepBase:
     def _begin(self, name: str, kind: str) -> Begun:
         """The prelude of every step: its key, its record (of the same kind, or the run fails
         with NonDeterminismError) and its replayed outcome, if any."""
-        key = self._key(name)
+        if kind == StepKind.FACT_WAIT and isinstance(name, str) and len(name) > FACT_NAME_LONGEST:
+            raise ValueError(  # no signal could deliver it (a fact's name column)
+                f"fact name {name[:40]!r}... is {len(name)} characters long:"
+                f" at most {FACT_NAME_LONGEST}"
+            )
+        key = self._key(name, SLEEP_KEY_LONGEST if kind == StepKind.SLEEP else STEP_KEY_LONGEST)
         rec = self._record(key, kind)
         replayed, value = self._replayed(rec)
         return Begun(key, rec, replayed, value)
 
-    def _key(self, name: str) -> str:
-        return self._s.history.next_key(name)
+    def _key(self, name: str, longest: int = STEP_KEY_LONGEST) -> str:
+        return self._s.history.next_key(name, longest)
 
     def _record(self, key: str, kind: str) -> StepRecord | None:
         try:

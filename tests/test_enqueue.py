@@ -61,6 +61,30 @@ def test_unknown_task_and_version_write_nothing() -> None:
     assert counts() == before
 
 
+@pytest.mark.parametrize("version", ["1", True, 1.0, [1]])
+def test_a_version_that_is_no_integer_is_a_type_error_and_writes_nothing(version: object) -> None:
+    """ "1" was refused as "unknown task a@1" while a@1 is registered (a misleading error);
+    True and 1.0 enqueued version 1. list_runs(version=) refuses the same values."""
+    from tests.testapp.workflows import a_v1
+
+    before = counts()
+    for task in ("a", a_v1):
+        with pytest.raises(TypeError, match="version must be an integer"):
+            tasks_engine.enqueue(task, {}, version=version)  # type: ignore[arg-type]
+    assert counts() == before
+
+
+def test_a_workflow_object_with_version_0_is_no_silent_default() -> None:
+    """enqueue(wf, version=0) ran the object's own version (`version or wf.version`)."""
+    from tests.testapp.workflows import a_v1
+
+    before = counts()
+    with pytest.raises(UnknownTaskError, match="a@0"):
+        tasks_engine.enqueue(a_v1, {}, version=0)
+    assert counts() == before
+    assert tasks_engine.get_run(tasks_engine.enqueue(a_v1, {}).run_id).version == 1
+
+
 def test_idempotency_key_dedupes_same_input_after_validation() -> None:
     first = tasks_engine.enqueue("noop", {"n": 1}, idempotency_key="k1")
     again = tasks_engine.enqueue("noop", {"n": "1"}, idempotency_key="k1")

@@ -292,6 +292,17 @@ def test_cli_retry_unknown_step_changes_nothing(fake_clock: FakeClock) -> None:
     assert columns(run_id) == before
 
 
+def test_a_limit_past_64_bits_lists_every_run_instead_of_crashing() -> None:
+    """`tasks list --limit N` (and list_runs) with N of 2**63 or more: every run, as with any
+    limit above the number of runs. It was a traceback from the database (bigint out of
+    range on PostgreSQL, a datatype mismatch on SQLite)."""
+    one = tasks_engine.enqueue("a", {}, version=1).run_id
+    for limit in (2**63 - 1, 2**63, 10**30):
+        assert [v.run_id for v in tasks_engine.list_runs(limit=limit)] == [one]
+        listed = json.loads(tasks("list", "--limit", str(limit), "--version", "1", "--json"))
+        assert [r["run_id"] for r in listed] == [str(one)]
+
+
 def test_list_runs_by_version() -> None:
     one = tasks_engine.enqueue("a", {}, version=1).run_id
     two = tasks_engine.enqueue("a", {}, version=2).run_id

@@ -159,3 +159,34 @@ def test_a_retaken_runs_claim_delay_counts_from_the_reap_not_from_the_last_beat(
     third = worker()
     [expired] = transitions.claim_runs(third.id, third.pairs, None, 1, 120.0)
     assert expired.run.due_at == expiry
+
+
+def test_a_cancel_requested_of_a_holder_that_dies_since_ends_the_run() -> None:
+    """The cancel came while the worker was alive (a request for it), then the worker died
+    (SIGKILL) and no live worker serves the run's version (a deploy retired it): no claim
+    would ever end the run. The leader's service does, once the holder is dead and its lease
+    expired; it leaves a live holder's requested run alone."""
+    from tasks_engine.models import StepAttempt
+
+    dead, live = worker(), worker()
+    for w in (dead, live):
+        w.registration.beat()
+    a = tasks_engine.enqueue("noop", {"n": 1}).run_id
+    b = tasks_engine.enqueue("noop", {"n": 2}).run_id
+    [held_dead] = transitions.claim_runs(dead.id, dead.pairs, None, 1, 120.0)
+    [held_live] = transitions.claim_runs(live.id, live.pairs, None, 1, 120.0)
+    transitions.start_step(held_dead.lease, "s", "function", 1, 1)
+    for run_id in (a, b):
+        assert tasks_engine.cancel(run_id, "retired") is True
+    assert set(WorkflowRun.objects.values_list("status", flat=True)) == {"running"}
+    assert transitions.end_orphaned_cancels() == 0  # both holders alive, leases running
+    age(dead.id, 11)
+    reap_dead_workers()  # the dead worker's lease expires at its last beat
+    assert transitions.end_orphaned_cancels() == 1
+    ended = WorkflowRun.objects.get(pk=held_dead.lease.run_id)
+    assert (ended.status, ended.cancel_reason, ended.lease_token) == ("canceled", "retired", None)
+    assert ended.finished_at is not None
+    step = StepAttempt.objects.get(run_id=ended.pk)
+    assert (step.status, step.counted) == ("abandoned", False)
+    assert WorkflowRun.objects.get(pk=held_live.lease.run_id).status == "running"
+    assert transitions.end_orphaned_cancels() == 0

@@ -11,7 +11,7 @@ from django.db import transaction
 
 from .. import clock, notify
 from ..exceptions import LeaseLostError
-from ..models import StepAttempt, WorkflowRun
+from ..models import StepAttempt, Worker, WorkflowRun
 from ..sql import (
     execute,
     fetchall,
@@ -21,6 +21,7 @@ from ..sql import (
     p_uuid,
 )
 from ..states import ACTIVE, RunStatus
+from ..workers import alive
 from ._common import RUN, STEP, Lease, attempt_write, holds
 from .hot import HotWrite, write_alone, writer_for
 from .steps import _close_running_attempts, flush_deferred
@@ -198,9 +199,10 @@ def cancel_running_run(lease: Lease, *, has_parent: bool = False) -> None:
 
 
 def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
-    """Pending or waiting -> canceled. The caller holds the run's row lock."""
+    """Pending or waiting (or running with no live holder: `_holder_gone`) -> canceled, its
+    attempts left running closed as abandoned, uncounted. The caller holds the row lock."""
     now = clock.now()
-    WorkflowRun.objects.filter(pk=run.pk, status__in=["pending", "waiting"]).update(
+    WorkflowRun.objects.filter(pk=run.pk, status=run.status).update(
         status="canceled",
         cancel_requested_at=run.cancel_requested_at or now,
         cancel_reason=reason,
@@ -220,12 +222,61 @@ def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
 def cancel_active(run: WorkflowRun, reason: str) -> None:
     """Cancel an unfinished run whose row lock the caller holds, and its children: a pending or
     waiting run ends now; a running one is asked to stop (its holder ends it)."""
-    if run.status == RunStatus.RUNNING:
+    if run.status == RunStatus.RUNNING and not _holder_gone(run):
         request_cancel(run, reason)
         notify.wake_workers(run.queue, cancel=True)
     else:
         cancel_idle_run(run, reason)
     cancel_children(run.pk, reason or f"parent run {run.pk} canceled")
+
+
+def _holder_gone(run: WorkflowRun) -> bool:
+    """A running run that no live worker holds: its worker is dead (its beat is older than
+    DEAD_WORKER_SECONDS: its runs are anyone's to reclaim), or gone (reaped) with the lease
+    expired. A cancel request would wait for a claim to end it, and when no live worker
+    serves the run's (task, version) and queue (a version a deploy retired) none ever comes:
+    the run stayed `running` with the request for good. The lease is taken from it (its
+    token cleared), so a holder that was only partitioned writes nothing more."""
+    holder = Worker.objects.filter(pk=run.worker_id).first() if run.worker_id else None
+    if holder is not None:
+        return not Worker.objects.filter(alive(), pk=holder.pk).exists()
+    return run.available_at is not None and run.available_at <= clock.now()
+
+
+ORPHAN_BATCH = 100
+
+
+def end_orphaned_cancels() -> int:
+    """The leader's service: end, as `canceled`, the running runs whose cancel was requested
+    while a worker still held them and whose holder has died since (`_holder_gone`; the lease
+    expired). A claim would end them, but none comes when no live worker serves the run's
+    (task, version) or queue: a deploy that retired a version while a killed worker held a
+    run of it left the run `running`, with the request, for good. Returns how many ended."""
+    live = Worker.objects.filter(alive()).values("pk")
+    ids = list(
+        WorkflowRun.objects.filter(
+            status=RunStatus.RUNNING,
+            cancel_requested_at__isnull=False,
+            available_at__lte=clock.now(),
+        )
+        .exclude(worker_id__in=live)
+        .order_by("available_at")
+        .values_list("pk", flat=True)[:ORPHAN_BATCH]
+    )
+    ended = 0
+    for run_id in ids:
+        with transaction.atomic():
+            lock_parent(run_id)  # parent row, then the child's, as every run end takes them
+            run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
+            if (
+                run is not None
+                and run.status == RunStatus.RUNNING
+                and run.cancel_requested_at is not None
+                and _holder_gone(run)
+            ):
+                cancel_idle_run(run, run.cancel_reason)
+                ended += 1
+    return ended
 
 
 def cancel_children(run_id: uuid.UUID, reason: str) -> None:
