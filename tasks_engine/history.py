@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from .exceptions import NonDeterminismError
-from .models import StepAttempt
+from .models import Fact, StepAttempt, WorkflowRun
 from .states import StepKind, StepStatus
 
 # The error of a give-up row: the failed attempt a step records, without calling its body, when
@@ -26,10 +26,12 @@ _LEGACY_GIVE_UP = re.compile(  # the message: f"step {key!r} was interrupted ...
 
 
 # The longest step key (StepAttempt.name). A sleep's key also goes into the run's `waiting_on`
-# after "sleep:" (300 characters), so it is shorter; a fact wait's name is a fact's name.
-STEP_KEY_LONGEST = 300
-SLEEP_KEY_LONGEST = STEP_KEY_LONGEST - len("sleep:")
-FACT_NAME_LONGEST = 200
+# after "sleep:", so it is shorter; a fact wait's name is a fact's name.
+STEP_KEY_LONGEST: int = StepAttempt._meta.get_field("name").max_length  # type: ignore[assignment]
+SLEEP_KEY_LONGEST: int = (
+    WorkflowRun._meta.get_field("waiting_on").max_length - len("sleep:")  # type: ignore[operator]
+)
+FACT_NAME_LONGEST: int = Fact._meta.get_field("name").max_length  # type: ignore[assignment]
 
 
 def current_pass(failures: int, pass_offset: int) -> int:
