@@ -67,9 +67,10 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
         "handler returned", "complete_run", "the executor (on PostgreSQL via the group commit)"
     ),
     (RunStatus.RUNNING, RunStatus.FAILED): Edge(
-        "handler raised, no retries left",
+        "handler raised, no retries left; or returned past its deadline",
         "fail_run",
-        "the executor; the heartbeat when a step ignores its deadline's abort",
+        "the executor; complete_run when the handler returned past the run's deadline; the"
+        " heartbeat when a step ignores its deadline's abort",
     ),
     (RunStatus.RUNNING, RunStatus.PENDING): Edge(
         "step or workflow retry backoff, or handed back (shutdown, outage, busy op)",
