@@ -139,7 +139,7 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     state.first_step_begins(ctx.task_name, ctx.version, None)  # ends without one
     unreached = state.history.unreached()
     progress = handle.take_dirty_progress()
-    transitions.complete_run(
+    written = transitions.complete_run(
         lease,
         output,
         unreached,
@@ -147,6 +147,9 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         progress=progress,
         ended=functools.partial(_completion_written, run, state.span),
     )
+    if written == "failed":  # it returned past its deadline: the run failed instead
+        ctx.logger.error("run failed", error="DeadlineExceededError", why="deadline passed")
+        return "failed"
     if unreached:
         ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
     return "completed"

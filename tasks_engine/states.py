@@ -67,9 +67,10 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
         "handler returned", "complete_run", "the executor (on PostgreSQL via the group commit)"
     ),
     (RunStatus.RUNNING, RunStatus.FAILED): Edge(
-        "handler raised, no retries left",
+        "handler raised, no retries left; or returned past its deadline",
         "fail_run",
-        "the executor; the heartbeat when a step ignores its deadline's abort",
+        "the executor; complete_run when the handler returned past the run's deadline; the"
+        " heartbeat when a step ignores its deadline's abort",
     ),
     (RunStatus.RUNNING, RunStatus.PENDING): Edge(
         "step or workflow retry backoff, or handed back (shutdown, outage, busy op)",
@@ -89,7 +90,8 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
         "the executor; the heartbeat when a step ignores its cancel; the completion's or the"
         " failure's write when a cancel committed before it (the run ends canceled, without"
         " its output, with its error); engine.cancel of a run whose holder is dead or reaped"
-        " with its lease expired (cancel_active)",
+        " with its lease expired (cancel_active), and the leader's orphaned-cancels service for"
+        " a cancel its holder received before it died (end_orphaned_cancels)",
     ),
     (RunStatus.WAITING, RunStatus.RUNNING): Edge(
         "timer due (sleep, timeout, deadline)", "claim_runs", "a worker's claim"

@@ -224,6 +224,42 @@ def test_default_deadline_fails_a_sleeping_run(fake_clock: FakeClock) -> None:
     assert SideEffect.objects.filter(run_id=res.run_id, key="after").count() == 0
 
 
+@pytest.mark.parametrize("has_parent", [False, True])
+def test_a_completion_written_past_the_deadline_fails_the_run(
+    fake_clock: FakeClock, has_parent: bool
+) -> None:
+    """The handler returns after the deadline, before any heartbeat aborted it (found by the
+    simulation: the completion was written, and the run ended completed past its deadline)."""
+    res = tasks_engine.enqueue(
+        "noop", {"n": 1}, deadline_at=fake_clock.now() + timedelta(seconds=10)
+    )
+    claimed = transitions.claim_runs("w", [("noop", 1)], None, 1, 30.0)[0]
+    step_id = transitions.start_step(claimed.lease, "only", "function", 1, 1)
+    transitions.finish_step(claimed.lease, step_id, "completed", output=1)
+    fake_clock.advance(11)
+    written = transitions.complete_run(claimed.lease, "done", [], has_parent=has_parent)
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert (run.status, (run.error or {}).get("type"), run.output) == (
+        "failed",
+        "tasks_engine.exceptions.DeadlineExceededError",
+        None,
+    )
+    assert written == "failed"
+    assert run.finished_at >= run.deadline_at and run.lease_token is None
+    assert steps(res.run_id) == [("only", "completed", 1, None)]  # its finished step is kept
+
+
+def test_a_completion_before_the_deadline_completes(fake_clock: FakeClock) -> None:
+    res = tasks_engine.enqueue(
+        "noop", {"n": 1}, deadline_at=fake_clock.now() + timedelta(seconds=10)
+    )
+    claimed = transitions.claim_runs("w", [("noop", 1)], None, 1, 30.0)[0]
+    fake_clock.advance(9)
+    assert transitions.complete_run(claimed.lease, "done", []) == "completed"
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert (run.status, run.output) == ("completed", "done")
+
+
 @pytest.mark.parametrize("bad", [timedelta(0), timedelta(seconds=-1), 5])
 def test_invalid_workflow_deadline_is_refused(bad: object) -> None:
     with pytest.raises(ValueError):

@@ -118,6 +118,8 @@ class Lease:
     token: uuid.UUID
     worker_id: str
     deferred: DeferredCompletion = field(default_factory=DeferredCompletion, compare=False)
+    # The run's deadline_at as the claim read it (it never moves): the completion checks it.
+    deadline_at: datetime | None = field(default=None, compare=False)
     # None: every hot write goes alone on the caller's connection.
     writer: Writer | None = field(default=None, compare=False)
 

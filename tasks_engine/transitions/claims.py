@@ -357,7 +357,11 @@ def _leases(
 ) -> list[Claimed]:
     runs.sort(key=lambda r: (-r.priority, r.created_at))
     return [
-        Claimed(Lease(r.pk, r_uuid(r.lease_token), worker_id), r, (started or {}).get(r.pk))
+        Claimed(
+            Lease(r.pk, r_uuid(r.lease_token), worker_id, deadline_at=r.deadline_at),
+            r,
+            (started or {}).get(r.pk),
+        )
         for r in runs
     ]
 

@@ -10,8 +10,9 @@ from typing import Any
 from django.db import transaction
 
 from .. import clock, notify
-from ..exceptions import LeaseLostError
+from ..exceptions import DeadlineExceededError, LeaseLostError
 from ..models import StepAttempt, Worker, WorkflowRun
+from ..serialization import encode_error
 from ..sql import (
     execute,
     fetchall,
@@ -64,24 +65,35 @@ def complete_run(
     has_parent: bool = False,
     progress: dict[str, Any] | None = None,
     ended: Callable[[str | None], None] | None = None,
-) -> None:
+) -> str:
     """Running -> completed. The handler returned, so every attempt of this pass is closed.
     The last progress the handler reported (not yet flushed by the heartbeat) goes along.
     Without a parent it is the run's last write, handed off to the writer (the slot does not
     wait for it); a child's completion also wakes its parent, in one transaction. `ended` is
     told the status written, once it is: "completed", or "canceled" when a cancel committed
-    first; None if, handed off, it failed (a write that raises instead is not reported)."""
-    write = HotWrite("complete", lease, lease.deferred.pending(), clock.now())
+    first; None if, handed off, it failed (a write that raises instead is not reported).
+
+    Past the run's deadline (the lease's `deadline_at`, at the time the completion would be
+    written) the run fails with DeadlineExceededError instead: the handler returned after the
+    deadline, before a heartbeat aborted it. Returns "failed" then (`ended` is not told: the
+    caller records the failure), else "completed"."""
+    at = clock.now()
+    if lease.deadline_at is not None and at >= lease.deadline_at:
+        error = encode_error(DeadlineExceededError("deadline passed"))
+        fail_run(lease, error, has_parent=has_parent, progress=progress)
+        return "failed"
+    write = HotWrite("complete", lease, lease.deferred.pending(), at)
     write.output, write.unreached, write.progress = output, unreached, progress
     write.ended = ended
     if not has_parent:
         writer_for(lease).hand_off(write)
-        return
+        return "completed"
     with lease.deferred.until_commit(), transaction.atomic():
         lock_parent(lease.run_id)
         write_alone(write)
         write.outcome()
         wake_parent(lease.run_id)
+    return "completed"
 
 
 @attempt_write

@@ -8,9 +8,13 @@ list, or `none` to check everything (`SIM_KNOWN_DEFECTS=none make simulate`).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import os
+from collections.abc import Iterator
 from datetime import datetime
+from types import SimpleNamespace
 from typing import Any
 
 # Every defect the simulation was built to catch is fixed; so are the ones it found (see the
@@ -40,8 +44,8 @@ def known(name: str) -> bool:
 #
 # The other way round: an invariant is only worth its keep if it catches the defect it is
 # about. `SIM_INJECT` (a comma-separated list of the names below) swaps a maintenance service
-# for a broken copy for one run; the ci profile must then fail with that invariant's violation,
-# and pass without it:
+# (or a piece of the engine) for a broken copy for one run; the ci profile must then fail with
+# that invariant's violation, and pass without it:
 #
 #     SIM_INJECT=prune-ignores-unfinished-parent SIM_SHRINK=0 HYPOTHESIS_PROFILE=ci \
 #         .venv/bin/python -m pytest tests/simulation -q
@@ -57,6 +61,18 @@ def known(name: str) -> bool:
 #                                    finished (invariant `prune`)
 # - prune-ignores-status             retention prunes runs that are not finished (invariant
 #                                    `prune`)
+# - step-timer-ignored               a step timer never fires, and the step does not check it
+#                                    as its body returns: a body that outlived its timeout
+#                                    completes (invariant `timed-body-not-completed`)
+# - atomic-step-autocommits          an atomic step runs outside a transaction: its business
+#                                    write commits even when the attempt then fails with its
+#                                    timeout (invariant `atomic-write-with-checkpoint`)
+# - step-timeout-not-retried         a timed-out attempt fails its step for good, whatever its
+#                                    retry policy (invariant `step-timeout-retries`)
+# - completion-ignores-deadline      the completion does not check the run's deadline (the
+#                                    defect the simulation found, fixed in complete_run): a
+#                                    handler that returns past it completes the run (invariant
+#                                    `deadline`)
 INJECTABLE = frozenset(
     {
         "reap-ignores-worker",
@@ -64,6 +80,10 @@ INJECTABLE = frozenset(
         "prune-ignores-unfinished-parent",
         "prune-ignores-unfinished-child",
         "prune-ignores-status",
+        "step-timer-ignored",
+        "atomic-step-autocommits",
+        "step-timeout-not-retried",
+        "completion-ignores-deadline",
     }
 )
 
@@ -78,15 +98,56 @@ def injected() -> frozenset[str]:
 
 
 def inject(monkeypatch: Any) -> frozenset[str]:
-    """Swap in the broken services `SIM_INJECT` names (the sim_env fixture calls this)."""
-    from tasks_engine import maintenance, workers
+    """Swap in the broken services `SIM_INJECT` names (the sim_env fixture calls this, before
+    the harness gates the transitions: a broken transition is gated as the real one)."""
+    from tasks_engine import maintenance, sqlite_bounds, steps, transitions, workers
+    from tasks_engine.exceptions import StepTimeoutError
+    from tasks_engine.step_timeouts import StepTimer
 
     names = injected()
     if names & {"reap-ignores-worker", "reap-keeps-leases"}:
         monkeypatch.setattr(workers, "reap_dead_workers", functools.partial(_reap, names))
     if names & {n for n in INJECTABLE if n.startswith("prune-")}:
         monkeypatch.setattr(maintenance, "_prune_batch", functools.partial(_prune_batch, names))
+    if "step-timer-ignored" in names:
+        monkeypatch.setattr(StepTimer, "fire", lambda self, now, abort: False)
+        monkeypatch.setattr(StepTimer, "stop", _stop_unchecked)
+    if "atomic-step-autocommits" in names:
+        broken = SimpleNamespace(atomic_step=_no_transaction)
+        monkeypatch.setattr(steps, "sqlite_bounds", broken)
+        assert sqlite_bounds.atomic_step is not _no_transaction
+    if "step-timeout-not-retried" in names:
+        real_terminal = steps._terminal
+
+        def terminal(policy: Any, exc: BaseException, failures: int) -> bool:
+            return isinstance(exc, StepTimeoutError) or real_terminal(policy, exc, failures)
+
+        monkeypatch.setattr(steps, "_terminal", terminal)
+    if "completion-ignores-deadline" in names:
+        real_complete = transitions.complete_run
+
+        def complete_run(lease: Any, *args: Any, **kwargs: Any) -> str:
+            return real_complete(dataclasses.replace(lease, deadline_at=None), *args, **kwargs)
+
+        monkeypatch.setattr(transitions, "complete_run", complete_run)
     return names
+
+
+def _stop_unchecked(self: Any) -> Any:
+    """StepTimer.stop, never finding the timer due."""
+    from tasks_engine.exceptions import LeaseLostError
+
+    with self._lock:
+        self._done = True
+        if self._written_off:
+            raise LeaseLostError(f"step {self.key!r} was written off after its timeout")
+        return self.fired
+
+
+@contextlib.contextmanager
+def _no_transaction(atomic: Any, step: str = "") -> Iterator[None]:
+    """sqlite_bounds.atomic_step, without the step's transaction: each statement commits."""
+    yield
 
 
 def _reap(names: frozenset[str]) -> dict[str, int]:

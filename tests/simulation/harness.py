@@ -91,6 +91,20 @@ class TickingClock:
         with self._lock:
             self.current = self.START
 
+    def monotonic(self) -> float:
+        """Seconds since START, unticked: the step timers' clock (step_timeouts.py, the
+        heartbeat) in the simulation."""
+        with self._lock:
+            return (self.current - self.START).total_seconds()
+
+
+_CLOCK: TickingClock | None = None  # the simulation's clock (set_clock), that bodies move
+
+
+def set_clock(fake: TickingClock | None) -> None:
+    global _CLOCK
+    _CLOCK = fake
+
 
 # -- the side-effect log ----------------------------------------------------------------------
 
@@ -106,8 +120,33 @@ class Execution:
 
 
 @dataclass
+class Body:
+    """One run of a step body, by the fake clock: from its start until it returned (None: it
+    has not, or never will). `timeout`: its step's, if it has one."""
+
+    run_id: uuid.UUID
+    key: str
+    step_id: int
+    timeout: float | None
+    started: datetime
+    ended: datetime | None = None
+
+    def outlived_timeout(self) -> bool:
+        """Whether it ran longer than its timeout (it returned after its timer was due)."""
+        if self.timeout is None or self.ended is None:
+            return False
+        return (self.ended - self.started).total_seconds() > self.timeout
+
+
+def business_key(step_id: int) -> str:
+    """The key of the business row (testapp's Marker) an atomic step attempt writes."""
+    return f"sim-step:{step_id}"
+
+
+@dataclass
 class SimLog:
     executions: list[Execution] = field(default_factory=list)
+    bodies: list[Body] = field(default_factory=list)  # step bodies with a step attempt
     commits: list[tuple[str, uuid.UUID, uuid.UUID]] = field(default_factory=list)  # op commits
     flaked_children: set[str] = field(default_factory=set)  # parents whose first child failed
     violations: list[tuple[str, str]] = field(default_factory=list)  # (check, message)
@@ -159,6 +198,10 @@ class Attempt:
         self.error: BaseException | None = None
         self.trace = ""
         self.fail_in: int | None = None  # the n-th statement from now fails
+        # Seconds, by the fake clock, that the next step body takes before its stop (an atomic
+        # one has none: the clock moves while it runs, in its transaction).
+        self.body_seconds = 0.0
+        self.held: Any = None  # the worker's view of it (worker.slots.Held), for its heartbeat
         self.injected = 0  # database errors injected into this attempt
         self._quiet = 0  # > 0: the harness's own statements (not counted, never failed)
         self._go = threading.Semaphore(0)
@@ -354,16 +397,27 @@ def install_hooks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 # -- what step bodies call --------------------------------------------------------------------
 
 
-def executed(ctx: TaskContext, key: str) -> None:
-    """A step body starts: log it, check it may run, and stop (the step is in flight)."""
+def executed(
+    ctx: TaskContext, key: str, *, timeout: float | None = None, slow: float = 0.0
+) -> int | None:
+    """A step body starts: log it, check it may run, and stop (the step is in flight); the
+    body's run is timed by the fake clock, and takes `slow` seconds (and the attempt's
+    `body_seconds`) before its stop. Returns its step attempt's id (None outside the
+    simulation, or without a running attempt)."""
+    from tasks_engine import clock
     from tasks_engine.models import StepAttempt
 
     attempt = current()
     if attempt is None:
-        return
+        return None
     LOG.executions.append(Execution(ctx.run_id, key, ctx.attempt_token, attempt.seq))
     with attempt.quietly():
         steps = StepAttempt.objects.filter(run_id=ctx.run_id, name=key)
+        step_id = (
+            steps.filter(status="running", lease_token=ctx.attempt_token)
+            .values_list("id", flat=True)
+            .first()
+        )
         if steps.filter(status="completed").exists():
             LOG.violations.append(
                 (
@@ -380,7 +434,17 @@ def executed(ctx: TaskContext, key: str) -> None:
                     "without a running step attempt of its lease",
                 )
             )
+    body = None
+    if step_id is not None:
+        body = Body(ctx.run_id, key, step_id, timeout, clock.now())
+        LOG.bodies.append(body)
+    if (attempt.body_seconds or slow) and _CLOCK is not None:
+        _CLOCK.advance(attempt.body_seconds + slow)
+        attempt.body_seconds = 0.0
     attempt.pause(f"body {key}")
+    if body is not None:
+        body.ended = clock.now()
+    return step_id
 
 
 def op_executed(ctx: TaskContext, op_key: str) -> None:

@@ -14,10 +14,11 @@ from django.db.models import Count, Max
 
 from tasks_engine.models import QUEUED, Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from tasks_engine.states import ACTIVE, FINISHED
+from tests.testapp.models import Marker
 
 from .defects import known
-from .harness import SimLog
-from .workflows import EXPECT, NARROW_LIMIT, NARROW_QUEUE
+from .harness import SimLog, business_key
+from .workflows import EXPECT, NARROW_LIMIT, NARROW_QUEUE, TIMED_RETRY, TIMEOUT_SECONDS
 
 WORK_KINDS = ("function", "op")
 
@@ -33,6 +34,8 @@ class RunRow:
     output: Any
     error: Any
     created_at: datetime
+    deadline_at: datetime | None
+    finished_at: datetime | None
 
     @property
     def label(self) -> str:
@@ -48,6 +51,15 @@ class StepRow:
     status: str
     output: Any
     started_at: datetime
+    attempt: int
+    run_pass: int
+    counted: bool
+    error: Any
+    finished_at: datetime | None
+
+    @property
+    def error_type(self) -> str:
+        return str((self.error or {}).get("type", ""))
 
 
 @dataclass(frozen=True)
@@ -87,9 +99,22 @@ def read_state() -> DbState:
         "output",
         "error",
         "created_at",
+        "deadline_at",
+        "finished_at",
     )
     steps = StepAttempt.objects.order_by("id").values_list(
-        "id", "run_id", "name", "kind", "status", "output", "started_at"
+        "id",
+        "run_id",
+        "name",
+        "kind",
+        "status",
+        "output",
+        "started_at",
+        "attempt",
+        "run_pass",
+        "counted",
+        "error",
+        "finished_at",
     )
     facts = Fact.objects.order_by("id").values_list("run_id", "name", "consumed_by")
     return DbState(
@@ -118,7 +143,7 @@ def diff(before: dict[str, list[tuple[Any, ...]]], after: dict[str, list[tuple[A
 
 def reset_tables() -> None:
     with connection.cursor() as cur:
-        for model in (OpLedger, Fact, StepAttempt, WorkflowRun, Worker):
+        for model in (OpLedger, Fact, StepAttempt, WorkflowRun, Worker, Marker):
             cur.execute(f"DELETE FROM {model._meta.db_table}")
 
 
@@ -298,7 +323,141 @@ def failure_not_allowed(
         return ""
     if kind.endswith(".TaskCanceledError") and any(c.status == "canceled" for c in children):
         return ""
+    if kind == DEADLINE and deadline_passed(run):
+        return ""
     return f"failed with {kind}: {message}"
+
+
+DEADLINE = "tasks_engine.exceptions.DeadlineExceededError"
+STEP_TIMEOUT = "tasks_engine.exceptions.StepTimeoutError"
+
+
+def deadline_passed(run: RunRow) -> bool:
+    """Whether the run ended at or after its deadline (the engine's test: now >= deadline_at)."""
+    return (
+        run.deadline_at is not None
+        and run.finished_at is not None
+        and run.finished_at >= run.deadline_at
+    )
+
+
+def check_deadlines(state: DbState) -> list[str]:
+    """DESIGN.md: once `deadline_at` passed, the run fails with DeadlineExceededError. So no run
+    ends completed with its completion written (finished_at, the time the engine compares)
+    at or after its deadline, and a run failed with DeadlineExceededError only once its
+    deadline had passed. (A run whose handler failed on its own after the deadline, before a
+    heartbeat or claim noticed it, keeps its own error: `fail_run` records the failure that
+    happened, so such a run ends failed, never completed, with that error.)"""
+    out = []
+    for run in state.runs.values():
+        if run.status not in FINISHED or run.deadline_at is None:
+            continue
+        error = str((run.error or {}).get("type", ""))
+        if deadline_passed(run):
+            if run.status == "completed":
+                out.append(
+                    f"{run.label}: completed at {run.finished_at}, its deadline "
+                    f"{run.deadline_at} had passed"
+                )
+        elif run.status == "failed" and error == DEADLINE:
+            out.append(
+                f"{run.label}: failed with DeadlineExceededError at {run.finished_at}, before "
+                f"its deadline {run.deadline_at}"
+            )
+    return out
+
+
+def check_timed_bodies(state: DbState, log: SimLog) -> list[str]:
+    """A timed step's attempt whose body ran longer than its timeout (by the fake clock, from
+    its start until it returned) is never recorded completed: it failed with StepTimeoutError,
+    or its lease went."""
+    steps = {s.id: s for s in state.steps}
+    return [
+        f"run {str(b.run_id)[:8]}: step {b.key!r} (attempt id {b.step_id}) ran "
+        f"{(b.ended - b.started).total_seconds():g} s, its timeout is {b.timeout:g} s, and "
+        "it is recorded completed"
+        for b in log.bodies
+        if b.outlived_timeout()
+        and b.ended is not None
+        and b.timeout is not None
+        and (s := steps.get(b.step_id)) is not None
+        and s.status == "completed"
+    ]
+
+
+def check_atomic_writes(state: DbState, log: SimLog) -> list[str]:
+    """An atomic step's business write (a Marker keyed by its attempt) commits with its
+    checkpoint or not at all: never for a body that outlived its timeout, never for an
+    attempt that is not completed (a pruned run's attempts are gone: not looked at)."""
+    keys = set(Marker.objects.filter(key__startswith="sim-step:").values_list("key", flat=True))
+    out = [
+        f"run {str(b.run_id)[:8]}: atomic step {b.key!r} (attempt id {b.step_id}) ran "
+        f"{(b.ended - b.started).total_seconds():g} s past a {b.timeout:g} s timeout, and "
+        "its business write committed"
+        for b in log.bodies
+        if b.outlived_timeout()
+        and b.ended is not None
+        and b.timeout is not None
+        and business_key(b.step_id) in keys
+    ]
+    steps = {s.id: s for s in state.steps}
+    for key in sorted(keys):
+        s = steps.get(int(key.rpartition(":")[2]))
+        if s is not None and s.status != "completed":
+            out.append(
+                f"run {str(s.run_id)[:8]}: atomic step {s.name!r} is {s.status}, its business "
+                "write committed"
+            )
+    return out
+
+
+def check_step_timeouts(state: DbState) -> list[str]:
+    """A step attempt fails with StepTimeoutError only once its timeout passed (finished at
+    least TIMEOUT_SECONDS after it started); and sim-timed's step "t" goes as its retry policy
+    says: a timed-out attempt is retried while the pass's counted failures (failed, or
+    abandoned by a crash) are fewer than TIMED_RETRY.max_attempts, the one that reaches it is
+    terminal, and a completed run returned "T" (the StepTimeoutError caught) only after a
+    terminal timeout, the body's value only after an attempt completed."""
+    out = []
+    for s in state.steps:
+        if s.status == "failed" and s.error_type == STEP_TIMEOUT:
+            took = ((s.finished_at or s.started_at) - s.started_at).total_seconds()
+            if took < TIMEOUT_SECONDS:
+                out.append(
+                    f"run {str(s.run_id)[:8]}: step {s.name!r} failed with StepTimeoutError "
+                    f"{took:g} s after it started (timeout {TIMEOUT_SECONDS:g} s)"
+                )
+    limit = TIMED_RETRY.max_attempts
+    for run in state.runs.values():
+        if run.task_name != "sim-timed":
+            continue
+        tries = [s for s in state.steps_of(run.id) if s.name == "t"]
+        counted: Counter[int] = Counter()
+        for s in tries:
+            if s.status == "failed" or (s.status == "abandoned" and s.counted):
+                counted[s.run_pass] += 1
+            if s.status == "failed" and s.error_type == STEP_TIMEOUT:
+                terminal = bool((s.error or {}).get("terminal"))
+                if terminal != (counted[s.run_pass] >= limit):
+                    out.append(
+                        f"{run.label}: timed-out attempt {s.attempt} of step 't' is "
+                        f"{'terminal' if terminal else 'retried'} after "
+                        f"{counted[s.run_pass]} counted failures (max_attempts {limit})"
+                    )
+        if run.status != "completed":
+            continue
+        last = tries[-1] if tries else None
+        timed_out = (
+            last is not None
+            and last.status == "failed"
+            and last.error_type == STEP_TIMEOUT
+            and bool((last.error or {}).get("terminal"))
+        )
+        if run.output == "aTb" and not timed_out:
+            out.append(f"{run.label}: returned 'aTb', its step 't' ended {last}")
+        if run.output == "atb" and not any(s.status == "completed" for s in tries):
+            out.append(f"{run.label}: returned 'atb', no attempt of its step 't' completed")
+    return out
 
 
 class CompletedSteps:

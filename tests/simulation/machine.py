@@ -13,15 +13,24 @@ Rules
   claim           worker w claims a due run (pending, woken timer or expired lease)
   advance         release one attempt for 1..8 stops (a step body, or an engine call)
   advance_to_body release one attempt until it is in its next step body (or op), or ends
+  slow_body       the same, and that body takes 4 or 9 s by the fake clock before its stop (an
+                  atomic body takes them inside its transaction, where it cannot stop); the
+                  `slow` input of a shape makes given bodies take 9 s too (workflows.py)
   advance_all     release every live attempt for one stop, round robin
   db_error        the n-th statement an attempt sends from now raises OperationalError,
                   then release it
   crash           worker w dies: its attempts stop where they are and never write again; its
                   row stays (beating no more) and the process that replaces it beats a new one
-  heartbeat       worker w renews its leases (`renew_leases`), aborts runs whose lease is gone
-                  or whose cancel was requested, sends deferred step completions, and beats its
-                  worker row (`workers.Registration.beat`, an upsert), whether it holds runs
-                  or not
+  heartbeat       worker w's heartbeat (worker/heartbeat.py's own Heartbeat, on the fake clock:
+                  step_timeouts and the heartbeat read the fake clock's `monotonic`): fires due
+                  step timers (the step's abort signal gets a StepTimeoutError), writes off
+                  each run whose step ignored its abort (timeout, cancel, deadline) for a lease
+                  (`write_off_stuck`: the attempt recorded failed and the run requeued, or the
+                  run canceled or failed), renews its leases (`renew_leases`), aborts runs
+                  whose lease is gone, whose cancel was requested or whose deadline passed,
+                  sends deferred step completions, and beats its worker row
+                  (`workers.Registration.beat`, an upsert), whether it holds runs or not
+  heartbeats      every worker's heartbeat
   stop_worker     graceful stop: draining, a grace of a few stops, abort, hand back
                   (`requeue_run`), exit (its row removed); its replacement beats a new row
   reap            one round of the leader's dead-worker service (`workers.reap_dead_workers`)
@@ -59,11 +68,25 @@ Invariants, after every rule (invariants.py)
     no step, sleep, wait or child starts after the run's cancel committed
   - completed runs return what their workflow computes; failed runs failed as their workflow
     means to, or after interruptions (crash, lost lease) used up a step's retry budget, or for
-    a canceled child: never for an engine error
+    a canceled child, or with DeadlineExceededError past their deadline: never for an engine
+    error
   - an op's business write commits once per op key; bodies meant to run once ran once
   - no attempt dies of an unexpected exception, nor of a database error nobody injected
   - a worker's heartbeat aborts every attempt of it whose lease is gone; a graceful stop hands
     back every run it still held
+  - step timeouts (sim-timed's step "t", TIMEOUT_SECONDS): an attempt whose body ran longer
+    than its timeout by the fake clock (from its start until it returned) is never recorded
+    completed; an atomic one's business write (a Marker keyed by its attempt) never commits,
+    and no atomic step's write commits without its checkpoint; an attempt fails with
+    StepTimeoutError only once its timeout passed; a timed-out attempt is retried while the
+    pass's counted failures are fewer than TIMED_RETRY.max_attempts and is terminal when they
+    reach it, and a completed run returned the body's value only after an attempt of "t"
+    completed, the caught timeout ("aTb") only after a terminal timeout
+  - deadlines (sim-deadline's `@workflow(deadline=...)`, enqueue's `deadline_at` for
+    sim-steps): no run ends completed with its completion written (finished_at, the time the
+    engine compares) at or after its deadline (it fails or is canceled: with
+    DeadlineExceededError, or with its own error if its handler failed on its own first); no
+    run fails with DeadlineExceededError before its deadline
   - flow control: no queue or concurrency key ever has more runs `running` than its limit
     (sim-narrow's queue has a concurrency of 1; worker 0 serves it, workers 1 and 2 serve
     `default` alone, with the plain claim until a keyed run is enqueued) (sim-keyed's
@@ -85,8 +108,8 @@ At quiescence (teardown: release every attempt, claim whatever is due, signal ev
 wait, jump over every timer and lease, until nothing moves)
   - every run (not pruned) finished, and every completed run completed each of its steps
     exactly once
-Defects injected with SIM_INJECT (defects.py) show that the reap and prune invariants catch
-what they are about.
+Defects injected with SIM_INJECT (defects.py) show that the reap, prune, step-timeout and
+deadline invariants catch what they are about.
 """
 
 from __future__ import annotations
@@ -115,11 +138,18 @@ from hypothesis.stateful import (
 import tasks_engine
 from tasks_engine import first_steps, flow, maintenance, transitions, workers
 from tasks_engine.conf import engine_settings
-from tasks_engine.exceptions import LeaseLostError, TaskCanceledError, WorkerStopping
+from tasks_engine.exceptions import (
+    DeadlineExceededError,
+    LeaseLostError,
+    TaskCanceledError,
+    WorkerStopping,
+)
 from tasks_engine.models import OpLedger, WorkflowRun
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.sql import db_clock
 from tasks_engine.states import FINISHED
+from tasks_engine.worker.heartbeat import Heartbeat, WorkerHooks
+from tasks_engine.worker.slots import Held
 
 from . import harness
 from .defects import known
@@ -128,23 +158,27 @@ from .invariants import (
     CompletedSteps,
     RunRow,
     check_answered_by_queued,
+    check_atomic_writes,
     check_attempts,
     check_cancel_promises,
     check_cancels,
     check_completed_steps,
+    check_deadlines,
     check_flow_limits,
     check_log,
     check_outcomes,
     check_queueing_keys,
     check_quiescent,
+    check_step_timeouts,
     check_steps_after_cancel,
+    check_timed_bodies,
     check_waits,
     diff,
     read_state,
     reset_tables,
     snapshot,
 )
-from .workflows import FACT, FACT_PAYLOAD, QUEUEING_KEY
+from .workflows import FACT, FACT_PAYLOAD, QUEUEING_KEY, TIMEOUT_SECONDS
 
 LEASE_SECONDS = 30.0
 DEFERRED_MAX_AGE = 0.5  # the heartbeat sends deferred completions older than this
@@ -171,6 +205,7 @@ class Shape:
     input: dict[str, Any] | None = None
     defect: str | None = None  # the known defect that keeps it out (defects.py)
     queueing_key: str | None = None  # enqueued with it: a queued run of the key answers
+    deadline: float | None = None  # enqueued with deadline_at this many seconds from now
 
 
 SHAPES: dict[str, Shape] = {
@@ -195,6 +230,20 @@ SHAPES: dict[str, Shape] = {
     "queued": Shape("sim-steps", queueing_key=QUEUEING_KEY),
     # The same key with another input: the queued run answers whatever the input.
     "queued-atomic": Shape("sim-steps", {"atomic": True}, queueing_key=QUEUEING_KEY),
+    # Step timeouts: the first run of "t" (the first two, "tt") outlives its timeout; the
+    # machine's clock moves and slow_body may make any run of it do so.
+    "timed": Shape("sim-timed"),
+    "timed-slow": Shape("sim-timed", {"slow": "t"}),
+    "timed-atomic-slow": Shape("sim-timed", {"atomic": True, "slow": "tt"}),
+    "timed-abortable-slow": Shape("sim-timed", {"honor_abort": True, "slow": "t"}),
+    # Deadlines: sim-deadline's `@workflow(deadline=...)` (25 s: its 10 s sleep and the
+    # machine's clock moves may pass it), and enqueue's `deadline_at`, which slow bodies pass
+    # mid-run.
+    "deadline": Shape("sim-deadline"),
+    "steps-deadline": Shape("sim-steps", {"slow": "ab"}, deadline=12.0),
+    "steps-deadline-abortable": Shape(
+        "sim-steps", {"honor_abort": True, "slow": "b"}, deadline=9.0
+    ),
 }
 ENABLED_SHAPES = [name for name, s in SHAPES.items() if s.defect is None or not known(s.defect)]
 WORKER = st.integers(0, WORKERS - 1)
@@ -233,9 +282,24 @@ class SimWorker:
         self.pairs = env().pairs
         self.config = SimpleNamespace(concurrency=CONCURRENCY)
         self.registration = workers.Registration(self)  # type: ignore[arg-type]
+        self.heartbeat = _heartbeat(self)
 
     def held(self) -> list[Attempt]:
         return self.live()
+
+    def slots(self) -> list[Held]:
+        """What the worker's heartbeat sees of its slots (worker/slots.py's Held, one per
+        executing attempt, made as it reaches its first stop): those not lost nor written
+        off."""
+        out = []
+        for attempt in self.live():
+            if attempt.ctx is None or attempt.handle is None:
+                continue
+            if attempt.held is None:
+                attempt.held = Held(attempt.lease, attempt.ctx, attempt.handle, renewed_at=0.0)
+            if not attempt.lost and not attempt.held.lost:
+                out.append(attempt.held)
+        return out
 
     @property
     def id(self) -> str:
@@ -258,6 +322,53 @@ class SimWorker:
         self.draining = threading.Event()
         self.attempts = []
         self.registration = workers.Registration(self)  # type: ignore[arg-type]
+        self.heartbeat = _heartbeat(self)
+
+
+class _Slots:
+    """The slot pool a simulated worker's Heartbeat (worker/heartbeat.py) works on: `held` and
+    `stuck` as worker/slots.py's SlotPool has them; `only` narrows `stuck` to one attempt (the
+    machine writes off one attempt at a time, to check each write on its behalf)."""
+
+    def __init__(self, worker: SimWorker) -> None:
+        self.worker = worker
+        self.only: Held | None = None
+
+    def held(self) -> list[Held]:
+        return self.worker.slots()
+
+    def stuck(self, now: float) -> list[Held]:
+        return [
+            h
+            for h in self.held()
+            if (self.only is None or h is self.only)
+            and h.abort_deadline is not None
+            and now >= h.abort_deadline
+            and h.ctx.abort_signal.aborted
+        ]
+
+
+class _QuietLog:
+    def __getattr__(self, _name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def _heartbeat(worker: SimWorker) -> Heartbeat:
+    """The engine's heartbeat of worker/heartbeat.py, never started as a thread: the heartbeat
+    rule calls what its loop calls (step timers, write-offs, aborts) on the fake clock (the
+    sim_env fixture gives step_timeouts and the heartbeat the fake clock's `monotonic`)."""
+
+    def written_off(held: Held) -> None:  # worker/loop.py's: the slot goes to a new thread
+        held.lost = True
+
+    hooks = WorkerHooks(lambda now: None, written_off, lambda now: None)
+    return Heartbeat(
+        _Slots(worker),  # type: ignore[arg-type]
+        hooks,
+        lease_seconds=LEASE_SECONDS,
+        heartbeat_seconds=LEASE_SECONDS / 3,
+        log=_QuietLog(),
+    )
 
 
 class Violation(AssertionError):
@@ -344,7 +455,12 @@ class EngineSimulation(RuleBasedStateMachine):
     @rule(shape=st.sampled_from(ENABLED_SHAPES))
     def enqueue(self, shape: str) -> None:
         spec = SHAPES[shape]
-        res = tasks_engine.enqueue(spec.task, spec.input, queueing_key=spec.queueing_key)
+        deadline_at = None
+        if spec.deadline is not None:
+            deadline_at = self.env.clock.now() + timedelta(seconds=spec.deadline)
+        res = tasks_engine.enqueue(
+            spec.task, spec.input, queueing_key=spec.queueing_key, deadline_at=deadline_at
+        )
         self.enqueued += 1
         if spec.queueing_key is not None:
             STATS["enqueues with a queueing key"] += 1
@@ -371,6 +487,17 @@ class EngineSimulation(RuleBasedStateMachine):
     def advance_to_body(self, data: st.DataObject) -> None:
         """Release one attempt until it is inside its next step body (or op), or ends."""
         self.to_body(data.draw(st.sampled_from(self._live()), label="attempt"))
+
+    @precondition(lambda self: self._live())
+    @rule(data=st.data(), seconds=st.sampled_from([TIMEOUT_SECONDS / 2, TIMEOUT_SECONDS + 1]))
+    def slow_body(self, data: st.DataObject, seconds: float) -> None:
+        """Release one attempt until it is in its next step body, which takes `seconds` by the
+        fake clock before its stop (an atomic body takes them inside its transaction, where
+        it cannot stop: only the step's own check of its timer can fail it)."""
+        attempt = data.draw(st.sampled_from(self._live()), label="attempt")
+        attempt.body_seconds = seconds
+        self.to_body(attempt)
+        attempt.body_seconds = 0.0
 
     @precondition(lambda self: self._live())
     @rule()
@@ -400,12 +527,45 @@ class EngineSimulation(RuleBasedStateMachine):
         """What worker/heartbeat.py does each interval: renew every lease the worker holds,
         abort runs whose lease is gone or whose cancel was requested, flush old completions,
         then beat the worker's row (an upsert: a row reaped while it stalled comes back)."""
-        held = [a for a in self.workers[w].live() if a.ctx is not None and not a.lost]
+        worker = self.workers[w]
+        self._step_timers(worker)
+        held = [a for a in worker.live() if a.ctx is not None and not a.lost]
         if held:
-            self._renew(held)
-        self._beat(self.workers[w])
+            self._renew(worker, held)
+        self._beat(worker)
 
-    def _renew(self, held: list[Attempt]) -> None:
+    @rule()
+    def heartbeats(self) -> None:
+        """Every worker's heartbeat, as time passes for them all."""
+        for w in range(WORKERS):
+            self.heartbeat(w)
+
+    def _step_timers(self, worker: SimWorker) -> None:
+        """worker/heartbeat.py's step-timer part, on the fake clock: fire every due step timer
+        (the step's abort signal gets its StepTimeoutError), then write off each run whose
+        abort (a timeout, a cancel, a deadline) its step ignored past the grace (a lease):
+        a timed-out attempt is recorded failed and the run requeued, a canceled run canceled,
+        a run past its deadline failed; the stuck thread writes nothing after that."""
+        hb = worker.heartbeat
+        hb.fire_step_timeouts(self.env.clock.monotonic())
+        slots = hb.slots
+        assert isinstance(slots, _Slots)
+        for attempt in worker.live():
+            held = attempt.held
+            if held is None or held.lost or attempt.lost:
+                continue
+            slots.only = held
+            try:
+                if slots.stuck(self.env.clock.monotonic()):
+                    self._on_behalf(attempt, hb.write_off_stuck)
+            finally:
+                slots.only = None
+            if held.lost:
+                attempt.lost = True
+                STATS["attempts written off after their abort"] += 1
+                event("the heartbeat wrote off a step that ignored its abort")
+
+    def _renew(self, worker: SimWorker, held: list[Attempt]) -> None:
         renewed = transitions.renew_leases([a.lease for a in held], LEASE_SECONDS)
         for attempt in held:
             assert attempt.ctx is not None
@@ -414,9 +574,13 @@ class EngineSimulation(RuleBasedStateMachine):
                 attempt.lost = True
                 attempt.ctx.abort_signal.abort(LeaseLostError(f"run {attempt.run_id}: lost"))
             elif renewal.cancel_requested:
-                assert attempt.handle is not None
+                assert attempt.handle is not None and attempt.held is not None
                 attempt.handle.request_cancel()
-                attempt.ctx.abort_signal.abort(TaskCanceledError("canceled"))
+                worker.heartbeat.abort(attempt.held, TaskCanceledError("canceled"))
+            elif renewal.deadline_passed:
+                assert attempt.held is not None
+                worker.heartbeat.abort(attempt.held, DeadlineExceededError("deadline passed"))
+                STATS["deadline aborts"] += 1
         for attempt in held:
             if not attempt.lost:
                 flush = functools.partial(
@@ -664,6 +828,10 @@ class EngineSimulation(RuleBasedStateMachine):
         self._report("queueing-key", check_queueing_keys())
         self._report("completed-steps-stable", self.completed_steps.check(state))
         self._report("run-outcomes", check_outcomes(state, self.disrupted, self.pruned))
+        self._report("timed-body-not-completed", check_timed_bodies(state, self.log))
+        self._report("atomic-write-with-checkpoint", check_atomic_writes(state, self.log))
+        self._report("step-timeout-retries", check_step_timeouts(state))
+        self._report("deadline", check_deadlines(state))
         # A body meant to run once runs once more per interruption, and per operator retry of
         # a run it failed (its failed step runs again).
         reruns = self.disrupted + self.outages + self.retried
@@ -832,6 +1000,20 @@ class EngineSimulation(RuleBasedStateMachine):
             event(f"an attempt ended {outcome}")
         STATS.update(f"attempt {a.outcome}" for a in self.attempts)
         STATS.update(f"{run.task_name} {run.status}" for run in state.runs.values())
+        # The windows the step-timeout and deadline invariants are about.
+        late = [b for b in self.log.bodies if b.outlived_timeout()]
+        STATS["timed bodies that outlived their timeout"] += len(late)
+        if late:
+            event("a timed step body outlived its timeout")
+        STATS.update(
+            f"sim-timed returned {run.output}"
+            for run in state.runs.values()
+            if run.task_name == "sim-timed" and run.status == "completed"
+        )
+        for run in state.runs.values():
+            if run.deadline_at is not None and run.finished_at is not None:
+                when = "after" if run.finished_at >= run.deadline_at else "before"
+                STATS[f"runs with a deadline that ended {run.status} {when} it"] += 1
 
     def _report(self, check: str, problems: list[str]) -> None:
         if problems:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -19,9 +20,10 @@ from django.conf import settings
 from django.db import connection
 from hypothesis.stateful import run_state_machine_as_test
 
-from tasks_engine import clock, executor
+from tasks_engine import clock, executor, step_timeouts
+from tasks_engine.worker import heartbeat
 
-from . import machine
+from . import harness, machine
 from .defects import inject
 from .harness import ThreadPool, TickingClock, install_hooks
 from .invariants import reset_tables
@@ -50,6 +52,11 @@ class QuietLogger:
 def sim_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimEnv]:
     fake = TickingClock()
     monkeypatch.setattr(clock, "now", fake.now)
+    # Step timers and the heartbeat's grace run on the fake clock too (their `monotonic`).
+    fake_time = SimpleNamespace(monotonic=fake.monotonic)
+    monkeypatch.setattr(step_timeouts, "time", fake_time)
+    monkeypatch.setattr(heartbeat, "time", fake_time)
+    harness.set_clock(fake)
     narrow = {NARROW_QUEUE: {"concurrency": NARROW_LIMIT}}
     engine = {**settings.TASKS_ENGINE, "QUEUES": narrow, "RETENTION_DAYS": RETENTION_DAYS}
     monkeypatch.setattr(settings, "TASKS_ENGINE", engine)
@@ -63,6 +70,7 @@ def sim_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[SimEnv]:
             yield machine.ENV
         finally:
             machine.ENV = None
+            harness.set_clock(None)
             pool.shutdown()
             reset_tables()
 

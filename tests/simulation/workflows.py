@@ -11,12 +11,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
 
-from tasks_engine import FactTimeoutError, NonRetryableError, RetryPolicy, TaskContext
+from tasks_engine import (
+    FactTimeoutError,
+    NonRetryableError,
+    RetryPolicy,
+    StepTimeoutError,
+    TaskContext,
+)
 from tasks_engine.definitions import Workflow, registry, workflow
+from tests.testapp.models import Marker
 
 from . import harness
 
@@ -30,6 +38,13 @@ QUEUEING_KEY = "sim-scan"  # the "queued" shape's queueing key (machine.py)
 KEY_LIMIT = 1
 NARROW_QUEUE = "sim-narrow"  # sim-narrow's queue: at most NARROW_LIMIT of its runs running
 NARROW_LIMIT = 1
+# sim-timed's step "t": its timeout (the machine's clock moves by 0.6, 5, 11 and 31 s) and its
+# retry policy (a timed-out attempt is retried once, then StepTimeoutError reaches the workflow).
+TIMEOUT_SECONDS = 8.0
+TIMED_RETRY = RetryPolicy(max_attempts=2, initial_interval=1.0, max_interval=1.0)
+SLOW_SECONDS = TIMEOUT_SECONDS + 1
+# sim-deadline's `@workflow(deadline=...)`: created + this; its sleep alone nearly uses it up.
+DEADLINE_SECONDS = 25.0
 
 
 class SimFailure(NonRetryableError):
@@ -45,6 +60,9 @@ class SimInput(BaseModel):
     honor_abort: bool = False  # bodies raise on ctx.abort_signal after their stop
     op: str = ""  # op key of sim-op; empty: one of its own
     bad: str = "nan"  # sim-bad-value: nan | inf | nul | set
+    # Step bodies (by key, each a letter) whose first runs take SLOW_SECONDS by the fake clock
+    # (as many runs as the key's letter appears): past TIMEOUT_SECONDS, two past a 12 s deadline.
+    slow: str = ""
 
 
 class ChildOnceInput(BaseModel):
@@ -54,16 +72,32 @@ class ChildOnceInput(BaseModel):
 # -- step bodies ------------------------------------------------------------------------------
 
 
+def _slow(ctx: TaskContext, key: str) -> float:
+    """Seconds the body `key` takes now (by the fake clock): SimInput.slow says."""
+    runs = str(getattr(ctx.input, "slow", "")).count(key)
+    return SLOW_SECONDS if harness.LOG.count(ctx.run_id, key) < runs else 0.0
+
+
 def step(ctx: TaskContext, key: str, prev: str = "", *, atomic: bool = False) -> str:
     honor_abort = bool(getattr(ctx.input, "honor_abort", False))
 
     def body() -> str:
-        harness.executed(ctx, key)
+        harness.executed(ctx, key, slow=_slow(ctx, key))
         if honor_abort:
             ctx.raise_if_canceled()
         return prev + key
 
     return str(ctx.step.run(key, body, atomic=atomic))
+
+
+def _timed_body(ctx: TaskContext) -> str:
+    """sim-timed's step "t": an atomic one writes a business row (a Marker) with its checkpoint."""
+    step_id = harness.executed(ctx, "t", timeout=TIMEOUT_SECONDS, slow=_slow(ctx, "t"))
+    if ctx.input.honor_abort:
+        ctx.raise_if_canceled()  # the timeout's abort too: the attempt fails with it
+    if ctx.input.atomic and step_id is not None:
+        Marker.objects.create(key=harness.business_key(step_id), value=str(ctx.run_id))
+    return "t"
 
 
 def _op_body(ctx: TaskContext, op_key: str) -> str:
@@ -152,6 +186,31 @@ def sim_op(ctx: TaskContext) -> str:
     return step(ctx, "b", a + str(result))
 
 
+def sim_timed(ctx: TaskContext) -> str:
+    """A step with a timeout (atomic, honoring its abort, as the input says): each timed-out
+    attempt is retried under TIMED_RETRY, then the workflow catches the StepTimeoutError."""
+    a = step(ctx, "a")
+    try:
+        t = ctx.step.run(
+            "t",
+            lambda: _timed_body(ctx),
+            atomic=ctx.input.atomic,
+            timeout=TIMEOUT_SECONDS,
+            retry=TIMED_RETRY,
+        )
+    except StepTimeoutError:
+        t = "T"
+    return step(ctx, "b", a + str(t))
+
+
+def sim_deadline(ctx: TaskContext) -> str:
+    """A run with a deadline (`@workflow(deadline=...)`) that a few clock moves pass mid-run."""
+    a = step(ctx, "a")
+    ctx.step.sleep("nap", SLEEP_SECONDS)
+    b = step(ctx, "b", a)
+    return step(ctx, "c", b)
+
+
 def sim_flaky(ctx: TaskContext) -> str:
     a = str(ctx.step.run("a", lambda: _flaky_body(ctx)))
     return step(ctx, "b", a)
@@ -218,6 +277,12 @@ DEFINITIONS: list[tuple[Callable[[TaskContext], Any], dict[str, Any], Expect]] =
     (sim_fact_timeout, {}, Expect(frozenset({"a!b", "aTb"}), ("a", "b"))),
     (sim_parent, {}, Expect(frozenset({"aabcb"}), ("a", "b"))),
     (sim_op, {"input": SimInput}, Expect(frozenset({"aopb"}), ("a", "b"))),
+    (sim_timed, {"input": SimInput}, Expect(frozenset({"atb", "aTb"}), ("a", "b"))),
+    (
+        sim_deadline,
+        {"deadline": timedelta(seconds=DEADLINE_SECONDS)},
+        Expect(frozenset({"abc"}), ("a", "b", "c")),
+    ),
     (sim_flaky, {"step_retry": STEP_RETRY}, Expect(frozenset({"ab"}), ("a", "b"))),
     (sim_fail, {}, Expect(fails_with=(_name(SimFailure),), must_fail=True, run_once=("boom",))),
     (
