@@ -4,6 +4,7 @@ service on its own, and what live workers serve."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,19 @@ def age(worker_id: str, seconds: float) -> None:
     WorkerRow.objects.filter(pk=worker_id).update(
         last_heartbeat=db_clock() - timedelta(seconds=seconds)
     )
+
+
+def two_holders() -> tuple[Worker, Worker, tuple[Any, Any], tuple[Any, Any]]:
+    """Two beating workers, each holding one of two fresh runs: (dead-to-be, live, the runs'
+    ids, their claims)."""
+    dead, live = worker(), worker()
+    for w in (dead, live):
+        w.registration.beat()
+    a = tasks_engine.enqueue("noop", {"n": 1}).run_id
+    b = tasks_engine.enqueue("noop", {"n": 2}).run_id
+    [held_dead] = transitions.claim_runs(dead.id, dead.pairs, None, 1, 120.0)
+    [held_live] = transitions.claim_runs(live.id, live.pairs, None, 1, 120.0)
+    return dead, live, (a, b), (held_dead, held_live)
 
 
 def test_a_beat_writes_the_row_and_refreshes_it() -> None:
@@ -56,13 +70,7 @@ def test_remove_deletes_the_row_and_no_later_beat_brings_it_back() -> None:
 
 
 def test_reap_releases_the_runs_of_a_dead_worker_only() -> None:
-    dead, live = worker(), worker()
-    for w in (dead, live):
-        w.registration.beat()
-    a = tasks_engine.enqueue("noop", {"n": 1}).run_id
-    b = tasks_engine.enqueue("noop", {"n": 2}).run_id
-    [held_dead] = transitions.claim_runs(dead.id, dead.pairs, None, 1, 120.0)
-    [held_live] = transitions.claim_runs(live.id, live.pairs, None, 1, 120.0)
+    dead, live, (a, b), (held_dead, held_live) = two_holders()
     assert {held_dead.lease.run_id, held_live.lease.run_id} == {a, b}
     assert reap_dead_workers() == {"workers": 0, "runs": 0}
     age(dead.id, 11)  # older than DEAD_WORKER_SECONDS (10)
@@ -168,13 +176,7 @@ def test_a_cancel_requested_of_a_holder_that_dies_since_ends_the_run() -> None:
     expired; it leaves a live holder's requested run alone."""
     from tasks_engine.models import StepAttempt
 
-    dead, live = worker(), worker()
-    for w in (dead, live):
-        w.registration.beat()
-    a = tasks_engine.enqueue("noop", {"n": 1}).run_id
-    b = tasks_engine.enqueue("noop", {"n": 2}).run_id
-    [held_dead] = transitions.claim_runs(dead.id, dead.pairs, None, 1, 120.0)
-    [held_live] = transitions.claim_runs(live.id, live.pairs, None, 1, 120.0)
+    dead, _live, (a, b), (held_dead, held_live) = two_holders()
     transitions.start_step(held_dead.lease, "s", "function", 1, 1)
     for run_id in (a, b):
         assert tasks_engine.cancel(run_id, "retired") is True

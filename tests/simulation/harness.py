@@ -133,9 +133,14 @@ class Body:
 
     def outlived_timeout(self) -> bool:
         """Whether it ran longer than its timeout (it returned after its timer was due)."""
+        return self.overrun() is not None
+
+    def overrun(self) -> tuple[float, float] | None:
+        """(seconds it ran, its timeout) when it ran longer than its timeout, else None."""
         if self.timeout is None or self.ended is None:
-            return False
-        return (self.ended - self.started).total_seconds() > self.timeout
+            return None
+        ran = (self.ended - self.started).total_seconds()
+        return (ran, self.timeout) if ran > self.timeout else None
 
 
 def business_key(step_id: int) -> str:

@@ -373,15 +373,13 @@ def check_timed_bodies(state: DbState, log: SimLog) -> list[str]:
     or its lease went."""
     steps = {s.id: s for s in state.steps}
     return [
-        f"run {str(b.run_id)[:8]}: step {b.key!r} (attempt id {b.step_id}) ran "
-        f"{(b.ended - b.started).total_seconds():g} s, its timeout is {b.timeout:g} s, and "
-        "it is recorded completed"
+        f"run {str(b.run_id)[:8]}: step {b.key!r} (attempt id {b.step_id}) ran {ran:g} s,"
+        f" its timeout is {timeout:g} s, and it is recorded completed"
         for b in log.bodies
-        if b.outlived_timeout()
-        and b.ended is not None
-        and b.timeout is not None
+        if (over := b.overrun()) is not None
         and (s := steps.get(b.step_id)) is not None
         and s.status == "completed"
+        for ran, timeout in [over]
     ]
 
 
@@ -391,14 +389,11 @@ def check_atomic_writes(state: DbState, log: SimLog) -> list[str]:
     attempt that is not completed (a pruned run's attempts are gone: not looked at)."""
     keys = set(Marker.objects.filter(key__startswith="sim-step:").values_list("key", flat=True))
     out = [
-        f"run {str(b.run_id)[:8]}: atomic step {b.key!r} (attempt id {b.step_id}) ran "
-        f"{(b.ended - b.started).total_seconds():g} s past a {b.timeout:g} s timeout, and "
-        "its business write committed"
+        f"run {str(b.run_id)[:8]}: atomic step {b.key!r} (attempt id {b.step_id}) ran {ran:g} s"
+        f" past a {timeout:g} s timeout, and its business write committed"
         for b in log.bodies
-        if b.outlived_timeout()
-        and b.ended is not None
-        and b.timeout is not None
-        and business_key(b.step_id) in keys
+        if (over := b.overrun()) is not None and business_key(b.step_id) in keys
+        for ran, timeout in [over]
     ]
     steps = {s.id: s for s in state.steps}
     for key in sorted(keys):
