@@ -25,6 +25,11 @@ if TYPE_CHECKING:
 DEFAULT_QUEUE = "default"
 
 
+def is_integer(value: Any) -> bool:
+    """An int and not a bool (`True` is an int to Python, never a count or a version here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How often and how soon a failed step (or run) is tried again. Checked when made, so a
@@ -45,7 +50,7 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         attempts = self.max_attempts
-        if isinstance(attempts, bool) or not isinstance(attempts, int):
+        if not is_integer(attempts):
             raise TypeError(f"RetryPolicy.max_attempts must be an integer, not {attempts!r}")
         if attempts < 1:
             raise ValueError(f"RetryPolicy.max_attempts must be at least 1, not {attempts!r}")
@@ -346,7 +351,7 @@ def _check_definition(
     TypeError for a wrong type, ValueError for a value its runs' columns cannot hold."""
     if name is not None:
         check_text("workflow name", name, NAME_MAX_LENGTH)
-    if isinstance(version, bool) or not isinstance(version, int):
+    if not is_integer(version):
         raise TypeError(f"workflow version must be an integer, not {version!r}")
     if not 1 <= version <= INT32[1]:
         raise ValueError(f"workflow version must be from 1 to {INT32[1]}, not {version!r}")
@@ -360,14 +365,14 @@ def _check_definition(
 def check_priority(priority: Any, what: str = "priority") -> None:
     """A run's priority (the column's int32): TypeError unless an integer (not a bool),
     ValueError outside the range. For @workflow and enqueue alike."""
-    if isinstance(priority, bool) or not isinstance(priority, int):
+    if not is_integer(priority):
         raise TypeError(f"{what} must be an integer, not {priority!r}")
     if not INT32[0] <= priority <= INT32[1]:
         raise ValueError(f"{what} must be between {INT32[0]} and {INT32[1]}, not {priority!r}")
 
 
 def _check_limit(limit: Any) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int):
+    if not is_integer(limit):
         raise TypeError(f"concurrency_limit must be an integer, not {limit!r}")
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"concurrency_limit must be between 1 and {MAX_LIMIT}, not {limit}")

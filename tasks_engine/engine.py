@@ -11,7 +11,7 @@ from typing import Any
 from django.db import transaction
 
 from . import notify, tracing, transitions
-from .definitions import Workflow, check_priority, registry
+from .definitions import Workflow, check_priority, is_integer, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import QUEUED, Fact, StepAttempt, WorkflowRun
 from .run_waiter import wait_finished
@@ -206,7 +206,7 @@ def enqueue(
     `concurrency_key` and `concurrency_limit` override the workflow's, as `queueing_key` does
     (docs/FLOW_CONTROL.md). With a queueing key that a queued run holds (pending, never
     started), that run is the answer (`deduplicated=True`) and nothing is written."""
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+    if version is not None and not is_integer(version):
         # "1" was looked up as "unknown task a@1" beside a registered a@1; True and 1.0 ran as 1
         raise TypeError(f"version must be an integer, not {version!r}")
     if isinstance(task, Workflow):
@@ -332,7 +332,7 @@ def list_runs(
 ) -> list[RunView]:
     if status is not None and status not in RunStatus.values:
         raise ValueError(f"unknown status {status!r}; one of {', '.join(RunStatus.values)}")
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+    if version is not None and not is_integer(version):
         raise ValueError(f"version must be an integer, not {version!r}")
     qs = WorkflowRun.objects.all().order_by("-created_at")
     if task is not None:
