@@ -28,13 +28,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db import connection
-from django.db.models.functions import Now
 
 from . import services
 from .conf import engine_settings
 from .models import LeaderLease
 from .outages import DB_ERRORS, Outage
-from .sql import db_now_sql, execute, fetchall
+from .sql import db_now, db_now_sql, execute, fetchall
 
 if TYPE_CHECKING:
     from .worker.loop import Worker
@@ -54,7 +53,7 @@ class CurrentLeader:
 
 def current_leader() -> CurrentLeader | None:
     """The leader whose lease has not expired (on the database's clock), or None."""
-    row = LeaderLease.objects.filter(name=ROLE, expires_at__gt=Now()).first()
+    row = LeaderLease.objects.filter(name=ROLE, expires_at__gt=db_now()).first()
     if row is None:
         return None
     return CurrentLeader(row.worker_id, row.term, row.elected_at, row.expires_at)

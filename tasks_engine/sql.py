@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db.models.functions import Now
 
 _DT = models.DateTimeField()
 NEVER_AUTOMATICALLY = 2**31 - 1  # psycopg prepare_threshold: prepare only on prepare=True
@@ -82,6 +83,16 @@ def db_now_sql(offset_seconds: float = 0.0) -> tuple[str, list[Any]]:
     if is_postgres():
         return "(clock_timestamp() + %s * interval '1 second')", [offset_seconds]
     return "%s", [p_dt(datetime.now(UTC) + timedelta(seconds=offset_seconds))]
+
+
+def db_now() -> models.Expression:
+    """The database's clock as an ORM expression (see `db_now_sql`). Not Django's `Now()` on
+    SQLite: it yields milliseconds ("...:05.123"), and the engine stores microseconds
+    ("...:05.123456"), which compare as later text within the same millisecond, so a lease that
+    ended that millisecond still read as held."""
+    if is_postgres():
+        return Now()
+    return models.Value(datetime.now(UTC), output_field=models.DateTimeField())
 
 
 def db_clock() -> datetime:

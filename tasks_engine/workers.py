@@ -25,12 +25,11 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 from django.db.models import Count, Q
-from django.db.models.functions import Now
 
 from . import clock
 from .conf import engine_settings
 from .models import Worker, WorkflowRun
-from .sql import db_clock, db_now_sql, execute, p_dt, p_json, placeholders, skip_locked
+from .sql import db_clock, db_now, db_now_sql, execute, p_dt, p_json, placeholders, skip_locked
 
 if TYPE_CHECKING:
     from .worker.loop import Worker as WorkerProcess
@@ -193,7 +192,8 @@ def served(task: str, version: int, queue: str) -> bool | None:
 def alive() -> Q:
     """Workers whose beat is at most DEAD_WORKER_SECONDS old, on the database's clock, in the
     query itself (no round trip to read the clock first)."""
-    return Q(last_heartbeat__gte=Now() - timedelta(seconds=engine_settings().dead_worker_seconds))
+    dead_after = timedelta(seconds=engine_settings().dead_worker_seconds)
+    return Q(last_heartbeat__gte=db_now() - dead_after)
 
 
 def live_filters() -> list[tuple[list[str], list[str]]]:

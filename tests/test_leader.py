@@ -59,6 +59,18 @@ def test_resigning_hands_over_at_once_and_a_stale_resignation_changes_nothing() 
     assert lease is not None and (lease.worker_id, lease.term) == ("b", 2)
 
 
+def test_a_lease_that_ended_this_millisecond_is_not_current() -> None:
+    """SQLite compared the stored expiry (microseconds) with Django's Now() (milliseconds) as
+    text, so a lease resigned in the same millisecond as the read still looked held: the
+    resignation test above failed at random. Each round resigns and reads at once."""
+    a = Elector("a")
+    for _ in range(200):
+        assert a.refresh()
+        a.resign()
+        lease = current_leader()
+        assert lease is None, f"a lease that ended at {lease.expires_at} is still current"
+
+
 class FakeWorker:
     def __init__(self, worker_id: str) -> None:
         self.id = worker_id
