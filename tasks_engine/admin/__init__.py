@@ -35,7 +35,7 @@ from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 from .operator_actions import unknown_object
 from .paging import CappedPaginator, RunPaginator
 from .queues import QueuesMixin
-from .retry import RETRY, RetryMixin, step_choices
+from .retry import RETRY, RetryMixin, retry_refused, step_choices
 from .run_page import elapsed, humanize_seconds, pass_timing, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -255,7 +255,9 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
             and self.has_cancel_permission(request, run),
             "cancel_url": reverse("admin:tasks_engine_workflowrun_cancel", args=[run.pk]),
             "can_retry": run.status in {"failed", "canceled"}
+            and not retry_refused(run)
             and self.has_retry_permission(request, run),
+            "retry_refused": retry_refused(run),
             "retry_url": reverse("admin:tasks_engine_workflowrun_retry", args=[run.pk]),
             "retry_steps": step_choices(run.pk) if run.status in {"failed", "canceled"} else [],
             "history_url": reverse("admin:tasks_engine_workflowrun_history", args=[run.pk]),

@@ -172,7 +172,7 @@ class Command(OneLineErrors, BaseCommand):
         ok = engine.retry_run(
             o["run_id"], from_step=o["from_step"], reason=o["reason"] or None, by=_operator()
         )
-        text = "retried" if ok else "not retried: only a failed or canceled run can be"
+        text = "retried" if ok else f"not retried: {_retry_refusal(o['run_id'])}"
         return {"json": {"retried": ok}, "text": text}
 
     def do_inspect(self, o: dict[str, Any]) -> dict[str, Any]:
@@ -290,6 +290,14 @@ class Command(OneLineErrors, BaseCommand):
 def _listing(views: Sequence[Any], lines: list[str], empty: str) -> dict[str, Any]:
     """A listing's output: the views' dicts as JSON, or one line each (`empty` for none)."""
     return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or empty}
+
+
+def _retry_refusal(run_id: str) -> str:
+    """Why a retry just answered False (read after it: a run pruned meanwhile is gone)."""
+    try:
+        return engine.retry_refusal(run_id) or "the run changed meanwhile; look again"
+    except UnknownRunError:
+        return "the run is gone"
 
 
 def _operator() -> str:
