@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import TaskCanceledError
 from .fencing import run_fenced
+from .logs import mask_secrets
 from .steps import StepAPI
 
 if TYPE_CHECKING:
@@ -94,8 +95,10 @@ class TaskContext:
             raise TaskCanceledError(f"run {self.run_id} was canceled")
 
     def progress(self, done: float, total: float | None = None, message: str | None = None) -> None:
-        """Record progress; the worker persists it at most about once a second, off this thread."""
-        self._state.handle.report_progress({"done": done, "total": total, "message": message})
+        """Record progress; the worker persists it at most about once a second, off this thread.
+        The message is stored with secrets redacted, as errors are: the admin shows it."""
+        shown = mask_secrets(message)
+        self._state.handle.report_progress({"done": done, "total": total, "message": shown})
 
     def patched(self, change_id: str) -> bool:
         """Whether this run takes the code path of change `change_id` (see

@@ -372,7 +372,9 @@ def retry_run(
 
     Completed steps are not run again; with `from_step`, that step and every step recorded
     after it are (their old attempts are kept, marked superseded). False, and nothing
-    changes, for any other status. `by` names who retried, for the run's retry history.
+    changes, for any other status, and for a child run whose parent has finished (retry the
+    parent: its fresh pass starts the child again); `retry_refusal` says why. `by` names who
+    retried, for the run's retry history.
     Raises `UnknownRunError`, or `UnknownStepError` for a `from_step` the run never recorded.
     """
     rid = _run_id(run_id)
@@ -382,6 +384,12 @@ def retry_run(
     ):  # a NUL would fail the lookup's statement on PostgreSQL: no step has one
         raise UnknownStepError(f"from_step must be a step name, not {from_step!r}")
     return transitions.retry_run(rid, from_step=from_step, reason=reason or "", by=by)
+
+
+def retry_refusal(run_id: uuid.UUID | str) -> str | None:
+    """Why `retry_run` would refuse the run as it is now (one line), or None if it would not.
+    Raises `UnknownRunError`."""
+    return transitions.retry_refusal(_run_id(run_id))
 
 
 def signal(

@@ -376,6 +376,14 @@ def _redact_mapping(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
     return out
 
 
+def mask_secrets(value: Any) -> Any:
+    """`value` (a run's input, output, progress, a step's output, a fact's payload, an op's
+    result) as operators may see it: the rules above applied through nested dicts and lists.
+    For display only (the admin, `tasks inspect`); the workflow and the API keep the real
+    values. Returns `value` itself when there is nothing to mask in a string or a scalar."""
+    return _redact_value(value)
+
+
 def redact_secrets(
     _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
 ) -> Mapping[str, Any]:

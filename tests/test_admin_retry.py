@@ -112,6 +112,26 @@ def test_retry_of_a_completed_run_from_the_admin_changes_nothing(
     assert state() == before
 
 
+def test_a_child_of_a_canceled_parent_is_not_retried_from_the_admin(
+    fake_clock: FakeClock, admin_client: Client
+) -> None:
+    from tests.test_retry import canceled_family
+
+    parent_id, child_id = canceled_family(fake_clock)
+    before = state()
+    page = admin_client.get(url("change", child_id)).content.decode()
+    assert 'id="retry-form"' not in page
+    assert f"its parent run {parent_id} is canceled; retry the parent instead" in page
+    response = admin_client.post(url("retry", child_id), {"reason": "alone"}, follow=True)
+    assert (
+        f"Run {child_id} was not retried: its parent run {parent_id} is canceled; retry the"
+        " parent instead; nothing changed." in response.content.decode()
+    )
+    assert state() == before
+    action(admin_client, [child_id], confirm="yes", reason="bulk")
+    assert state() == before
+
+
 def test_staff_without_the_retry_permission_get_403_and_nothing_changes(
     fake_clock: FakeClock,
 ) -> None:

@@ -248,6 +248,43 @@ def test_a_retried_child_keeps_its_waiting_parent_waiting(fake_clock: FakeClock)
     assert (parent.status, parent.output) == ("completed", {"child": {"double": 4}})
 
 
+def canceled_family(fake: FakeClock) -> tuple[uuid.UUID, uuid.UUID]:
+    """A parent canceled while its child slept: both end canceled."""
+    parent_id = tasks_engine.enqueue("parent", {"value": 2, "sleep": 3600}).run_id
+    drain(fake)
+    child = WorkflowRun.objects.get(parent_run_id=parent_id)
+    assert child.status == "waiting"
+    assert tasks_engine.cancel(parent_id, "not wanted") is True
+    child.refresh_from_db()
+    assert (WorkflowRun.objects.get(pk=parent_id).status, child.status) == ("canceled", "canceled")
+    return parent_id, child.pk
+
+
+def test_a_child_of_a_canceled_parent_is_not_retried(fake_clock: FakeClock) -> None:
+    parent_id, child_id = canceled_family(fake_clock)
+    before = columns(child_id), columns(parent_id)
+    assert tasks_engine.retry_run(child_id, reason="alone") is False
+    assert (columns(child_id), columns(parent_id)) == before
+    # The parent's retry is the way: its fresh pass starts its child again.
+    assert tasks_engine.retry_run(parent_id, reason="wanted after all") is True
+    drain(fake_clock, horizon=7200)
+    parent = WorkflowRun.objects.get(pk=parent_id)
+    assert (parent.status, parent.output) == ("completed", {"child": {"double": 4}})
+    assert WorkflowRun.objects.get(pk=child_id).status == "canceled"  # the old one stays so
+
+
+def test_a_child_of_a_failed_parent_is_not_retried(fake_clock: FakeClock) -> None:
+    parent_id = tasks_engine.enqueue("parent", {"value": 2, "fail": True}).run_id
+    drain(fake_clock)
+    child_id = WorkflowRun.objects.get(parent_run_id=parent_id).pk
+    assert WorkflowRun.objects.get(pk=parent_id).status == "failed"
+    assert WorkflowRun.objects.get(pk=child_id).status == "failed"
+    before = columns(child_id), columns(parent_id)
+    assert tasks_engine.retry_run(child_id) is False
+    assert tasks_engine.retry_run(child_id, from_step="nosuch") is False
+    assert (columns(child_id), columns(parent_id)) == before
+
+
 # -- CLI ------------------------------------------------------------------------------------
 
 
@@ -282,6 +319,17 @@ def test_cli_retry(fake_clock: FakeClock) -> None:
 def test_cli_retry_errors(args: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=message):
         tasks(*args)
+
+
+def test_cli_retry_of_a_child_of_a_canceled_parent_says_why(fake_clock: FakeClock) -> None:
+    parent_id, child_id = canceled_family(fake_clock)
+    before = columns(child_id)
+    assert json.loads(tasks("retry", str(child_id), "--json")) == {"retried": False}
+    text = tasks("retry", str(child_id))
+    assert text.strip() == (
+        f"not retried: its parent run {parent_id} is canceled; retry the parent instead"
+    )
+    assert columns(child_id) == before
 
 
 def test_cli_retry_unknown_step_changes_nothing(fake_clock: FakeClock) -> None:

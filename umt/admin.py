@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from tasks_engine.admin.lookups import RefuseNulLookupsMixin
+from tasks_engine.logs import redact_text
 from tasks_engine.models import WorkflowRun
 
 from .acquisition import announce, retry_plan
@@ -47,15 +48,26 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
         "updated_at",
     ]
     readonly_fields = [
+        "source_shown",
         "status",
         "failure",
         "retries",
         "info_hash",
-        "download_ref",
+        "download_ref_shown",
         "run",
         "created_at",
         "updated_at",
     ]
+    # On a plan's page, these hold URLs (a magnet's tracker may carry a passkey): shown masked.
+    shown_masked = {"source": "source_shown", "download_ref": "download_ref_shown"}
+
+    @admin.display(description="source")
+    def source_shown(self, obj: AcquisitionPlan) -> str:
+        return redact_text(obj.source)
+
+    @admin.display(description="download ref")
+    def download_ref_shown(self, obj: AcquisitionPlan) -> str:
+        return redact_text(obj.download_ref)
 
     @admin.display(description="workflow runs")
     def run(self, obj: AcquisitionPlan) -> str:
@@ -82,7 +94,7 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:  # adding: only what a person decides
             return ["title", "client", "source", "retention_seconds", "files"]
-        return self.fields
+        return [self.shown_masked.get(str(name), name) for name in self.fields]
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the workflow owns a plan once it exists: its page is view-only

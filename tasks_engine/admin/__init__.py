@@ -9,6 +9,7 @@ Lists stay fast on millions of rows: see `paging.py`, `stats.py`, `filters.py`.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -26,6 +27,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
+from ..logs import mask_secrets
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from ..states import RunStatus
 from . import stats as admin_stats
@@ -35,7 +37,7 @@ from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 from .operator_actions import unknown_object
 from .paging import CappedPaginator, RunPaginator
 from .queues import QueuesMixin
-from .retry import RETRY, RetryMixin, step_choices
+from .retry import RETRY, RetryMixin, retry_refused, step_choices
 from .run_page import elapsed, humanize_seconds, pass_timing, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -255,7 +257,9 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
             and self.has_cancel_permission(request, run),
             "cancel_url": reverse("admin:tasks_engine_workflowrun_cancel", args=[run.pk]),
             "can_retry": run.status in {"failed", "canceled"}
+            and not retry_refused(run)
             and self.has_retry_permission(request, run),
+            "retry_refused": retry_refused(run),
             "retry_url": reverse("admin:tasks_engine_workflowrun_retry", args=[run.pk]),
             "retry_steps": step_choices(run.pk) if run.status in {"failed", "canceled"} else [],
             "history_url": reverse("admin:tasks_engine_workflowrun_history", args=[run.pk]),
@@ -269,6 +273,23 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
             return WorkflowRun._meta.pk.to_python(object_id)
         except ValidationError:
             return None
+
+
+class MaskedFieldsMixin:
+    """A row's read-only page shows the fields named in `masked_fields` (data a workflow stored)
+    through `<field>_masked` display methods, with secrets masked (`logs.mask_secrets`); each
+    admin declares those methods and lists them in `readonly_fields`."""
+
+    masked_fields: tuple[str, ...] = ()
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        fields = super().get_fields(request, obj)  # type: ignore[misc]
+        shown = [f"{f}_masked" if f in self.masked_fields else f for f in fields]
+        return list(dict.fromkeys(shown))  # the readonly `_masked` names, once, in place
+
+
+def masked(value: Any) -> str | None:
+    return None if value is None else json.dumps(mask_secrets(value), ensure_ascii=False)
 
 
 class RunRowsAdmin(ReadOnlyAdmin):
@@ -288,9 +309,19 @@ class RunRowsAdmin(ReadOnlyAdmin):
 
 
 @admin.register(StepAttempt)
-class StepAttemptAdmin(RunRowsAdmin):
+class StepAttemptAdmin(MaskedFieldsMixin, RunRowsAdmin):
     list_display = ("id", "run_short", "name", "kind", "attempt", "status_badge", "started", "took")
     list_filter = ("status", "kind")
+    masked_fields = ("output", "error")
+    readonly_fields = ("output_masked", "error_masked")
+
+    @admin.display(description="output")
+    def output_masked(self, step: StepAttempt) -> str | None:
+        return masked(step.output)
+
+    @admin.display(description="error")
+    def error_masked(self, step: StepAttempt) -> str | None:
+        return masked(step.error)
 
     @admin.display(description="status")
     def status_badge(self, step: StepAttempt) -> str:
@@ -306,8 +337,14 @@ class StepAttemptAdmin(RunRowsAdmin):
 
 
 @admin.register(Fact)
-class FactAdmin(RunRowsAdmin):
+class FactAdmin(MaskedFieldsMixin, RunRowsAdmin):
     list_display = ("id", "run_short", "name", "consumed_by", "created")
+    masked_fields = ("payload",)
+    readonly_fields = ("payload_masked",)
+
+    @admin.display(description="payload")
+    def payload_masked(self, fact: Fact) -> str | None:
+        return masked(fact.payload)
 
     @admin.display(description="created")
     def created(self, fact: Fact) -> str:
@@ -315,13 +352,19 @@ class FactAdmin(RunRowsAdmin):
 
 
 @admin.register(OpLedger)
-class OpLedgerAdmin(ReadOnlyAdmin):
+class OpLedgerAdmin(MaskedFieldsMixin, ReadOnlyAdmin):
     list_display = ("op_key", "run_short", "step_name", "status_badge", "created", "updated")
     list_filter = ("status",)
+    masked_fields = ("result",)
+    readonly_fields = ("result_masked",)
     search_fields = ("op_key",)
     search_help_text = "Exact op key or run id."
     ordering = ("-id",)
     sortable_by = ()
+
+    @admin.display(description="result")
+    def result_masked(self, op: OpLedger) -> str | None:
+        return masked(op.result)
 
     def get_search_results(self, request, queryset, search_term):  # type: ignore[no-untyped-def]
         term = search_term.strip()

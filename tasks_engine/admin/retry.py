@@ -18,7 +18,7 @@ from django.utils.html import format_html
 from .. import engine
 from ..exceptions import UnknownStepError
 from ..models import StepAttempt
-from ..transitions.retry import RETRYABLE
+from ..transitions.retry import RETRYABLE, why_not_retryable
 from .operator_actions import OperatorActionsMixin, RunAction
 
 RETRY_PERMISSION = "tasks_engine.retry_workflowrun"
@@ -44,6 +44,15 @@ def step_choices(run_id: Any) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def retry_refused(run: Any) -> str | None:
+    """Why the run page offers no Retry for a failed or canceled run (a child whose parent has
+    finished), or None. `run.parent_run` is loaded with the run."""
+    if run.status not in RETRYABLE:
+        return None
+    parent = run.parent_run
+    return why_not_retryable(run.status, run.parent_run_id, parent.status if parent else None)
+
+
 class RetryMixin(OperatorActionsMixin):
     """Adds `<run id>/retry/` and the `retry_selected` action to the runs' ModelAdmin."""
 
@@ -67,11 +76,9 @@ class RetryMixin(OperatorActionsMixin):
                 since = f" from step {from_step}" if from_step else ""
                 messages.success(request, format_html("Run {} retried{}.", run.pk, since))
             else:
-                messages.warning(
-                    request,
-                    format_html("Run {} is {}: only a failed or canceled run is retried; "
-                                "nothing changed.", run.pk, run.status),
-                )  # fmt: skip
+                why = engine.retry_refusal(run.pk) or "it changed meanwhile"
+                text = format_html("Run {} was not retried: {}; nothing changed.", run.pk, why)
+                messages.warning(request, text)
             return retried
 
         return self.confirm_or_act(

@@ -2,6 +2,8 @@
 
 Pure presentation: reads rows (a fixed number of queries, whatever the run's size) and turns
 them into plain values for `tasks_engine/templates/admin/tasks_engine/workflowrun/change_form.html`.
+Data a workflow stored (input, output, progress, errors, fact payloads, op results) is shown
+with its secrets masked (`shown_json`, `logs.mask_secrets`): view-only staff see these pages.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import clock, tracing
+from ..logs import mask_secrets
 from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
 from ..states import ACTIVE
 
@@ -25,6 +28,11 @@ REFRESH_SECONDS = 5
 
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def shown_json(value: Any) -> str:
+    """Stored data as the admin shows it: secrets masked, pretty-printed."""
+    return pretty_json(mask_secrets(value))
 
 
 def humanize_seconds(seconds: float | None) -> str:
@@ -64,7 +72,7 @@ def progress_view(progress: Any) -> dict[str, Any] | None:
     return {
         "done": done,
         "total": total,
-        "message": progress.get("message") or "",
+        "message": mask_secrets(progress.get("message")) or "",  # rows stored before redaction
         "percent": None if percent is None else round(percent, 1),
     }
 
@@ -157,6 +165,7 @@ def run_page(run: WorkflowRun) -> dict[str, Any]:
         .order_by("created_at")[: MAX_CHILDREN + 1]
     )
     error = run.error if isinstance(run.error, dict) or not run.error else {"message": run.error}
+    error = mask_secrets(error)  # stored redacted; rows written before that may not be
     active = run.status in ACTIVE
     timing = pass_timing(run, now)
     return {
@@ -168,14 +177,14 @@ def run_page(run: WorkflowRun) -> dict[str, Any]:
         "timing": timing,
         "queued_for": humanize_seconds(elapsed(run.created_at, run.started_at, now)),
         "progress": progress_view(run.progress),
-        "input_json": pretty_json(run.input),
-        "output_json": None if run.output is None else pretty_json(run.output),
+        "input_json": shown_json(run.input),
+        "output_json": None if run.output is None else shown_json(run.output),
         "error": error,
         "timeline": timeline(run, steps, now),
         "steps_truncated": len(steps) >= MAX_STEPS,
-        "facts": [(f, pretty_json(f.payload)) for f in facts[:MAX_FACTS]],
+        "facts": [(f, shown_json(f.payload)) for f in facts[:MAX_FACTS]],
         "facts_truncated": len(facts) > MAX_FACTS,
-        "ops": [(o, pretty_json(o.result)) for o in ops[:MAX_OPS]],
+        "ops": [(o, shown_json(o.result)) for o in ops[:MAX_OPS]],
         "ops_truncated": len(ops) > MAX_OPS,
         "children": children[:MAX_CHILDREN],
         "children_truncated": len(children) > MAX_CHILDREN,

@@ -48,7 +48,7 @@ from .outcomes import (
     wake_parent,
     wake_run,
 )
-from .retry import retry_run
+from .retry import retry_refusal, retry_run
 from .steps import (
     close_interrupted_attempts,
     defer_step_completion,
@@ -113,6 +113,7 @@ __all__ = [
     "renew_leases",
     "request_cancel",
     "requeue_run",
+    "retry_refusal",
     "retry_run",
     "set_progress",
     "start_step",

@@ -5,6 +5,10 @@ because their failure belongs to an earlier pass. With `from_step`, that step an
 attempt recorded after it are marked superseded: kept as history, ignored by replay, so they
 run again; the facts their waits took are released for the reruns to take again. The run's
 worker is cleared: the earlier pass's worker holds nothing (its attempts keep their worker).
+
+A child run is retried only while its parent is unfinished (pending, running or waiting): a
+finished parent awaits no child, so the child would run for nobody. The parent's own retry
+is the way back: its fresh pass starts its children again.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from .. import clock, notify
 from ..exceptions import UnknownRunError, UnknownStepError
 from ..history import current_pass
 from ..models import Fact, StepAttempt, WorkflowRun
-from ..states import RunStatus
+from ..states import FINISHED, RunStatus
 from .outcomes import lock_parent
 
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELED)
@@ -28,13 +32,14 @@ RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELED)
 def retry_run(
     run_id: uuid.UUID, *, from_step: str | None = None, reason: str = "", by: str = ""
 ) -> bool:
-    """Failed or canceled -> pending, due now. False (nothing changed) for any other status."""
+    """Failed or canceled -> pending, due now. False (nothing changed) for any other status,
+    or for a child whose parent has finished (`retry_refusal` says why)."""
     with transaction.atomic():
         lock_parent(run_id)  # the order every run end takes: parent row, then the child's
         run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
             raise UnknownRunError(f"no run with id {run_id}")
-        if run.status not in RETRYABLE:
+        if _refusal(run) is not None:
             return False  # whatever from_step names: nothing is retried, so nothing is wrong
         steps = StepAttempt.objects.filter(run_id=run_id, superseded=False)
         first: int | None = None
@@ -75,6 +80,33 @@ def retry_run(
         )
         notify.wake_workers(run.queue)
     return True
+
+
+def retry_refusal(run_id: uuid.UUID) -> str | None:
+    """Why `retry_run` refuses the run as it is now, or None when it would retry it."""
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    if run is None:
+        raise UnknownRunError(f"no run with id {run_id}")
+    return _refusal(run)
+
+
+def _refusal(run: WorkflowRun) -> str | None:
+    parent_status = None
+    if run.status in RETRYABLE and run.parent_run_id is not None:
+        parent = WorkflowRun.objects.filter(pk=run.parent_run_id).values_list("status", flat=True)
+        parent_status = parent.first()
+    return why_not_retryable(run.status, run.parent_run_id, parent_status)
+
+
+def why_not_retryable(
+    status: str, parent_run_id: uuid.UUID | None, parent_status: str | None
+) -> str | None:
+    """The retry rule, from a run's status and its parent's (None: no parent)."""
+    if status not in RETRYABLE:
+        return f"the run is {status}: only a failed or canceled run can be"
+    if parent_status in FINISHED:
+        return f"its parent run {parent_run_id} is {parent_status}; retry the parent instead"
+    return None
 
 
 def _passes_so_far(run: WorkflowRun) -> int:

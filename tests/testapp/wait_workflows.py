@@ -235,6 +235,17 @@ def progress_then_park(ctx: TaskContext) -> str:
     return how
 
 
+class Says(BaseModel):
+    message: str
+
+
+@workflow(name="progress_says", input=Says)
+def progress_says(ctx: TaskContext) -> str:
+    """Reports progress with the given message, then waits: the message stays on the run."""
+    ctx.progress(1, 2, ctx.input.message)
+    return str(ctx.step.wait_for_fact("go"))
+
+
 # A duration a workflow gives a wait, by name (its input is JSON, which holds no NaN).
 DURATIONS: dict[str, object] = {
     "nan": float("nan"),

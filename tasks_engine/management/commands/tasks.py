@@ -21,6 +21,7 @@ from tasks_engine.exceptions import (
     UnknownStepError,
     UnknownTaskError,
 )
+from tasks_engine.logs import mask_secrets
 from tasks_engine.models import WorkflowRun
 from tasks_engine.states import RunStatus
 
@@ -172,7 +173,7 @@ class Command(OneLineErrors, BaseCommand):
         ok = engine.retry_run(
             o["run_id"], from_step=o["from_step"], reason=o["reason"] or None, by=_operator()
         )
-        text = "retried" if ok else "not retried: only a failed or canceled run can be"
+        text = "retried" if ok else f"not retried: {_retry_refusal(o['run_id'])}"
         return {"json": {"retried": ok}, "text": text}
 
     def do_inspect(self, o: dict[str, Any]) -> dict[str, Any]:
@@ -180,7 +181,7 @@ class Command(OneLineErrors, BaseCommand):
         view = engine.get_run(o["run_id"])
         if view is None:
             raise UnknownRunError(f"no run with id {o['run_id']}")
-        data = view.to_dict()
+        data = _masked(view.to_dict())
         lines = [
             f"{view.task_name}@{view.version}  {view.run_id}  {view.status}",
             f"  queue={view.queue} priority={view.priority} attempts={view.attempts}"
@@ -188,8 +189,8 @@ class Command(OneLineErrors, BaseCommand):
         ]
         if view.waiting_on:
             lines.append(f"  waiting on {view.waiting_on} until {data['available_at']}")
-        if view.error:
-            lines.append(f"  error: {view.error.get('type')}: {view.error.get('message')}")
+        if error := data["error"]:
+            lines.append(f"  error: {error.get('type')}: {error.get('message')}")
         for s in data["steps"]:
             err = f"  {s['error']['message']}" if s["error"] else ""
             old = " (superseded)" if s["superseded"] else ""
@@ -200,8 +201,8 @@ class Command(OneLineErrors, BaseCommand):
             why = f": {r['reason']}" if r.get("reason") else ""
             since = f" from step {r['from_step']}" if r.get("from_step") else ""
             lines.append(f"  retried {r['at']} by {r.get('by') or '?'}{since}{why}")
-        if view.output is not None:
-            lines.append(f"  output: {json.dumps(view.output)}")
+        if data["output"] is not None:
+            lines.append(f"  output: {json.dumps(data['output'])}")
         return {"json": data, "text": "\n".join(lines)}
 
     def do_list(self, o: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +214,8 @@ class Command(OneLineErrors, BaseCommand):
             f" {v.created_at:%Y-%m-%d %H:%M:%S}"
             for v in views
         ]
-        return _listing(views, lines, "(no runs)")
+        masked = [_masked(v.to_dict()) for v in views]
+        return {"json": masked, "text": "\n".join(lines) or "(no runs)"}
 
     def do_prune(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine import maintenance
@@ -287,9 +289,28 @@ class Command(OneLineErrors, BaseCommand):
         }
 
 
+def _masked(run: dict[str, Any]) -> dict[str, Any]:
+    """A run view's dict as `tasks inspect` shows it: what the workflow stored (input, output,
+    error, progress, step outputs and errors) with secrets masked; the API keeps them."""
+    masked = {**run, **{k: mask_secrets(run[k]) for k in ("input", "output", "error", "progress")}}
+    masked["steps"] = [
+        {**s, "output": mask_secrets(s["output"]), "error": mask_secrets(s["error"])}
+        for s in run["steps"]
+    ]
+    return masked
+
+
 def _listing(views: Sequence[Any], lines: list[str], empty: str) -> dict[str, Any]:
     """A listing's output: the views' dicts as JSON, or one line each (`empty` for none)."""
     return {"json": [v.to_dict() for v in views], "text": "\n".join(lines) or empty}
+
+
+def _retry_refusal(run_id: str) -> str:
+    """Why a retry just answered False (read after it: a run pruned meanwhile is gone)."""
+    try:
+        return engine.retry_refusal(run_id) or "the run changed meanwhile; look again"
+    except UnknownRunError:
+        return "the run is gone"
 
 
 def _operator() -> str:
