@@ -13,6 +13,7 @@ from django.utils.html import format_html
 
 from tasks_engine.admin.audit import record
 from tasks_engine.admin.lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
+from tasks_engine.logs import mask_secrets
 
 from .events import revive_dead
 from .models import OutboxEvent
@@ -97,12 +98,13 @@ class OutboxEventAdmin(RefuseMalformedSelectionMixin, RefuseNulLookupsMixin, adm
 
     @admin.display(description="payload")
     def payload_pretty(self, obj: OutboxEvent) -> str:
-        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, sort_keys=True))
+        shown = mask_secrets(obj.payload)
+        return format_html("<pre>{}</pre>", json.dumps(shown, indent=2, sort_keys=True))
 
     @admin.display(description="last error")
     def last_error_pre(self, obj: OutboxEvent) -> str:
-        return format_html("<pre>{}</pre>", obj.last_error) if obj.last_error else "-"
+        return format_html("<pre>{}</pre>", mask_secrets(obj.last_error)) if obj.last_error else "-"
 
     @admin.display(description="error")
     def error_summary(self, obj: OutboxEvent) -> str:
-        return obj.last_error.partition("\n")[0][:120]
+        return mask_secrets(obj.last_error.partition("\n")[0])[:120]

@@ -81,6 +81,20 @@ def test_event_page_shows_payload_and_last_error_read_only(admin_client: Client)
     assert event.type == "test.needs_marker"
 
 
+def test_event_page_masks_secrets_in_payload(admin_client: Client) -> None:
+    """What operators see never shows a secret: the event's payload is masked on its page (the
+    route still gets the real values)."""
+    event = publish(
+        "test.needs_marker",
+        {"key": "s", "dsn": "postgres://app:hunter2@db/x", "api_key": "sk-live-123"},
+    )
+    page = admin_client.get(f"{LIST}{event.pk}/change/").content.decode()
+    assert "hunter2" not in page and "sk-live-123" not in page
+    assert "postgres://app:" in page  # the rest of the value is shown
+    event.refresh_from_db()
+    assert event.payload["api_key"] == "sk-live-123"
+
+
 def test_superuser_retry_revives_a_dead_event(admin_client: Client, fake_clock: FakeClock) -> None:
     event = publish("test.needs_marker", {"key": "late"})
     for _ in range(10):  # MAX_ATTEMPTS
