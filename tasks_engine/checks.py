@@ -190,18 +190,18 @@ def _postgres_only_settings_on_sqlite(raw: dict[str, Any]) -> list[checks.CheckM
 def _sqlite_transaction_mode(db: dict[str, Any]) -> list[checks.CheckMessage]:
     """The engine's writes on SQLite rely on BEGIN IMMEDIATE: it takes the one write lock up
     front (waiting up to the busy timeout), where a deferred transaction reads first and then
-    fails with "database is locked" when another process wrote meanwhile."""
-    options = db.get("OPTIONS") or {}
-    if str(options.get("transaction_mode", "")).upper() == "IMMEDIATE":
+    fails with "database is locked" when another process wrote meanwhile. Left unset, the
+    engine sets it on its connections (sqlite_connections.py); a mode the project set wins."""
+    mode = (db.get("OPTIONS") or {}).get("transaction_mode")
+    if mode is None or str(mode).upper() == "IMMEDIATE":
         return []
     return [
         checks.Warning(
-            "DATABASES['default'] is SQLite without OPTIONS transaction_mode IMMEDIATE: with "
-            "a worker beside the web process (or two workers), engine writes fail with "
-            "'database is locked', and the steps they interrupt run again",
-            hint='Set DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", '
-            '"timeout": 30, "init_command": "PRAGMA journal_mode=WAL; PRAGMA '
-            'synchronous=FULL;"} (docs/SQLITE.md).',
+            f"DATABASES['default'] is SQLite with OPTIONS transaction_mode {mode!r}, not "
+            "IMMEDIATE: with a worker beside the web process (or two workers), engine writes "
+            "fail with 'database is locked', and the steps they interrupt run again",
+            hint='Remove "transaction_mode" from DATABASES["default"]["OPTIONS"] (the engine '
+            'then uses IMMEDIATE) or set it to "IMMEDIATE" (docs/SQLITE.md).',
             id="tasks_engine.W026",
         )
     ]
