@@ -12,10 +12,13 @@ class TasksEngineConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from . import backends, checks, logs, metrics, services, sql, sqlite_bounds  # noqa: F401
+        from .sqlite_connections import safe_connection_settings
 
         logs.configure()
         register_services()
         connection_created.connect(sql.prepare_engine_statements, weak=False)
+        # SQLite: BEGIN IMMEDIATE, busy timeout, WAL, synchronous=FULL where OPTIONS are silent
+        connection_created.connect(safe_connection_settings, weak=False)
         # SQLite: planner statistics, so the claim reads its partial indexes (sqlite_bounds.py)
         post_migrate.connect(sqlite_bounds.analyze_after_migrate, sender=self, weak=False)
         # tasks_runs{queue,status} on the leader's /metrics (a no-op unless it serves metrics)

@@ -128,7 +128,7 @@ def _sqlite_atomic_step_bound(s: Any) -> list[checks.CheckMessage]:
 
 
 # Misconfiguration that would otherwise show only at run time: settings the database in use
-# ignores or cannot honour, a lease too short for its heartbeats, queues nobody declared.
+# ignores or cannot honour, a lease too short for its heartbeats, a queue name that looks misspelt.
 SQLITE = "django.db.backends.sqlite3"
 POSTGRES_ONLY_SETTINGS = {
     "NOTIFY": "SQLite has no LISTEN/NOTIFY: workers and relays poll every POLL_INTERVAL",
@@ -151,7 +151,7 @@ def check_misconfiguration(app_configs: Any = None, **kwargs: Any) -> list[check
         found += _sqlite_transaction_mode(settings.DATABASES["default"])
     if behind_transaction_pooler():
         found += _transaction_pooler(s)
-    found += _workflow_queues_declared(raw)
+    found += _workflow_queue_typos(raw)
     return found
 
 
@@ -190,18 +190,18 @@ def _postgres_only_settings_on_sqlite(raw: dict[str, Any]) -> list[checks.CheckM
 def _sqlite_transaction_mode(db: dict[str, Any]) -> list[checks.CheckMessage]:
     """The engine's writes on SQLite rely on BEGIN IMMEDIATE: it takes the one write lock up
     front (waiting up to the busy timeout), where a deferred transaction reads first and then
-    fails with "database is locked" when another process wrote meanwhile."""
-    options = db.get("OPTIONS") or {}
-    if str(options.get("transaction_mode", "")).upper() == "IMMEDIATE":
+    fails with "database is locked" when another process wrote meanwhile. Left unset, the
+    engine sets it on its connections (sqlite_connections.py); a mode the project set wins."""
+    mode = (db.get("OPTIONS") or {}).get("transaction_mode")
+    if mode is None or str(mode).upper() == "IMMEDIATE":
         return []
     return [
         checks.Warning(
-            "DATABASES['default'] is SQLite without OPTIONS transaction_mode IMMEDIATE: with "
-            "a worker beside the web process (or two workers), engine writes fail with "
-            "'database is locked', and the steps they interrupt run again",
-            hint='Set DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", '
-            '"timeout": 30, "init_command": "PRAGMA journal_mode=WAL; PRAGMA '
-            'synchronous=FULL;"} (docs/SQLITE.md).',
+            f"DATABASES['default'] is SQLite with OPTIONS transaction_mode {mode!r}, not "
+            "IMMEDIATE: with a worker beside the web process (or two workers), engine writes "
+            "fail with 'database is locked', and the steps they interrupt run again",
+            hint='Remove "transaction_mode" from DATABASES["default"]["OPTIONS"] (the engine '
+            'then uses IMMEDIATE) or set it to "IMMEDIATE" (docs/SQLITE.md).',
             id="tasks_engine.W026",
         )
     ]
@@ -243,47 +243,72 @@ def declared_queues(raw: dict[str, Any] | None = None) -> set[str] | None:
     return {str(name) for name in queues}
 
 
-def _workflow_queues_declared(raw: dict[str, Any]) -> list[checks.CheckMessage]:
+# How alike two queue names must be (difflib's ratio) to call one a likely typo of the other:
+# "reprots" and "reports" (0.86) are; "flow-rate" and "flow-io" (0.62), two queues, are not.
+TYPO_SIMILARITY = 0.8
+
+
+def likely_typo_of(queue: str, known: set[str]) -> str | None:
+    """The known queue `queue` is probably a misspelling of (case aside), or None. Queues are
+    open (any valid name can be used), so this is only ever advice."""
+    if queue in known:
+        return None
+    folded = {name.casefold(): name for name in sorted(known)}
+    near = difflib.get_close_matches(queue.casefold(), folded, n=1, cutoff=TYPO_SIMILARITY)
+    return folded[near[0]] if near else None
+
+
+def _workflow_queue_typos(raw: dict[str, Any]) -> list[checks.CheckMessage]:
+    """QUEUES declares limits, not the list of queues: a workflow's queue it leaves out is fine,
+    unless it is close to one it names (one of the two misspelt, the limit applying to neither)."""
     declared = declared_queues(raw)
     if declared is None:
         return []
-    from .definitions import DEFAULT_QUEUE, registry
+    from .definitions import registry
 
     found: list[checks.CheckMessage] = []
     for name, version in registry.pairs():
         queue = registry.get(name, version).queue
-        # "default" is no typo: the queue of every workflow that names none (the engine's
-        # own django_task too), and QUEUES need not list it to leave it unlimited.
-        if queue not in declared and queue != DEFAULT_QUEUE:
+        near = likely_typo_of(queue, declared)
+        if near is not None:
             found.append(
                 checks.Warning(
-                    f"workflow {name}@{version} uses queue {queue!r}, which TASKS_ENGINE "
-                    f"QUEUES does not declare ({', '.join(sorted(declared))})",
-                    hint=f"A typo? Otherwise add {queue!r} to QUEUES ({{}} for no limits).",
+                    f"workflow {name}@{version} uses queue {queue!r}, close to {near!r} that "
+                    "TASKS_ENGINE QUEUES limits: a typo?",
+                    hint=f"If both queues are meant, add {queue!r} to QUEUES ({{}}: no limits).",
                     id="tasks_engine.W023",
                 )
             )
     return found
 
 
+def known_queues() -> set[str]:
+    """The queues the configuration names: QUEUES' and every registered workflow's."""
+    from .definitions import DEFAULT_QUEUE, registry
+
+    workflows = {registry.get(n, v).queue for n, v in registry.pairs()}
+    return (declared_queues() or set()) | workflows | {DEFAULT_QUEUE}
+
+
+def _served_queue_typos(queues: list[str]) -> list[checks.CheckMessage]:
+    """A worker may serve a queue nobody names (runs enqueued with queue=): only one close to a
+    known queue is worth a word."""
+    known = known_queues()
+    return [
+        checks.Warning(
+            f"queue {queue!r} is named by neither TASKS_ENGINE QUEUES nor a workflow, and is "
+            f"close to {near!r}: a typo? (served all the same)",
+            id="tasks_engine.W023",
+        )
+        for queue in queues
+        if (near := likely_typo_of(queue, known)) is not None
+    ]
+
+
 def worker_checks(queues: list[str], processes: int = 1) -> list[checks.CheckMessage]:
     """What `runworker` checks about its own arguments before it starts: errors stop it (one
     line on stderr, exit 1), warnings are printed and it goes on."""
-    from .definitions import registry
-
-    found: list[checks.CheckMessage] = []
-    declared = declared_queues()
-    if declared is not None:
-        known = declared | {registry.get(n, v).queue for n, v in registry.pairs()}
-        for queue in queues:
-            if queue not in known:
-                found.append(
-                    checks.Error(
-                        f"unknown queue {queue!r}: TASKS_ENGINE QUEUES declares "
-                        f"{', '.join(sorted(declared))} and no workflow uses it",
-                        id="tasks_engine.E021",
-                    )
-                )
+    found = _served_queue_typos(queues)
     if processes > 1 and settings.DATABASES.get("default", {}).get("ENGINE") == SQLITE:
         found.append(
             checks.Warning(

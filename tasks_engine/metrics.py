@@ -10,9 +10,12 @@ maintenance leader (the `metrics-run-counts` service), and computed on demand by
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 from prometheus_client import (
     REGISTRY,
@@ -20,9 +23,10 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
-    start_http_server,
+    make_wsgi_app,
 )
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from . import clock
 from .states import RunStatus
@@ -91,9 +95,49 @@ def disable() -> None:
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> Any:
-    """Serve the default registry as Prometheus text (at /metrics) from a daemon thread."""
-    server, _thread = start_http_server(port, addr=addr)
+    """Serve the default registry as Prometheus text (at /metrics) from a daemon thread; HEAD
+    answers as GET does, without the body."""
+    family, host = _address_family(addr, port)
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    app = head_as_get(make_wsgi_app(REGISTRY))
+    server: Server = make_server(host, port, app, Server, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="tasks-metrics", daemon=True).start()
     return server
+
+
+def _address_family(addr: str, port: int) -> tuple[socket.AddressFamily, str]:
+    """IPv4 or IPv6, as `addr` resolves (as prometheus_client's own server picks it)."""
+    infos = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, sockaddr = infos[0]
+    return family, str(sockaddr[0])
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a scrape every few seconds
+        return None
+
+
+def head_as_get(app: Callable[..., Any]) -> Callable[..., Any]:
+    """A WSGI app answering HEAD with GET's status and headers (prometheus_client answers 405)."""
+
+    def answer(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        if environ.get("REQUEST_METHOD") != "HEAD":
+            return app(environ, start_response)
+        answered: list[tuple[str, list[tuple[str, str]]]] = []
+
+        def hold(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            answered.append((status, headers))
+            return lambda data: None
+
+        body = b"".join(app({**environ, "REQUEST_METHOD": "GET"}, hold))
+        status, headers = answered[-1]
+        start_response(status, [*headers, ("Content-Length", str(len(body)))])
+        return []
+
+    return answer
 
 
 # -- recording (no-ops unless enabled) ---------------------------------------------------------

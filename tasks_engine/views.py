@@ -5,14 +5,14 @@ from __future__ import annotations
 import hmac
 
 from django.http import HttpRequest, HttpResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from . import metrics as engine_metrics
 from .conf import engine_settings
 
 
-@require_GET
+@require_safe  # GET, and HEAD: the same answer, its body left out by the server
 def metrics(request: HttpRequest) -> HttpResponse:
     """The database gauges (`tasks_runs{queue,status}`), computed now, as Prometheus text.
 
@@ -26,8 +26,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
         scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
         matches = hmac.compare_digest(sent.lstrip(" ").encode(), str(token).encode())
         if scheme.lower() != "bearer" or not matches:
-            return HttpResponse(
+            refused = HttpResponse(
                 "metrics need a bearer token\n", status=401, content_type="text/plain"
             )
+            refused["WWW-Authenticate"] = "Bearer"  # RFC 7235: the scheme a retry should use
+            return refused
     body = generate_latest(engine_metrics.database_registry())
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

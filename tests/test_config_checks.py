@@ -1,6 +1,6 @@
 """manage.py check reports misconfiguration before it shows at run time (tasks_engine/checks.py):
 settings the database in use ignores or cannot honour, a lease too short for its heartbeats,
-queues nobody declared; runworker checks its own arguments the same way."""
+a queue name that looks misspelt; runworker checks its own arguments the same way."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 from django.core.management import call_command
-from django.core.management.base import CommandError, SystemCheckError
+from django.core.management.base import SystemCheckError
 
 from tasks_engine import TaskContext, workflow
 from tasks_engine.checks import check_misconfiguration, worker_checks
@@ -112,16 +112,28 @@ def test_notify_behind_a_pooler_without_listen_url_warns_of_polling(
     assert check_misconfiguration() == []
 
 
-def test_a_workflow_queue_that_queues_does_not_declare_is_warned(
+def test_a_workflow_queue_that_queues_does_not_list_is_no_warning(
+    engine: Any, odd_queue: str
+) -> None:
+    """QUEUES declares limits, not the list of queues: limiting one queue does not make every
+    other workflow's queue (UMT's own "io" too) a warning on every command."""
+    engine(QUEUES={"bulk": {"concurrency": 2}})
+    assert [m for m in check_misconfiguration() if m.id == "tasks_engine.W023"] == []
+
+
+def test_a_workflow_queue_close_to_a_declared_one_is_warned_as_a_likely_typo(
     engine: Any, odd_queue: str
 ) -> None:
     def about_odd(found: list[Any]) -> list[Any]:
         return [m for m in found if m.id == "tasks_engine.W023" and f" {odd_queue}@1 " in m.msg]
 
-    engine(QUEUES={"default": {}, "io": {"concurrency": 2}})
+    engine(QUEUES={"reprots": {"concurrency": 2}})  # the limit meant for the workflow's queue
     (found,) = about_odd(check_misconfiguration())
-    assert "'reports'" in found.msg and "default, io" in found.msg
-    engine(QUEUES={"default": {}, "io": {}, "reports": {}})
+    assert "'reports'" in found.msg and "'reprots'" in found.msg and "typo" in found.msg
+    assert not found.is_serious()
+    engine(QUEUES={"REPORTS": {}})  # a different queue only by case: a typo too
+    assert len(about_odd(check_misconfiguration())) == 1
+    engine(QUEUES={"reprots": {}, "reports": {}})  # both declared: both meant
     assert about_odd(check_misconfiguration()) == []
     engine(QUEUES=None)
     assert check_misconfiguration() == []
@@ -137,11 +149,18 @@ def test_manage_py_check_fails_on_the_pooler_error(engine: Any, database: Any) -
 
 @pytest.mark.django_db
 def test_worker_queue_checks(engine: Any, odd_queue: str) -> None:
+    """Queues are open: a worker may serve a queue that neither QUEUES nor a workflow names
+    (runs enqueued to it with queue=); only a likely typo of a known queue is a warning."""
     assert worker_checks(["anything"]) == []  # no QUEUES declared: any queue may be served
     engine(QUEUES={"default": {}})
     assert worker_checks(["default", "reports"]) == []  # declared, or a workflow's own queue
+    assert worker_checks(["bulk"]) == []  # named by nobody: served all the same
     (found,) = worker_checks(["default", "repots"])
-    assert found.id == "tasks_engine.E021" and "'repots'" in found.msg
+    assert found.id == "tasks_engine.W023" and not found.is_serious()
+    assert "'repots'" in found.msg and "'reports'" in found.msg
+    engine(QUEUES=None)
+    (found,) = worker_checks(["repots"])  # with or without QUEUES
+    assert found.id == "tasks_engine.W023"
 
 
 @pytest.mark.django_db
@@ -155,11 +174,29 @@ def test_several_processes_on_sqlite_warn(database: Any) -> None:
 
 
 @pytest.mark.django_db
-def test_runworker_refuses_an_unknown_queue_and_writes_nothing(engine: Any) -> None:
+def test_runworker_serves_a_queue_nobody_names_and_warns_of_a_likely_typo(
+    engine: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tasks_engine.management.commands import runworker
+
+    served: list[tuple[str, ...]] = []
+
+    class Started:
+        def __init__(self, config: Any) -> None:
+            served.append(config.queues)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(runworker, "Worker", Started)
     engine(QUEUES={"default": {}, "io": {}})
-    lookalike = "i\u043e"  # a Cyrillic o
-    with pytest.raises(CommandError, match=f"unknown queue '{lookalike}'"):
-        call_command("runworker", "--queue", lookalike, "--burst")
+    call_command("runworker", "--queue", "bulk", "--burst")
+    assert served == [("bulk",)] and capsys.readouterr().err == ""
+    call_command("runworker", "--queue", "IO", "--burst")
+    assert served[-1] == ("IO",)
+    err = capsys.readouterr().err
+    assert "warning: " in err and "'IO'" in err and "'io'" in err and "tasks_engine.W023" in err
+    assert err.count("\n") == 1
     assert not WorkflowRun.objects.exists()
 
 
@@ -219,17 +256,27 @@ def test_a_misspelt_engine_setting_is_warned_with_the_nearest_key(engine: Any) -
     assert found.hint == "Did you mean 'LEASE_SECONDS'?"
 
 
-def test_sqlite_without_immediate_transactions_is_warned(database: Any) -> None:
+def test_sqlite_with_a_transaction_mode_other_than_immediate_is_warned(database: Any) -> None:
     """The engine's writes on SQLite take the write lock at BEGIN (IMMEDIATE); deferred ones
-    fail with "database is locked" under a concurrent writer."""
+    fail with "database is locked" under a concurrent writer. Without OPTIONS (startproject's
+    DATABASES) the engine sets IMMEDIATE itself (sqlite_connections.py): nothing to warn about,
+    on every command; a mode the project chose wins, and is warned about."""
+
+    def w026() -> list[Any]:
+        return [m for m in check_misconfiguration() if m.id == "tasks_engine.W026"]
+
     database(SQLITE, OPTIONS={})
-    (found,) = [m for m in check_misconfiguration() if m.id != "tasks_engine.W021"]
-    assert found.id == "tasks_engine.W026" and "transaction_mode IMMEDIATE" in found.msg
-    assert found.hint is not None and '"transaction_mode": "IMMEDIATE"' in found.hint
+    assert w026() == []
+    database(SQLITE, OPTIONS={"timeout": 10})
+    assert w026() == []
+    database(SQLITE, OPTIONS={"transaction_mode": "DEFERRED"})
+    (found,) = w026()
+    assert "transaction_mode 'DEFERRED'" in found.msg and "database is locked" in found.msg
+    assert found.hint is not None and "IMMEDIATE" in found.hint
     database(SQLITE, OPTIONS=IMMEDIATE)
-    assert [m for m in check_misconfiguration() if m.id == "tasks_engine.W026"] == []
-    database(POSTGRES, OPTIONS={})
-    assert [m for m in check_misconfiguration() if m.id == "tasks_engine.W026"] == []
+    assert w026() == []
+    database(POSTGRES, OPTIONS={"transaction_mode": "DEFERRED"})
+    assert w026() == []
 
 
 def test_workflows_on_the_default_queue_need_no_declaration(engine: Any) -> None:

@@ -129,6 +129,24 @@ def test_a_bad_or_taken_metrics_port_is_a_one_line_error(
     assert not metrics.enabled()  # nothing started
 
 
+def test_the_worker_metrics_server_answers_head_like_get() -> None:
+    """The worker's own server (it has no token: loopback by default) answered HEAD with 405."""
+    port = _free_port()
+    server = metrics.serve(port)
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as got:
+            body, kind = got.read(), got.headers["Content-Type"]
+        head = urllib.request.Request(url, method="HEAD")
+        with urllib.request.urlopen(head, timeout=5) as answered:
+            assert (answered.status, answered.headers["Content-Type"]) == (200, kind)
+            assert answered.read() == b""
+            assert int(answered.headers["Content-Length"]) > 0 and body
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Metrics on in this process, without registering them globally (other tests stay off)."""
@@ -197,11 +215,29 @@ def test_the_view_counts_runs_now() -> None:
 
 
 @pytest.mark.django_db
+def test_head_answers_like_get_without_a_body() -> None:
+    """A probe or a monitor that checks the endpoint with HEAD got 405."""
+    tasks_engine.enqueue("noop", {"n": 1})
+    get = Client().get("/metrics/")
+    head = Client().head("/metrics/")
+    assert (head.status_code, head["Content-Type"]) == (200, get["Content-Type"])
+    assert head.content == b"" and get.content
+    with override_settings(TASKS_ENGINE={"METRICS_TOKEN": "s3cret"}):
+        sent = Client().head("/metrics/", headers={"Authorization": "Bearer s3cret"})
+        assert (sent.status_code, sent.content) == (200, b"")
+
+
+@pytest.mark.django_db
 def test_the_view_can_require_a_bearer_token() -> None:
     with override_settings(TASKS_ENGINE={"METRICS_TOKEN": "s3cret"}):
-        assert Client().get("/metrics/").status_code == 401
-        wrong = Client().get("/metrics/", headers={"Authorization": "Bearer nope"})
-        assert wrong.status_code == 401
+        for refused in (
+            Client().get("/metrics/"),
+            Client().get("/metrics/", headers={"Authorization": "Bearer nope"}),
+            Client().head("/metrics/"),
+        ):
+            assert refused.status_code == 401
+            # RFC 7235: a 401 names the scheme that would be accepted
+            assert refused["WWW-Authenticate"] == "Bearer"
         ok = Client().get("/metrics/", headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
         assert b"# TYPE tasks_runs gauge" in ok.content

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
 
 import tasks_engine
@@ -188,6 +188,118 @@ def test_sqlite_synchronous_comes_from_the_environment(
     else:
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == level
+
+
+# -- a plain DATABASES entry ------------------------------------------------------------------
+
+STARTPROJECT = {"ENGINE": "django.db.backends.sqlite3"}  # what startproject writes, NAME aside
+
+
+@pytest.fixture
+def plain_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, django_db_blocker: Any
+) -> Iterator[Any]:
+    """The engine's alias configured by `DATABASES` alone, to a new file, beside the test
+    database (on either pass): `configure(**OPTIONS)` gives this thread's connection, every
+    thread its own, and `transaction.atomic()` uses them."""
+    import django.db.transaction
+    from django.db.utils import ConnectionHandler
+
+    handlers: list[Any] = []
+
+    def configure(**options: Any) -> Any:
+        db = {**STARTPROJECT, "NAME": str(tmp_path / "plain.sqlite3")}
+        handler = ConnectionHandler({"default": {**db, "OPTIONS": options} if options else db})
+        handlers.append(handler)
+        monkeypatch.setattr(django.db.transaction, "connections", handler)
+        return handler["default"]
+
+    with django_db_blocker.unblock():
+        yield configure
+        for handler in handlers:
+            handler.close_all()
+
+
+def pragmas(conn: Any) -> dict[str, Any]:
+    with conn.cursor() as cur:
+        found = {}
+        for name in ("journal_mode", "busy_timeout", "synchronous"):
+            cur.execute(f"PRAGMA {name}")
+            found[name] = cur.fetchone()[0]
+    return {**found, "transaction_mode": conn.transaction_mode}
+
+
+def test_a_plain_sqlite_database_gets_the_engines_connection_settings(plain_database: Any) -> None:
+    """startproject's DATABASES (no OPTIONS): BEGIN IMMEDIATE, a 30 s busy timeout, WAL and
+    synchronous=FULL all the same, so that W026 need not ask for them."""
+    assert pragmas(plain_database()) == {
+        "journal_mode": "wal",
+        "busy_timeout": 30_000,
+        "synchronous": 2,  # FULL
+        "transaction_mode": "IMMEDIATE",
+    }
+
+
+def test_the_projects_own_sqlite_options_win(plain_database: Any) -> None:
+    conn = plain_database(
+        transaction_mode="EXCLUSIVE",
+        timeout=7,
+        init_command="PRAGMA journal_mode=TRUNCATE; PRAGMA synchronous=NORMAL;",
+    )
+    assert pragmas(conn) == {
+        "journal_mode": "truncate",
+        "busy_timeout": 7_000,
+        "synchronous": 1,  # NORMAL
+        "transaction_mode": "EXCLUSIVE",
+    }
+    # one left out is still the engine's
+    assert pragmas(plain_database(timeout=7))["transaction_mode"] == "IMMEDIATE"
+
+
+def test_a_second_writer_on_a_plain_sqlite_database_waits_instead_of_failing(
+    plain_database: Any,
+) -> None:
+    """The writer that read first, then wrote after another connection had committed, failed
+    at once with "database is locked" (a deferred BEGIN cannot upgrade a stale read); with
+    BEGIN IMMEDIATE it holds the write lock from the start and the other writer waits."""
+    with plain_database().cursor() as cur:
+        cur.execute("CREATE TABLE counted (n integer)")
+    read, written = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def in_thread(body: Any) -> Any:
+        def run() -> None:
+            try:
+                body()
+            except (DatabaseError, AssertionError) as exc:  # reported below
+                failures.append(exc)
+            finally:
+                transaction.get_connection().close()
+
+        return threading.Thread(target=run)
+
+    def read_then_write() -> None:
+        with transaction.atomic(), transaction.get_connection().cursor() as cur:
+            cur.execute("SELECT count(*) FROM counted")
+            read.set()
+            written.wait(1)  # the other writer commits meanwhile, or waits for this one
+            cur.execute("INSERT INTO counted VALUES (1)")
+
+    def write() -> None:
+        assert read.wait(10)
+        with transaction.atomic(), transaction.get_connection().cursor() as cur:
+            cur.execute("INSERT INTO counted VALUES (2)")
+        written.set()
+
+    threads = [in_thread(read_then_write), in_thread(write)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert failures == []
+    with plain_database().cursor() as cur:
+        cur.execute("SELECT n FROM counted ORDER BY rowid")
+        assert [n for (n,) in cur.fetchall()] == [1, 2]
 
 
 # -- checks -----------------------------------------------------------------------------------

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 import textwrap
 import uuid
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import psycopg
@@ -56,10 +58,7 @@ import environ
 
 INSTALLED_APPS += ["tasks_engine", "outbox", "shop"]
 DATABASES = {"default": environ.Env.db_url_config(os.environ["DATABASE_URL"])}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    DATABASES["default"]["OPTIONS"] = {"transaction_mode": "IMMEDIATE", "timeout": 30,
-                                       "init_command": "PRAGMA journal_mode=WAL;"}
-"""
+"""  # no OPTIONS on SQLite either: the engine sets what it needs (BEGIN IMMEDIATE, WAL, ...)
 
 
 # The environment of a shell outside this repository: not this test run's settings module.
@@ -133,7 +132,7 @@ def test_a_fresh_project_runs_a_workflow_from_the_installed_wheel(
     env = {"DATABASE_URL": database_url, "PYTHONPATH": ""}
     manage = (bin_ / "python", "manage.py")
 
-    assert "no issues" in run(*manage, "check", cwd=proj, env=env)
+    assert "no issues" in run(*manage, "check", cwd=proj, env=env)  # no W026 without OPTIONS
     run(*manage, "migrate", "--noinput", cwd=proj, env=env)
     enqueued = json.loads(
         run(
@@ -154,6 +153,9 @@ def test_a_fresh_project_runs_a_workflow_from_the_installed_wheel(
     )
     assert view["status"] == "completed", view
     assert view["output"] == {"greeting": "HELLO ADA"}
+    if database_url.startswith("sqlite:"):  # the engine switched the file to WAL
+        with closing(sqlite3.connect(database_url.removeprefix("sqlite:///"))) as db:
+            assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert [(s["name"], s["kind"], s["status"]) for s in view["steps"]] == [
         ("hello", "function", "completed"),
         ("pause", "sleep", "completed"),

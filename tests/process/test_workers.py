@@ -103,6 +103,28 @@ def test_worker_claims_only_registered_name_and_version(workers) -> None:
         assert (view.status, view.attempts) == ("pending", 0)
 
 
+def test_a_worker_serves_a_queue_that_queues_does_not_name(workers) -> None:
+    """Queues are open: with QUEUES limiting other queues, runs enqueued to "bulk" (by the
+    API and by `tasks enqueue --queue`) get a dedicated `runworker --queue bulk`, and no
+    command warns about the workflows' queues QUEUES leaves out."""
+    import json
+
+    env = {"TEST_TASKS_QUEUES": json.dumps({"flow-io": {"concurrency": 2}})}
+    by_api = tasks_engine.enqueue("noop", {"n": 1}, queue="bulk")
+    by_cli = run_command(
+        "tasks", "enqueue", "noop", "--input", '{"n": 2}', "--queue", "bulk", "--json", env=env
+    )
+    assert by_cli.returncode == 0, by_cli.stderr
+    elsewhere = tasks_engine.enqueue("noop", {"n": 3})
+    w = workers("--queue", "bulk", "--burst", "--poll-interval", "0.1", env=env, tag="bulk")
+    assert w.wait(60) == 0, w.log()
+    for run_id in (by_api.run_id, json.loads(by_cli.stdout)["run_id"]):
+        assert tasks_engine.get_run(run_id).status == "completed", w.log()
+    assert tasks_engine.get_run(elsewhere.run_id).status == "pending"  # not its queue
+    assert set(SideEffect.objects.values_list("worker", flat=True)) == {"bulk"}
+    assert "tasks_engine.W023" not in w.log() + by_cli.stderr
+
+
 def test_with_one_slot_the_higher_priority_run_starts_first(workers) -> None:
     low = tasks_engine.enqueue("busy_step", priority=0)
     high = tasks_engine.enqueue("busy_step", priority=5)
@@ -147,14 +169,18 @@ def test_sigkill_in_a_step_that_always_kills_its_worker_ends_failed(workers) -> 
     assert effects("crash") == 2  # max_attempts=2, then failed for good
 
 
-def run_command(*args: str) -> subprocess.CompletedProcess[str]:
+def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     import os
 
-    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "tests.settings"}
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
         cwd=ROOT,
-        env=env,
+        env={
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            **(env or {}),
+        },
         capture_output=True,
         text=True,
         timeout=60,
