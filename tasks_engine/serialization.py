@@ -15,12 +15,18 @@ from pydantic_core import PydanticSerializationError
 
 from .exceptions import StepFailedError, UnstorableValueError
 
+# The longest reason an operator can give (a cancel's, a retry's, a schedule's pause): it is
+# stored, logged and shown on the run page.
+REASON_MAX_LENGTH = 2000
+
 
 def check_reason(reason: Any) -> None:
-    """An operator's reason (a cancel's, a retry's, a schedule's pause) is None or text the
-    database can store: TypeError or ValueError otherwise."""
+    """An operator's reason is None or text the database can store, of at most
+    REASON_MAX_LENGTH characters: TypeError or ValueError otherwise."""
     if reason is not None and not isinstance(reason, str):
         raise TypeError(f"reason must be a string, not {type(reason).__name__}")
+    if reason is not None and len(reason) > REASON_MAX_LENGTH:
+        raise ValueError(f"reason is {len(reason)} characters long: at most {REASON_MAX_LENGTH}")
     if reason is not None and "\x00" in reason:
         raise ValueError("reason must not contain a NUL character (a database cannot store it)")
 
