@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from collections.abc import Callable
@@ -316,6 +317,7 @@ def workflow(
         )
 
     def wrap(f: Callable[[TaskContext], Any]) -> Workflow:
+        _check_not_async(f)
         wf = Workflow(
             fn=f,
             name=name or f.__name__,
@@ -335,6 +337,16 @@ def workflow(
         return registry.register(wf)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _check_not_async(fn: Callable[..., Any]) -> None:
+    """Until async workflows land, a run of one would only ever hold a coroutine that no one
+    awaits: refused where it is defined."""
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"async def workflows are not supported yet: {_origin(fn)} is one; define it with"
+            " def (and its steps' functions too)"
+        )
 
 
 MAX_LIMIT = 2**31 - 1  # the column's range

@@ -185,3 +185,15 @@ def canceled_as_it_fails(ctx: TaskContext) -> str:
     """A cancel commits, then the handler raises for good: the cancel must win."""
     tasks_engine.cancel(ctx.run_id, reason="late")
     raise NonRetryableError("broke at the end")
+
+
+async def _fetch() -> dict:
+    return {"fetched": True}
+
+
+@workflow(name="async_step_function", input=Value)
+def async_step_function(ctx: TaskContext) -> Any:
+    """kind "function": an async def as the step; "lambda": a plain function returning a
+    coroutine (never awaited by a plain workflow either way)."""
+    fn = _fetch if ctx.input.kind == "function" else (lambda: _fetch())
+    return ctx.step.run("fetch", fn)
