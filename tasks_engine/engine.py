@@ -231,7 +231,7 @@ def enqueue(
     for what, when in (("available_at", available_at), ("deadline_at", deadline_at)):
         if when is not None:
             check_time(what, when)
-    digest = input_hash(data)
+    digest = input_hash(data, f"the input of {wf.key}")  # UnstorableValueError: unwritten
     fields: dict[str, Any] = {
         "task_name": wf.name,
         "version": wf.version,

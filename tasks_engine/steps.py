@@ -167,7 +167,7 @@ def _stored(key: str, fn: Callable[[], Any], value: Any) -> Any:
     and it is closed so that it never warns that it was not awaited. Looked for only once the
     value is refused: nothing on the way of a storable result."""
     try:
-        return to_jsonable(value)
+        return to_jsonable(value, f"the result of step {key!r}")
     except UnstorableValueError:
         if not inspect.isawaitable(value):
             raise
