@@ -90,7 +90,7 @@ def check_depth(what: str, text: str, decoded: Any) -> None:
     more brackets than that."""
     if len(text) <= MAX_JSON_DEPTH or text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
         return
-    if _depth(decoded) > MAX_JSON_DEPTH:
+    if type(decoded) in (dict, list) and _nests_too_deeply(decoded):
         raise too_deep(what)
 
 
@@ -106,18 +106,23 @@ def check_size(what: str, size: int) -> None:
         )
 
 
-def _depth(value: Any) -> int:
-    """How deep lists and objects nest in a JSON-decoded value (a scalar: 0), without
-    recursion."""
-    if not isinstance(value, dict | list):
-        return 0
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        node, level = stack.pop()
-        deepest = max(deepest, level)
-        children = node.values() if isinstance(node, dict) else node
-        stack.extend((child, level + 1) for child in children if isinstance(child, dict | list))
-    return deepest
+def _nests_too_deeply(value: Any) -> bool:
+    """Whether lists and objects nest past MAX_JSON_DEPTH in a JSON-decoded value: level by
+    level, without recursion, stopping there."""
+    level, current = 0, [value]
+    while current:
+        level += 1
+        if level > MAX_JSON_DEPTH:
+            return True
+        below: list[Any] = []
+        add = below.append
+        for node in current:
+            for child in node.values() if type(node) is dict else node:
+                kind = type(child)
+                if kind is dict or kind is list:
+                    add(child)
+        current = below
+    return False
 
 
 def too_deep(what: str) -> UnstorableValueError:
