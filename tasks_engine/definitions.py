@@ -150,7 +150,10 @@ class Workflow:
         turns NaN into null)."""
         try:
             return self._validated(data)
-        except RecursionError:
+        except (RecursionError, ValueError) as exc:
+            # pydantic's own bound on nesting (its ValueError), past ours (MAX_JSON_DEPTH)
+            if isinstance(exc, ValueError) and str(exc) != "Maximum serialization depth exceeded":
+                raise
             raise _input_error(
                 self.key, ((), TOO_DEEP), data, "cannot be stored as JSON: {what}"
             ) from None
