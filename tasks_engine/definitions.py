@@ -16,7 +16,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .durations import MAX_DURATION, duration_seconds
 from .exceptions import NonRetryableError, UnknownTaskError
-from .serialization import TOO_DEEP, to_jsonable, unstorable
+from .serialization import TOO_DEEP, nested_too_deeply, to_jsonable, unstorable
 from .text import check_text
 
 if TYPE_CHECKING:
@@ -151,8 +151,7 @@ class Workflow:
         try:
             return self._validated(data)
         except (RecursionError, ValueError) as exc:
-            # pydantic's own bound on nesting (its ValueError), past ours (MAX_JSON_DEPTH)
-            if isinstance(exc, ValueError) and str(exc) != "Maximum serialization depth exceeded":
+            if not nested_too_deeply(exc):
                 raise
             raise _input_error(
                 self.key, ((), TOO_DEEP), data, "cannot be stored as JSON: {what}"

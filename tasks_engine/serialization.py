@@ -60,8 +60,16 @@ def to_jsonable(value: Any, what: str = "value") -> Any:
         if "\\u0000" in text:  # rare: make sure it is a NUL and not the six characters \u0000
             _refuse_unstorable(what, value)
         return check_stored_form(what, text, _AS_STORED.decode(text))
-    except RecursionError:
+    except (RecursionError, ValueError) as exc:
+        if not nested_too_deeply(exc):
+            raise
         raise too_deep(what) from None
+
+
+def nested_too_deeply(exc: BaseException) -> bool:
+    """Whether `exc` is Python's recursion limit or pydantic's bound on nesting (a bare
+    ValueError) stopping a value's JSON, before MAX_JSON_DEPTH could be checked."""
+    return isinstance(exc, RecursionError) or str(exc) == "Maximum serialization depth exceeded"
 
 
 # Lists and objects inside each other at most this deep: SQLite's JSON functions refuse more

@@ -186,7 +186,9 @@ def test_a_deferred_completion_whose_flush_failed_still_rides_on_the_next_write(
 # -- values that cannot be stored ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["datetime", "set", "nan", "inf", "nul", "nul-key", "deep"])
+@pytest.mark.parametrize(
+    "kind", ["datetime", "set", "nan", "inf", "nul", "nul-key", "deep", "deep-model"]
+)
 def test_an_unstorable_step_result_fails_the_step_once_without_retrying(
     fake_clock: FakeClock, kind: str
 ) -> None:
