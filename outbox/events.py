@@ -8,6 +8,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from tasks_engine import clock, tracing
+from tasks_engine.definitions import is_integer
 from tasks_engine.exceptions import UnstorableValueError
 from tasks_engine.serialization import to_jsonable
 
@@ -16,6 +17,7 @@ from .notify import wake_relay
 
 TYPE_MAX_LENGTH = OutboxEvent._meta.get_field("type").max_length or 200
 KEY_MAX_LENGTH = OutboxEvent._meta.get_field("idempotency_key").max_length or 255
+MAX_ATTEMPTS_MAX = 2**31 - 1  # PostgreSQL's integer column
 
 
 def publish(
@@ -99,15 +101,24 @@ def _as_json(event_type: str, payload: Any) -> Any:
 
 
 def _check_args(type: str, idempotency_key: str | None, max_attempts: int | None) -> None:
+    """ValueError for what the event's columns cannot hold, before any statement: PostgreSQL
+    refused a NUL or a max_attempts past its integer column with a DataError, SQLite stored the
+    NUL, and 2**63 overflowed the driver."""
     if not isinstance(type, str) or not type or len(type) > TYPE_MAX_LENGTH:
         raise ValueError(f"outbox event type must be a string of 1-{TYPE_MAX_LENGTH} characters")
+    if "\x00" in type:
+        raise ValueError("outbox event type must not contain a NUL character")
     if idempotency_key is not None and (
         not isinstance(idempotency_key, str)
         or not idempotency_key
         or len(idempotency_key) > KEY_MAX_LENGTH
     ):
         raise ValueError(f"idempotency_key must be a string of 1-{KEY_MAX_LENGTH} characters")
+    if idempotency_key is not None and "\x00" in idempotency_key:
+        raise ValueError("idempotency_key must not contain a NUL character")
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        not is_integer(max_attempts) or not 1 <= max_attempts <= MAX_ATTEMPTS_MAX
     ):
-        raise ValueError(f"max_attempts must be a positive integer, got {max_attempts!r}")
+        raise ValueError(
+            f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_MAX}, got {max_attempts!r}"
+        )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .definitions import RetryPolicy, Workflow, workflow
 from .exceptions import (
+    AsyncStepError,
     AtomicStepTimeoutError,
     DeadlineExceededError,
     FactTimeoutError,
@@ -27,6 +28,7 @@ from .exceptions import (
 )
 
 __all__ = [
+    "AsyncStepError",
     "AtomicStepTimeoutError",
     "DeadlineExceededError",
     "Enqueued",

@@ -9,6 +9,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .serialization import TOO_DEEP
 from .text import check_text
 
 
@@ -60,6 +61,8 @@ def json_value(value: str) -> Any:
         raise argparse.ArgumentTypeError(f"malformed JSON: {exc}") from None
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"malformed JSON: {exc}") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError(f"malformed JSON: {TOO_DEEP}") from None
 
 
 def _not_json(name: str) -> Any:

@@ -54,6 +54,9 @@ class EngineSettings:
     listen_url: str | None = None
     # False: the engine never configures structlog (the host project does; docs/logging.md).
     configure_logging: bool = True
+    # The largest input, step result, workflow output, fact payload or outbox payload, in bytes
+    # of its compact JSON text (serialization.py): refused past it, never stored.
+    max_payload_bytes: int = 16 * 2**20
 
     @property
     def heartbeat(self) -> float:
@@ -80,6 +83,7 @@ KNOWN_KEYS = frozenset(
         "METRICS_TOKEN",
         "LISTEN_URL",
         "CONFIGURE_LOGGING",
+        "MAX_PAYLOAD_BYTES",
     }
 )
 
@@ -114,7 +118,23 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         metrics_token=raw.get("METRICS_TOKEN") or None,
         configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
         listen_url=raw.get("LISTEN_URL") or None,
+        max_payload_bytes=_payload_bound(raw.get("MAX_PAYLOAD_BYTES", 16 * 2**20)),
     )
+
+
+# MAX_PAYLOAD_BYTES' range. At most 32 MiB: a value of many small elements grows about sixfold
+# as PostgreSQL's jsonb, which holds at most 256 MB. At least 64 KiB: below it the size is
+# never measured (serialization.py), so small values cost nothing.
+PAYLOAD_BYTES_RANGE = (64 * 2**10, 32 * 2**20)
+
+
+def _payload_bound(value: Any) -> int:
+    low, high = PAYLOAD_BYTES_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(
+            f"MAX_PAYLOAD_BYTES must be an integer from {low} to {high} (bytes), not {value!r}"
+        )
+    return value
 
 
 # The oldest age a prune counts back (100 years): further back the cut-off date overflows.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from .durations import MAX_DURATION, duration_seconds
 from .exceptions import NonRetryableError, UnknownTaskError
-from .serialization import to_jsonable, unstorable
+from .serialization import TOO_DEEP, nested_too_deeply, to_jsonable, unstorable
 from .text import check_text
 
 if TYPE_CHECKING:
@@ -98,13 +99,14 @@ def _check_number(what: str, value: Any, low: float, high: float | None, expecte
 
 
 def _input_error(
-    task: str, found: tuple[tuple[str | int, ...], str], value: Any
+    task: str,
+    found: tuple[tuple[str | int, ...], str],
+    value: Any,
+    message: str = "cannot be stored as JSON: it holds {what}",
 ) -> ValidationError:
     loc, what = found
     detail: InitErrorDetails = {
-        "type": PydanticCustomError(
-            "unstorable_value", "cannot be stored as JSON: it holds {what}", {"what": what}
-        ),
+        "type": PydanticCustomError("unstorable_value", message, {"what": what}),
         "loc": loc,
         "input": value,
     }
@@ -143,13 +145,24 @@ class Workflow:
 
     def validate_input(self, data: Any) -> Any:
         """Validated input as stored (JSON). Raises pydantic.ValidationError, also for a value
-        JSON cannot hold exactly (NaN, ±Infinity, a NUL character, a type with no JSON form)
-        instead of storing something else (pydantic's JSON mode turns NaN into null)."""
+        JSON cannot hold exactly (NaN, ±Infinity, a NUL character, a type with no JSON form,
+        nesting too deep to write) instead of storing something else (pydantic's JSON mode
+        turns NaN into null)."""
+        try:
+            return self._validated(data)
+        except (RecursionError, ValueError) as exc:
+            if not nested_too_deeply(exc):
+                raise
+            raise _input_error(
+                self.key, ((), TOO_DEEP), data, "cannot be stored as JSON: {what}"
+            ) from None
+
+    def _validated(self, data: Any) -> Any:
         if self.input_model is None:
             value = data if data is not None else {}
             if (found := unstorable(value)) is not None:
                 raise _input_error(self.key, found, value)
-            return to_jsonable(value)
+            return to_jsonable(value, f"the input of {self.key}")
         if isinstance(data, self.input_model):
             model = self.input_model.model_validate(data.model_dump())
         else:
@@ -316,6 +329,7 @@ def workflow(
         )
 
     def wrap(f: Callable[[TaskContext], Any]) -> Workflow:
+        _check_not_async(f)
         wf = Workflow(
             fn=f,
             name=name or f.__name__,
@@ -335,6 +349,16 @@ def workflow(
         return registry.register(wf)
 
     return wrap(fn) if fn is not None else wrap
+
+
+def _check_not_async(fn: Callable[..., Any]) -> None:
+    """Until async workflows land, a run of one would only ever hold a coroutine that no one
+    awaits: refused where it is defined."""
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        raise TypeError(
+            f"async def workflows are not supported yet: {_origin(fn)} is one; define it with"
+            " def (and its steps' functions too)"
+        )
 
 
 MAX_LIMIT = 2**31 - 1  # the column's range

@@ -231,7 +231,7 @@ def enqueue(
     for what, when in (("available_at", available_at), ("deadline_at", deadline_at)):
         if when is not None:
             check_time(what, when)
-    digest = input_hash(data)
+    digest = input_hash(data, f"the input of {wf.key}")  # UnstorableValueError: unwritten
     fields: dict[str, Any] = {
         "task_name": wf.name,
         "version": wf.version,
@@ -334,6 +334,8 @@ def list_runs(
         raise ValueError(f"unknown status {status!r}; one of {', '.join(RunStatus.values)}")
     if version is not None and not is_integer(version):
         raise ValueError(f"version must be an integer, not {version!r}")
+    if not is_integer(limit):  # "5" and 2.7 were cut to 5 and 2 by int()
+        raise ValueError(f"limit must be an integer, not {limit!r}")
     qs = WorkflowRun.objects.all().order_by("-created_at")
     if task is not None:
         qs = qs.filter(task_name=task)
@@ -343,7 +345,7 @@ def list_runs(
         qs = qs.filter(status=status)
     # A LIMIT past the 64-bit range is refused by both databases (bigint out of range); no
     # table holds that many runs, so it means "all" as the largest one the statement takes.
-    return [_view(run) for run in qs[: min(max(int(limit), 0), LIMIT_MAX)]]
+    return [_view(run) for run in qs[: min(max(limit, 0), LIMIT_MAX)]]
 
 
 def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:

@@ -71,6 +71,11 @@ class UnstorableValueError(NonRetryableError, TypeError, ValueError):
     A step that returns one fails at once, without retrying (its side effects ran once)."""
 
 
+class AsyncStepError(NonRetryableError, TypeError):
+    """A step function of a plain workflow is an `async def` (or returns an awaitable): no
+    one would await it. Its step fails at once, without retrying."""
+
+
 class EngineUnavailable(BaseException):
     """An engine write could not reach the database. The worker drops the run (its lease
     expires and any worker replays it); user code cannot catch it as a workflow error."""

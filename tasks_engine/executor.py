@@ -127,7 +127,7 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         return "failed"
     try:
         ctx.input = wf.load_input(run.input)
-        output = to_jsonable(wf.fn(ctx))
+        output = to_jsonable(wf.fn(ctx), f"the output of {wf.key}")
     except Suspend:
         return "suspended"
     except EngineUnavailable:

@@ -3,6 +3,7 @@ and the replay prelude they share in step_base.py."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -12,11 +13,13 @@ from django.db import transaction
 from . import clock, sqlite_bounds, transitions
 from .definitions import RetryPolicy
 from .exceptions import (
+    AsyncStepError,
     LeaseLostError,
     StepFailedError,
     StepTimeoutError,
     Suspend,
     TaskCanceledError,
+    UnstorableValueError,
 )
 from .history import GAVE_UP, Attempt
 from .patches import PatchSteps
@@ -109,11 +112,11 @@ class StepAPI(WaitSteps, PatchSteps):
         StepTimeoutError when the timer fired first (whatever the body did), and the abort it
         caused ends here."""
         with observed_step(self._ctx, key, StepKind.FUNCTION):
-            return self._call_timed(fn, timer)
+            return self._call_timed(key, fn, timer)
 
-    def _call_timed(self, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
+    def _call_timed(self, key: str, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
         if timer is None:
-            return to_jsonable(fn())
+            return _stored(key, fn, fn())
         self._s.handle.arm_timer(timer)
         try:
             value = fn()
@@ -121,7 +124,7 @@ class StepAPI(WaitSteps, PatchSteps):
             self._stop_timer(timer)
             raise
         self._stop_timer(timer)
-        return to_jsonable(value)
+        return _stored(key, fn, value)
 
     def _stop_timer(self, timer: StepTimer) -> None:
         self._s.handle.disarm_timer()
@@ -156,6 +159,26 @@ class StepAPI(WaitSteps, PatchSteps):
             progress=self._s.progress_to_carry(),
         )
         raise Suspend(f"step {key} retry in {delay}s") from exc
+
+
+def _stored(key: str, fn: Callable[[], Any], value: Any) -> Any:
+    """The step's result as stored. An awaitable (from an async def, or a lambda that returns
+    a coroutine) fails the step saying what to write instead; a coroutine's body has not run,
+    and it is closed so that it never warns that it was not awaited. Looked for only once the
+    value is refused: nothing on the way of a storable result."""
+    try:
+        return to_jsonable(value, f"the result of step {key!r}")
+    except UnstorableValueError:
+        if not inspect.isawaitable(value):
+            raise
+    if inspect.iscoroutine(value):
+        value.close()
+    what = "is an async def" if inspect.iscoroutinefunction(fn) else "returned an awaitable"
+    raise AsyncStepError(
+        f"step {key!r}: its function {what}, and async step functions are not supported yet"
+        " (a plain workflow would never await it): define the step function with def, calling"
+        " synchronous code (or asyncio.run(...) inside it)"
+    ) from None
 
 
 def _terminal(policy: RetryPolicy, exc: BaseException, failures: int) -> bool:

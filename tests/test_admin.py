@@ -376,3 +376,28 @@ def test_a_reason_with_a_nul_character_is_refused_and_nothing_changes(
     assert b"NUL character" in response.content
     run.refresh_from_db()
     assert run.status == "waiting"
+
+
+def test_a_reason_longer_than_the_limit_is_refused_and_nothing_changes(
+    admin_client: Client,
+) -> None:
+    """The admin cut a reason to 2,000 characters without a word; now the engine's limit
+    refuses it with a message, on the run page's form and the list action alike."""
+    run = make_run("waiting", waiting_on="sleep:nap")
+    long = "r" * 2001
+    response = admin_client.post(
+        url("workflowrun", "cancel", run.pk), {"reason": long}, follow=True
+    )
+    assert response.status_code == 200
+    assert b"eason is 2001 characters long: at most 2000" in response.content
+    run.refresh_from_db()
+    assert (run.status, run.cancel_reason, run.cancel_requested_at) == ("waiting", "", None)
+    selected = {"action": "cancel_selected", "_selected_action": [str(run.pk)]}
+    response = admin_client.post(
+        url("workflowrun", "changelist"),
+        {**selected, "confirm": "yes", "reason": long},
+        follow=True,
+    )
+    assert b"eason is 2001 characters long" in response.content
+    run.refresh_from_db()
+    assert (run.status, run.cancel_requested_at) == ("waiting", None)

@@ -284,3 +284,17 @@ def admin_site_duration(run: WorkflowRun) -> str:
     model_admin = admin.site.get_model_admin(WorkflowRun)
     assert isinstance(model_admin, WorkflowRunAdmin)
     return model_admin.duration(run)
+
+
+def test_a_retry_reason_longer_than_the_limit_is_refused_and_nothing_changes(
+    fake_clock: FakeClock, admin_client: Client
+) -> None:
+    run_id = failed_run(fake_clock, "long-reason")
+    before = state()
+    long = "r" * 2001
+    response = admin_client.post(url("retry", run_id), {"reason": long}, follow=True)
+    assert response.status_code == 200
+    assert b"eason is 2001 characters long: at most 2000" in response.content
+    response = action(admin_client, [run_id], confirm="yes", reason=long)
+    assert state() == before
+    assert WorkflowRun.objects.get(pk=run_id).status == "failed"

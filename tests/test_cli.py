@@ -161,3 +161,30 @@ def test_a_prune_age_past_what_a_date_can_count_back_is_a_usage_error(
     assert exited.value.code == 2
     assert "a number of days from 0 to 36500" in capsys.readouterr().err
     assert WorkflowRun.objects.count() == 1
+
+
+DEEP_JSON = "[" * 50_000 + "]" * 50_000
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["enqueue", "b", "--input", DEEP_JSON],
+        ["signal", "RUN", "item", "--payload", DEEP_JSON],
+        ["signal", "RUN", "item", "--payload", '{"a": ' * 50_000 + "1" + "}" * 50_000],
+    ],
+    ids=["enqueue-input", "signal-payload-list", "signal-payload-object"],
+)
+def test_json_nested_too_deeply_is_a_one_line_usage_error(
+    args: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed a 62-line RecursionError traceback (nothing was written)."""
+    from tasks_engine.models import Fact
+
+    run_id = str(tasks_engine.enqueue("noop", {"n": 1}).run_id)
+    with pytest.raises(SystemExit) as exited:
+        tasks(*[run_id if a == "RUN" else a for a in args])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nested too deeply" in err, err
+    assert (WorkflowRun.objects.count(), Fact.objects.count()) == (1, 0)

@@ -232,6 +232,12 @@ def test_a_second_worker_process_on_sqlite_warns(is_postgres: bool) -> None:
         ({"LEADER_LEASE_SECONDS": float("inf")}, "tasks_engine.E008"),
         ({"RETENTION_DAYS": {"failed": -3}}, "tasks_engine.E001"),
         ({"RETENTION_DAYS": {"failed": float("nan")}}, "tasks_engine.E001"),
+        ({"MAX_PAYLOAD_BYTES": "16M"}, "tasks_engine.E001"),
+        ({"MAX_PAYLOAD_BYTES": 2.0**20}, "tasks_engine.E001"),
+        ({"MAX_PAYLOAD_BYTES": True}, "tasks_engine.E001"),
+        ({"MAX_PAYLOAD_BYTES": 64 * 2**10 - 1}, "tasks_engine.E001"),
+        ({"MAX_PAYLOAD_BYTES": 32 * 2**20 + 1}, "tasks_engine.E001"),
+        ({"MAX_PAYLOAD_BYTES": None}, "tasks_engine.E001"),
     ],
 )
 def test_out_of_range_engine_settings_are_check_errors(
@@ -245,6 +251,17 @@ def test_out_of_range_engine_settings_are_check_errors(
     assert error_id in ids(check_settings())
     with pytest.raises(SystemCheckError):
         call_command("check", stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.parametrize("bound", [64 * 2**10, 32 * 2**20])
+def test_the_payload_bound_takes_its_range(engine: Any, bound: int) -> None:
+    from tasks_engine.checks import check_settings
+    from tasks_engine.conf import engine_settings
+
+    assert engine_settings().max_payload_bytes == 16 * 2**20  # the default
+    engine(MAX_PAYLOAD_BYTES=bound)
+    assert check_settings() == []
+    assert engine_settings().max_payload_bytes == bound
 
 
 def test_a_misspelt_engine_setting_is_warned_with_the_nearest_key(engine: Any) -> None:

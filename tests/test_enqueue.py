@@ -314,3 +314,11 @@ def test_aware_times_in_any_zone_are_stored_as_the_same_instant() -> None:
     run = WorkflowRun.objects.get(pk=run_id)
     assert run.available_at == datetime(2030, 1, 1, 11, tzinfo=UTC)
     assert run.deadline_at == datetime(2030, 1, 2, 11, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("limit", ["5", 2.7, float("nan"), True, None])
+def test_list_runs_takes_an_integer_limit_only(limit: object) -> None:
+    """ "5" and 2.7 were taken as 5 and 2 (int()), NaN failed with Python's own message."""
+    tasks_engine.enqueue("noop", {"n": 1})
+    with pytest.raises(ValueError, match=r"limit must be an integer, not "):
+        tasks_engine.list_runs(limit=limit)  # type: ignore[arg-type]

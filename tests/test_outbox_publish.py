@@ -11,6 +11,7 @@ from datetime import datetime
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from outbox import publish
 from outbox.models import EventStatus, OutboxEvent
@@ -153,6 +154,32 @@ def test_bad_arguments_raise_value_error_and_write_nothing(kwargs: dict) -> None
     with pytest.raises(ValueError):
         publish(event_type, {}, **args)
     assert not OutboxEvent.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"type": "a\x00b"}, "outbox event type must not contain a NUL character"),
+        ({"idempotency_key": "k\x00"}, "idempotency_key must not contain a NUL character"),
+        ({"max_attempts": 2**31}, "max_attempts must be an integer from 1 to 2147483647"),
+        ({"max_attempts": 2**63}, "max_attempts must be an integer from 1 to 2147483647"),
+    ],
+)
+def test_values_the_columns_cannot_hold_are_refused_before_any_statement(
+    kwargs: dict, message: str
+) -> None:
+    """They reached the INSERT: a DataError on PostgreSQL, a NUL stored on SQLite, an
+    OverflowError for 2**63."""
+    args = {"type": "test.record", **kwargs}
+    event_type = args.pop("type")
+    with CaptureQueriesContext(connection) as queries, pytest.raises(ValueError, match=message):
+        publish(event_type, {}, **args)
+    assert len(queries) == 0
+    assert not OutboxEvent.objects.exists()
+
+
+def test_the_largest_max_attempts_the_column_holds_is_stored() -> None:
+    assert publish("test.record", {}, max_attempts=2**31 - 1).max_attempts == 2**31 - 1
 
 
 def test_own_max_attempts_is_stored() -> None:

@@ -186,7 +186,9 @@ def test_a_deferred_completion_whose_flush_failed_still_rides_on_the_next_write(
 # -- values that cannot be stored ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["datetime", "set", "nan", "inf", "nul", "nul-key"])
+@pytest.mark.parametrize(
+    "kind", ["datetime", "set", "nan", "inf", "nul", "nul-key", "deep", "deep-model"]
+)
 def test_an_unstorable_step_result_fails_the_step_once_without_retrying(
     fake_clock: FakeClock, kind: str
 ) -> None:
@@ -200,7 +202,7 @@ def test_an_unstorable_step_result_fails_the_step_once_without_retrying(
     assert attempt.status == "failed"
 
 
-@pytest.mark.parametrize("kind", ["datetime", "nan", "nul"])
+@pytest.mark.parametrize("kind", ["datetime", "nan", "nul", "deep"])
 def test_an_unstorable_run_output_fails_the_run_instead_of_looping(
     fake_clock: FakeClock, kind: str
 ) -> None:
@@ -259,6 +261,118 @@ def test_a_nul_in_input_is_a_validation_error_and_writes_nothing() -> None:
     with pytest.raises(ValidationError):
         tasks_engine.enqueue("reading", {"celsius": 1.0, "label": "a\x00b"})
     assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.parametrize("levels", [201, 600, 2_000, 50_000])
+def test_values_nested_too_deeply_are_refused_with_a_clear_error(levels: int) -> None:
+    """Past Python's recursion limit they raised a RecursionError from deep inside (a
+    traceback of thousands of lines); past SQLite's 1,000 levels its JSON check failed the
+    row; a model's input past pydantic's own bound was "Maximum serialization depth exceeded".
+    MAX_JSON_DEPTH (200) is the deepest, on both databases."""
+    from outbox import publish
+    from outbox.models import OutboxEvent
+    from tests.testapp.promise_workflows import deep
+
+    too_deep = "cannot be stored as JSON: it is nested too deeply"
+    with pytest.raises(ValueError, match=too_deep):
+        tasks_engine.enqueue("b", {"x": deep(levels - 1)})  # a workflow without an input model
+    with pytest.raises(ValueError, match=too_deep):
+        tasks_engine.enqueue("anything", {"data": deep(levels)})  # a model with an Any field
+    rid = tasks_engine.enqueue("fact_waiter").run_id
+    with pytest.raises(UnstorableValueError, match=too_deep):
+        tasks_engine.signal(rid, "item", deep(levels))
+    with pytest.raises(UnstorableValueError, match=too_deep):
+        publish("test.record", {"x": deep(levels)})
+    assert not run(rid).facts.exists()
+    assert not OutboxEvent.objects.exists()
+    assert WorkflowRun.objects.count() == 1
+
+
+def test_values_nested_as_deep_as_the_limit_are_stored() -> None:
+    from outbox import publish
+    from tests.testapp.promise_workflows import deep
+
+    tasks_engine.enqueue("b", {"x": deep(199)})  # 200 levels with its object
+    tasks_engine.enqueue("anything", {"data": deep(199)})
+    rid = tasks_engine.enqueue("fact_waiter").run_id
+    assert tasks_engine.signal(rid, "item", deep(200)).delivered
+    assert publish("test.record", {"x": deep(199)}).payload == {"x": deep(199)}
+    assert WorkflowRun.objects.get(task_name="b").input == {"x": deep(199)}
+
+
+SMALLEST_BOUND = 64 * 2**10
+
+
+@pytest.fixture
+def small_bound(settings: Any) -> int:
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "MAX_PAYLOAD_BYTES": SMALLEST_BOUND}
+    return SMALLEST_BOUND
+
+
+def blobs(bound: int, char: str) -> tuple[dict[str, str], dict[str, str], int]:
+    """{"blob": char * n} as large as fits in `bound` bytes of compact JSON (11 bytes around
+    the characters), the same with one character more, and the size of that one."""
+    width = len(char.encode())
+    fits = (bound - 11) // width
+    return {"blob": char * fits}, {"blob": char * (fits + 1)}, 11 + (fits + 1) * width
+
+
+@pytest.mark.parametrize("char", ["x", "\u00e9", "\U0001f600"])  # 1, 2 and 4 bytes of UTF-8
+def test_payloads_past_max_payload_bytes_are_refused_and_write_nothing(
+    small_bound: int, char: str
+) -> None:
+    """No bound was kept: a 200 MB signal payload was accepted, and past PostgreSQL's jsonb
+    limit it would have been a raw DataError. The size is that of the compact JSON in UTF-8."""
+    from outbox import publish
+    from outbox.models import OutboxEvent
+
+    fits, over, size = blobs(small_bound, char)
+    message = rf"too large to store: {size} bytes as JSON, at most {small_bound}"
+    before = WorkflowRun.objects.count()
+    with pytest.raises(ValueError, match=f"the input of b@1 is {message}"):
+        tasks_engine.enqueue("b", over)
+    with pytest.raises(ValueError, match=f"the input of anything@1 is {message}"):
+        tasks_engine.enqueue("anything", {"data": over["blob"]})  # {"data":...}: 11 too
+    rid = tasks_engine.enqueue("fact_waiter").run_id
+    with pytest.raises(ValueError, match=message):
+        tasks_engine.signal(rid, "item", over)
+    with pytest.raises(ValueError, match=message):
+        publish("test.record", over)
+    assert (WorkflowRun.objects.count(), run(rid).facts.count()) == (before + 1, 0)
+    assert not OutboxEvent.objects.exists()
+    tasks_engine.enqueue("b", fits)
+    assert tasks_engine.signal(rid, "item", fits).delivered
+    assert publish("test.record", fits).payload == fits
+    assert tasks_engine.signal(rid, "item", fits["blob"]).delivered  # a string: 2 + its bytes
+
+
+def test_a_signal_payload_past_the_default_bound_is_refused() -> None:
+    rid = tasks_engine.enqueue("fact_waiter").run_id
+    with pytest.raises(ValueError, match=r"\d+ bytes as JSON, at most 16777216"):
+        tasks_engine.signal(rid, "item", ["x" * 2**20] * 16)
+    assert not run(rid).facts.exists()
+
+
+def test_a_step_result_past_the_bound_fails_the_step_at_once(
+    fake_clock: FakeClock, small_bound: int
+) -> None:
+    rid = tasks_engine.enqueue("bad_step_result", {"kind": "large"}).run_id
+    assert drain(fake_clock) == ["failed"]
+    assert SideEffect.objects.filter(key="produce", run_id=rid).count() == 1  # not retried
+    [attempt] = StepAttempt.objects.filter(run_id=rid, name="produce")
+    assert (attempt.status, attempt.error["terminal"]) == ("failed", True)
+    message = attempt.error["message"]
+    assert "step 'produce'" in message and "70011 bytes as JSON, at most 65536" in message
+    assert run(rid).error["type"] == "tasks_engine.exceptions.UnstorableValueError"
+
+
+def test_a_run_output_past_the_bound_fails_the_run(fake_clock: FakeClock, small_bound: int) -> None:
+    rid = tasks_engine.enqueue("bad_output_after_sleep", {"kind": "large"}).run_id
+    drain(fake_clock)
+    r = run(rid)
+    assert (r.status, r.error["type"]) == ("failed", "tasks_engine.exceptions.UnstorableValueError")
+    assert "70011 bytes as JSON, at most 65536" in r.error["message"]
+    assert r.output is None
 
 
 def test_a_signal_payload_that_cannot_be_stored_is_refused() -> None:
@@ -370,3 +484,38 @@ def test_a_failing_begin_around_a_child_start_is_an_outage(fake_clock: FakeClock
     transitions.requeue_run(c.lease, fake_clock.now())
     drain(fake_clock)
     assert run(rid).status == "completed"
+
+
+# -- async code in a plain engine ----------------------------------------------------------
+
+
+def test_an_async_def_workflow_is_a_type_error_where_it_is_defined() -> None:
+    """It was accepted, then every run failed with "holds a coroutine" and a never-awaited
+    coroutine warning."""
+    from tasks_engine.definitions import registry
+
+    with pytest.raises(TypeError, match=r"async def workflows are not supported yet: .*\bdef\b"):
+
+        @tasks_engine.workflow(name="async_flow")
+        async def async_flow(ctx: tasks_engine.TaskContext) -> dict:
+            return {}
+
+    assert registry.find("async_flow", 1) is None
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # "coroutine ... was never awaited"
+@pytest.mark.parametrize("kind", ["function", "lambda"])
+def test_an_async_step_function_fails_its_step_at_once_saying_what_to_write(
+    fake_clock: FakeClock, kind: str
+) -> None:
+    import gc
+
+    rid = tasks_engine.enqueue("async_step_function", {"kind": kind}).run_id
+    assert drain(fake_clock) == ["failed"]
+    gc.collect()  # a coroutine left unawaited would warn (an error here) when collected
+    r = run(rid)
+    assert r.error["type"] == "tasks_engine.exceptions.AsyncStepError"
+    assert "async step functions are not supported yet" in r.error["message"]
+    assert "define the step function with def" in r.error["message"]
+    [attempt] = StepAttempt.objects.filter(run_id=rid, name="fetch")
+    assert (attempt.status, attempt.error["terminal"]) == ("failed", True)

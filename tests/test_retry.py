@@ -375,3 +375,31 @@ def test_a_reason_with_a_nul_character_is_refused_and_nothing_changes(
     with pytest.raises(ValueError, match="NUL"):
         tasks_engine.cancel(waiting, reason="a\x00b")
     assert WorkflowRun.objects.get(pk=waiting).cancel_requested_at is None
+
+
+def test_a_reason_longer_than_the_limit_is_refused_and_nothing_changes(
+    fake_clock: FakeClock,
+) -> None:
+    """100,000 characters were accepted, stored and shown; REASON_MAX_LENGTH (2,000) is the
+    longest, in the API and on the command line alike."""
+    from tasks_engine.serialization import REASON_MAX_LENGTH
+
+    assert REASON_MAX_LENGTH == 2000
+    long = "r" * (REASON_MAX_LENGTH + 1)
+    message = "reason is 2001 characters long: at most 2000"
+    rid = failed_gated(fake_clock)
+    before = columns(rid)
+    with pytest.raises(ValueError, match=message):
+        tasks_engine.retry_run(rid, reason=long)
+    with pytest.raises(CommandError, match=message):
+        tasks("retry", str(rid), "--reason", long)
+    assert columns(rid) == before
+    waiting = tasks_engine.enqueue("fact_waiter").run_id
+    with pytest.raises(ValueError, match=message):
+        tasks_engine.cancel(waiting, reason=long)
+    with pytest.raises(CommandError, match="reason is 100000 characters long: at most 2000"):
+        tasks("cancel", str(waiting), "--reason", "r" * 100_000)
+    run = WorkflowRun.objects.get(pk=waiting)
+    assert (run.status, run.cancel_requested_at, run.cancel_reason) == ("pending", None, "")
+    assert tasks_engine.retry_run(rid, reason="r" * REASON_MAX_LENGTH) is True
+    assert tasks_engine.cancel(waiting, reason="r" * REASON_MAX_LENGTH) is True

@@ -24,14 +24,17 @@ from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
 from ..exceptions import UnknownRunError
+from ..serialization import REASON_MAX_LENGTH
 from . import audit
 
-MAX_REASON = 2000
+MAX_REASON = REASON_MAX_LENGTH
 MAX_BULK = 1000  # runs per action submission; repeat the action for more
 
 
 def reason_from(request: HttpRequest) -> str:
-    return request.POST.get("reason", "").strip()[:MAX_REASON]
+    """Whole: a reason past the limit is refused by the engine (a message, nothing changed),
+    not cut short."""
+    return request.POST.get("reason", "").strip()
 
 
 def unknown_object(request: HttpRequest, opts: Any, object_id: str) -> HttpResponse:

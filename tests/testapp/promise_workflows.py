@@ -63,7 +63,18 @@ def bad_value(kind: str) -> Any:
         "inf": [1.0, float("inf")],
         "nul": {"name": "a\x00b"},
         "nul-key": {"a\x00": 1},
+        "deep": deep(50_000),
+        "large": {"blob": "x" * 70_000},  # past the tests' MAX_PAYLOAD_BYTES of 64 KiB
+        "deep-model": Anything(data=deep(600)),  # past pydantic's own bound on nesting
     }[kind]
+
+
+def deep(levels: int) -> Any:
+    """Lists nested `levels` deep ([] is one level)."""
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
 
 
 @workflow(name="bad_step_result", input=Value)
@@ -185,3 +196,24 @@ def canceled_as_it_fails(ctx: TaskContext) -> str:
     """A cancel commits, then the handler raises for good: the cancel must win."""
     tasks_engine.cancel(ctx.run_id, reason="late")
     raise NonRetryableError("broke at the end")
+
+
+async def _fetch() -> dict:
+    return {"fetched": True}
+
+
+@workflow(name="async_step_function", input=Value)
+def async_step_function(ctx: TaskContext) -> Any:
+    """kind "function": an async def as the step; "lambda": a plain function returning a
+    coroutine (never awaited by a plain workflow either way)."""
+    fn = _fetch if ctx.input.kind == "function" else (lambda: _fetch())
+    return ctx.step.run("fetch", fn)
+
+
+class Anything(BaseModel):
+    data: Any = None
+
+
+@workflow(name="anything", input=Anything)
+def anything(ctx: TaskContext) -> Any:
+    return ctx.input.data
