@@ -159,7 +159,11 @@ class Heartbeat(threading.Thread):
         for h in held:
             r = renewed.get(h.lease.key)
             if r is None:
-                self.lose(h, LeaseLostError(f"run {h.lease.run_id}: lease lost"))
+                # Its run may have ended since `held` was read: the completion's write (or a
+                # park's) cleared the token the renewal looked for. Only a run still executing
+                # has lost anything.
+                if self.slots.executing(h):
+                    self.lose(h, LeaseLostError(f"run {h.lease.run_id}: lease lost"))
                 continue
             h.renewed_at = sent
             if r.cancel_requested:
