@@ -104,7 +104,8 @@ def test_a_renewal_that_races_the_run_s_completion_loses_nothing(
 
     monkeypatch.setattr(transitions, "renew_leases", completion_commits_first)
     lost: list[str] = []
-    h.ctx.logger = types.SimpleNamespace(warning=lambda event, **kw: lost.append(event))
+    ctx: Any = h.ctx
+    ctx.logger = types.SimpleNamespace(warning=lambda event, **kw: lost.append(event))
     assert heartbeat(pool, []).renew_once() == {}
     assert tasks_engine.get_run(claimed.lease.run_id).status == "completed"
     assert not h.lost and not h.ctx.abort_signal.aborted and lost == []
