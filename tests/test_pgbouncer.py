@@ -276,8 +276,14 @@ def test_enqueue_through_an_undeclared_pooler_names_the_settings(
     )
     with statements_left_on_every_server_connection(bouncer):
         out = manage(undeclared(bouncer), "shell", "-c", code).stdout.strip().splitlines()[-1]
+        cli = manage(
+            undeclared(bouncer), "tasks", "enqueue", "noop", "--input", '{"n": 98}', check=False
+        )
     assert out.startswith("TransactionPoolerError") and names_the_settings(out), out
     assert 'prepared statement "_pg3_0" already exists' in out, out
+    assert cli.returncode == 1 and cli.stderr.count("\n") == 1, cli.stderr
+    assert cli.stderr.startswith("CommandError: prepared statement"), cli.stderr
+    assert names_the_settings(cli.stderr), cli.stderr
 
 
 @pytest.mark.django_db(transaction=True)
