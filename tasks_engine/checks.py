@@ -7,9 +7,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.db import DEFAULT_DB_ALIAS
 
 from .conf import KNOWN_KEYS, engine_settings, parse_queues, queues_setting
-from .pooler import behind_transaction_pooler
+from .pooler import SETTINGS_TO_CHANGE, behind_transaction_pooler, undeclared_pooler_seen
 
 
 @checks.register()
@@ -233,6 +234,31 @@ def _transaction_pooler(s: Any) -> list[checks.CheckMessage]:
     return found
 
 
+@checks.register(checks.Tags.database)
+def check_undeclared_pooler(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """`check --database default` (and every `runworker` before it starts): a transaction
+    pooler the settings do not declare. It connects, so only when asked for the database."""
+    if not databases or DEFAULT_DB_ALIAS not in databases:
+        return []
+    return _undeclared_pooler()
+
+
+def _undeclared_pooler() -> list[checks.CheckMessage]:
+    if not undeclared_pooler_seen():
+        return []
+    return [
+        checks.Error(
+            "a transaction pooler (PgBouncer in transaction mode) serves DATABASES['default'] "
+            "(two connections reached one server session), configured as a direct connection: "
+            f"prepared statements and session settings would pass between clients; "
+            f"{SETTINGS_TO_CHANGE}",
+            id="tasks_engine.E027",
+        )
+    ]
+
+
 def declared_queues(raw: dict[str, Any] | None = None) -> set[str] | None:
     """The queue names TASKS_ENGINE["QUEUES"] declares, or None when it declares none."""
     if raw is None:
@@ -318,6 +344,7 @@ def worker_checks(queues: list[str], processes: int = 1) -> list[checks.CheckMes
                 id="tasks_engine.W024",
             )
         )
+    found += _undeclared_pooler()
     others = _live_workers_on_sqlite()
     if others:
         found.append(

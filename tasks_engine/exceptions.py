@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db import ProgrammingError
+
 
 class TasksEngineError(Exception):
     """Base class of the engine's errors."""
@@ -79,6 +81,12 @@ class AsyncStepError(NonRetryableError, TypeError):
 class EngineUnavailable(BaseException):
     """An engine write could not reach the database. The worker drops the run (its lease
     expires and any worker replays it); user code cannot catch it as a workflow error."""
+
+
+class TransactionPoolerError(TasksEngineError, ProgrammingError):
+    """A prepared statement was lost to a transaction pooler (PgBouncer in transaction mode)
+    that the settings do not declare: a configuration error, not an outage. Its message names
+    the settings to change (tasks_engine/pooler.py)."""
 
 
 class Suspend(BaseException):

@@ -97,6 +97,11 @@ class Elector:
             return self.refresh()
         return self.leading()
 
+    def due_now(self) -> None:
+        """The next `refresh_if_due` refreshes: after an outage the leader's next round makes a
+        statement, so that only a statement that went through says the database is back."""
+        self._next = 0.0
+
     def resign(self) -> None:
         """Expire this term's lease now, so that another candidate is elected at once."""
         term, self.term = self.term, None
@@ -165,6 +170,7 @@ class Leader(threading.Thread):
                     self.round()
                     outage.ok()
                 except DB_ERRORS as exc:
+                    self.elector.due_now()
                     self.stop.wait(min(outage.failed(exc), self.elector.renew_every()))
                     continue
                 self.stop.wait(TICK_SECONDS)

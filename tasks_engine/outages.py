@@ -1,5 +1,7 @@
 """Database outages in long-running loops (worker threads, the outbox relay): close the
-thread's connection, log once per outage, back off."""
+thread's connection, log once per outage, back off. A misconfiguration that no back-off cures
+(prepared statements through a transaction pooler the settings do not declare) is logged as
+such, once per thread, and flagged in `misconfigured`: the worker stops on it."""
 
 from __future__ import annotations
 
@@ -13,8 +15,10 @@ from django.db import Error as DjangoDbError
 from django.db import connection
 
 from .exceptions import EngineUnavailable
+from .pooler import explained, lost_prepared_statement
 
 DB_ERRORS: tuple[type[BaseException], ...] = (DjangoDbError, EngineUnavailable)
+misconfigured = threading.Event()  # a thread met a lost prepared statement (see `failed`)
 
 
 class Outage:
@@ -29,7 +33,15 @@ class Outage:
     def failed(self, exc: BaseException) -> float:
         with contextlib.suppress(Exception):  # the connection is already broken
             connection.close()
-        if not self.down:
+        if lost_prepared_statement(exc):
+            if not misconfigured.is_set():  # once per process: each thread would meet it
+                misconfigured.set()
+                self.log.error(
+                    "database misconfigured for a transaction pooler",
+                    where=self.what,
+                    error=str(explained(exc)).strip(),
+                )
+        elif not self.down:
             self.log.warning("database unavailable", where=self.what, error=str(exc).strip())
             self.down = True
         delay = self.backoff

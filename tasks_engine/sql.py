@@ -16,8 +16,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models
+from django.db import DEFAULT_DB_ALIAS, ProgrammingError, connection, connections, models
 from django.db.models.functions import Now
+
+from . import pooler
 
 _DT = models.DateTimeField()
 NEVER_AUTOMATICALLY = 2**31 - 1  # psycopg prepare_threshold: prepare only on prepare=True
@@ -217,10 +219,13 @@ def _pg(sql: str, params: Params, *, fetch: bool) -> int | list[tuple[Any, ...]]
     conn = connections[DEFAULT_DB_ALIAS]
     conn.ensure_connection()  # a new connection is set up by prepare_engine_statements
     start = time.monotonic()
-    with conn.wrap_database_errors:
-        sql, cur = statement_cursor(conn.connection, sql)
-        cur.execute(sql, params, prepare=True)  # the engine runs a handful of shapes, often
-        result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
+    try:
+        with conn.wrap_database_errors:
+            sql, cur = statement_cursor(conn.connection, sql)
+            cur.execute(sql, params, prepare=True)  # the engine runs a handful of shapes, often
+            result: int | list[tuple[Any, ...]] = cur.fetchall() if fetch else cur.rowcount
+    except ProgrammingError as exc:
+        raise pooler.explained(exc) from exc
     if conn.queries_logged:
         conn.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
     return result

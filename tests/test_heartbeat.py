@@ -3,6 +3,7 @@ pool and narrow callbacks, and tells each attempt what its own lease's renewal f
 
 from __future__ import annotations
 
+import threading
 import types
 from typing import Any
 
@@ -77,3 +78,38 @@ def test_a_stuck_run_is_written_off_through_the_worker_s_callback(fake_clock: Fa
     h.abort_deadline = 0.0  # its step ignored the abort past the grace
     beat.write_off_stuck()
     assert calls == [f"write off {claimed.lease.token}"]
+
+
+@pytest.mark.parametrize("slot", ["released", "handed-over", "released-a-moment-later"])
+def test_a_renewal_that_races_the_run_s_completion_loses_nothing(
+    monkeypatch: pytest.MonkeyPatch, slot: str
+) -> None:
+    """The heartbeat takes the runs held, the run completes (its token cleared) and its slot
+    lets it go (or its last write took the slot along, or the slot lets it go just after the
+    renewal's answer), then the renewal finds no token: the run ended, its lease was not
+    lost, and it is neither aborted nor logged as lost."""
+    tasks_engine.enqueue("b")
+    [claimed] = transitions.claim_runs("w", [("b", 1)], None, 1, 30)
+    pool = SlotPool(concurrency=1, prefetch=0)
+    pool.reserve(1)
+    h = held(claimed.lease)
+    pool.hold(h)
+    renew = transitions.renew_leases
+
+    def completion_commits_first(leases: Any, lease_seconds: float) -> Any:
+        if slot == "handed-over":
+            pool.hand_over(claimed.lease)
+        transitions.complete_run(claimed.lease, {"ok": True}, [])
+        if slot == "released":
+            pool.release(claimed.lease)
+        if slot == "released-a-moment-later":  # a slot thread that wrote its run's end alone
+            threading.Timer(0.01, pool.release, [claimed.lease]).start()
+        return renew(leases, lease_seconds)
+
+    monkeypatch.setattr(transitions, "renew_leases", completion_commits_first)
+    lost: list[str] = []
+    ctx: Any = h.ctx
+    ctx.logger = types.SimpleNamespace(warning=lambda event, **kw: lost.append(event))
+    assert heartbeat(pool, []).renew_once() == {}
+    assert tasks_engine.get_run(claimed.lease.run_id).status == "completed"
+    assert not h.lost and not h.ctx.abort_signal.aborted and lost == []

@@ -30,9 +30,9 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import ProgrammingError, connection
 
-from .. import first_steps, flow
+from .. import first_steps, flow, pooler
 from ..conf import QueueLimits, engine_settings
 from ..models import QueueClaim
 from ..sql import p_dt, query, statement_cursor
@@ -167,15 +167,18 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
     raw = connection.connection
     prepare = engine_settings().prepared_statements
     start = time.monotonic()
-    with connection.wrap_database_errors:
-        (planned, c0), (first, c1), (second, c2) = (
-            statement_cursor(raw, sql) for sql in (PLANNED, first, second)
-        )
-        with raw.pipeline():  # its end sends the one Sync and reads both results
-            c0.execute(planned, prepare=prepare)
-            c1.execute(first, p1, prepare=prepare)
-            c2.execute(second, p2, prepare=prepare)
-        rows = c2.fetchall()
+    try:
+        with connection.wrap_database_errors:
+            (planned, c0), (first, c1), (second, c2) = (
+                statement_cursor(raw, sql) for sql in (PLANNED, first, second)
+            )
+            with raw.pipeline():  # its end sends the one Sync and reads both results
+                c0.execute(planned, prepare=prepare)
+                c1.execute(first, p1, prepare=prepare)
+                c2.execute(second, p2, prepare=prepare)
+            rows = c2.fetchall()
+    except ProgrammingError as exc:
+        raise pooler.explained(exc) from exc
     if connection.queries_logged:
         took = f"{time.monotonic() - start:.3f}"
         connection.queries_log.extend(

@@ -32,6 +32,8 @@ from .slots import Held, SlotPool
 
 PROGRESS_FLUSH_SECONDS = 1.0
 DEFERRED_MAX_AGE = 0.5  # seconds a finished step may wait to ride on its run's next write
+ENDING_GRACE = 0.1  # seconds a slot whose run's last write committed takes to let it go, at most
+ENDING_POLL = 0.002
 
 
 class _Kick(threading.Event):
@@ -156,10 +158,11 @@ class Heartbeat(threading.Thread):
             return {}
         sent = time.monotonic()
         renewed = transitions.renew_leases([h.lease for h in held], self.lease_seconds)
+        for h in self.still_executing([h for h in held if h.lease.key not in renewed]):
+            self.lose(h, LeaseLostError(f"run {h.lease.run_id}: lease lost"))
         for h in held:
             r = renewed.get(h.lease.key)
             if r is None:
-                self.lose(h, LeaseLostError(f"run {h.lease.run_id}: lease lost"))
                 continue
             h.renewed_at = sent
             if r.cancel_requested:
@@ -173,6 +176,19 @@ class Heartbeat(threading.Thread):
             elif r.deadline_passed:
                 self.abort(h, DeadlineExceededError("deadline passed"))
         return renewed
+
+    def still_executing(self, unrenewed: list[Held]) -> list[Held]:
+        """Of the runs whose renewal found no token, those that lost their lease. A run may
+        have ended since the heartbeat read the runs held: its last write (a completion, a
+        park, a retry) cleared the token. Its slot lets it go as that write is queued (group
+        commit) or just after it committed (a write alone): give the slots ENDING_GRACE to
+        do so, together, before calling any of them lost."""
+        end = time.monotonic() + ENDING_GRACE
+        while True:
+            executing = [h for h in unrenewed if self.slots.executing(h)]
+            if not executing or time.monotonic() >= end:
+                return executing
+            time.sleep(ENDING_POLL)
 
     # -- writing ------------------------------------------------------------------------------
 

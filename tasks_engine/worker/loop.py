@@ -31,7 +31,7 @@ from ..exceptions import LeaseLostError, WorkerStopping
 from ..leader import Leader
 from ..logs import get_logger
 from ..notify import Listener, listening_possible
-from ..outages import DB_ERRORS, Outage, drop_if_cut
+from ..outages import DB_ERRORS, Outage, drop_if_cut, misconfigured
 from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
@@ -108,6 +108,9 @@ class Worker:
         outage = Outage(self.log, "claim")
         slots = self.slots
         while not self.stopping.is_set() and not self._a_side_loop_died():
+            if misconfigured.is_set():  # logged by the thread that met it; retrying cures nothing
+                self.log.error("stopping the worker: the database settings must change")
+                break
             # A guarded claim (flow control) is two statements and a commit of its own: it
             # goes on this thread's connection, beside the group writer's (which then only
             # writes), and claims ahead for the slots as the group's claim would.
@@ -336,5 +339,8 @@ class Worker:
             # A thread stuck in user code would keep the process alive: exit explicitly.
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(0)
-        return 0
+            os._exit(self._exit_code())
+        return self._exit_code()
+
+    def _exit_code(self) -> int:
+        return 1 if misconfigured.is_set() else 0

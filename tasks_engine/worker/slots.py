@@ -262,6 +262,12 @@ class SlotPool:
         with self._lock:
             return [h for h in self._held.values() if not h.lost]
 
+    def executing(self, held: Held) -> bool:
+        """Whether `held`'s run is still in its slot and has not sent its last write (a run
+        whose slot let it go, or whose completion took the slot along, has ended)."""
+        with self._lock:
+            return self._held.get(held.lease.key) is held and not held.handed_over
+
     def held_ids(self) -> tuple[uuid.UUID, ...]:
         """Runs in this worker's slots: its claims never take them back (see ClaimRequest)."""
         with self._lock:

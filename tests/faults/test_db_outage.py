@@ -80,3 +80,29 @@ def test_postgres_stopped_for_20_seconds(fault_db) -> None:
     assert w.poll() is None
     lines = outage_lines(fault_db, "w")
     assert 1 <= lines <= 8, fault_db.log("w")
+
+
+def leader_lines(db, tag: str, message: str) -> int:
+    return sum(1 for line in db.log(tag).splitlines() if message in line and "leader" in line)
+
+
+@pytest.mark.postgres_only("stops a throwaway PostgreSQL cluster under a worker")
+def test_the_leader_logs_an_outage_once_while_the_database_stays_down(fault_db) -> None:
+    """Alerting reads these lines: while the database is down, the leader thread says so once
+    and never claims it is reachable again until a statement really went through. (A candidate
+    that does not lead, here a worker started during the outage, used to count a round in
+    which its election was not yet due, so made no statement, as a success.)"""
+    fault_db.cluster.stop()
+    try:
+        w = fault_db.worker("--poll-interval", "0.2", tag="w")
+        wait_for(lambda: leader_lines(fault_db, "w", "database unavailable") >= 1, 30, "the outage")
+        time.sleep(4)  # four election periods of a 5 s leader lease
+        assert w.poll() is None, fault_db.log("w")
+        assert leader_lines(fault_db, "w", "database reachable again") == 0, fault_db.log("w")
+        assert leader_lines(fault_db, "w", "database unavailable") == 1, fault_db.log("w")
+    finally:
+        fault_db.cluster.start()
+        fault_db.cluster.wait_ready()
+    wait_for(
+        lambda: leader_lines(fault_db, "w", "database reachable again") == 1, 30, "the recovery"
+    )

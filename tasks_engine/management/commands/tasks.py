@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from tasks_engine import engine
 from tasks_engine.exceptions import (
     IdempotencyConflict,
+    TransactionPoolerError,
     UnknownRunError,
     UnknownScheduleError,
     UnknownStepError,
@@ -125,6 +126,7 @@ class Command(OneLineErrors, BaseCommand):
             UnknownScheduleError,
             UnknownStepError,
             IdempotencyConflict,
+            TransactionPoolerError,
         ) as exc:
             raise CommandError(str(exc.args[0] if exc.args else exc)) from exc
         except ValidationError as exc:
