@@ -1,6 +1,12 @@
 """Atomic steps longer than the lease, under real `runworker` processes, on PostgreSQL and
 SQLite.
 
+PostgreSQL: the worker's sessions end a transaction left idle for twice the lease (10 s at
+least); an atomic step keeps its transaction open while its code runs, and was cut off that
+way every time it ran: the commit failed as an outage, the same worker reclaimed the run
+without counting the attempt, and the step started again, for ever. Its transaction is now
+kept alive while it runs, and the step completes.
+
 SQLite: an atomic step holds the database's only write lock, and every other worker's lease
 renewal waits for it; a bound above half the worker's lease (`--lease-seconds`) let a healthy
 run on another worker lapse and run twice. The bound now follows the worker's lease.
@@ -8,6 +14,7 @@ run on another worker lapse and run twice. The bound now follows the worker's le
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +23,7 @@ from django.db import connection
 import tasks_engine
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tests.helpers import wait_for
+from tests.testapp.models import SideEffect
 from tests.testapp.process_workflows import trace_lines
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -37,6 +45,30 @@ def attempts(run_id) -> list[tuple[int, str]]:
     return list(steps.values_list("attempt", "status"))
 
 
+def test_an_atomic_step_longer_than_the_lease_ends(workers, tmp_path: Path) -> None:
+    """PostgreSQL: an 11 s atomic step (past the 10 s idle bound of a 2 s lease) completes,
+    once. SQLite: the bound, a third of the 2 s lease, cuts it short; the step's retry policy
+    (one attempt) fails the run, and its write is rolled back."""
+    on_postgres = connection.vendor == "postgresql"
+    trace = tmp_path / "atomic.jsonl"
+    seconds = 11 if on_postgres else 3
+    res = tasks_engine.enqueue("long_atomic", {"trace": str(trace), "seconds": seconds})
+    w = workers(*FAST)
+    # On the old code the run never ended on PostgreSQL: a new attempt every ~10.5 s.
+    wait_for(lambda: finished(res.run_id), seconds + 15, "the run to end")
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert starts(trace) == 1, w.log()
+    if on_postgres:
+        assert run.status == "completed", w.log()
+        assert attempts(res.run_id) == [(1, "completed")]
+        assert SideEffect.objects.filter(key="long-atomic").count() == 1
+    else:
+        assert run.status == "failed", w.log()
+        assert "AtomicStepTimeoutError" in str(run.error), run.error
+        assert attempts(res.run_id) == [(1, "failed")]
+        assert SideEffect.objects.filter(key="long-atomic").count() == 0
+
+
 def test_a_long_atomic_step_costs_no_other_run_its_lease(workers, tmp_path: Path) -> None:
     """One worker runs a healthy 6 s step under a 2 s lease; another then runs an atomic step
     that would hold its transaction 4 s (SQLite: the write lock, which the healthy run's
@@ -55,3 +87,26 @@ def test_a_long_atomic_step_costs_no_other_run_its_lease(workers, tmp_path: Path
     assert starts(atomic_trace) == 1
     expected = "completed" if on_postgres else "failed"  # SQLite: cut at a third of the lease
     assert WorkflowRun.objects.get(pk=atomic.run_id).status == expected, a.log()
+
+
+@pytest.mark.postgres_only("the server's idle-in-transaction bound is PostgreSQL's")
+def test_a_frozen_worker_still_loses_its_atomic_transaction(workers, tmp_path: Path) -> None:
+    """The keep-alive comes from the worker's own process: a frozen worker sends none, and the
+    server still ends the transaction it left open (its row locks go with it)."""
+    trace = tmp_path / "atomic.jsonl"
+    tasks_engine.enqueue("long_atomic", {"trace": str(trace), "seconds": 60})
+    w = workers(*FAST)
+    wait_for(lambda: starts(trace) == 1, 30, "the atomic step to start")
+    wait_for(lambda: idle_in_transaction() == 1, 10, "the step's transaction to sit idle")
+    w.send(signal.SIGSTOP)
+    # The bound of a 2 s lease is 10 s; the keep-alive had reset it at most a second ago.
+    wait_for(lambda: idle_in_transaction() == 0, 15, "the server to end the transaction")
+
+
+def idle_in_transaction() -> int:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%%'"
+        )
+        return cur.fetchone()[0]
