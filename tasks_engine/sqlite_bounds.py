@@ -35,7 +35,12 @@ from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from .conf import engine_settings
-from .exceptions import AtomicStepTimeoutError, EngineUnavailable, LeaseLostError
+from .exceptions import (
+    AtomicStepTimeoutError,
+    EngineUnavailable,
+    LeaseLostError,
+    StepTimeoutError,
+)
 from .logs import get_logger
 
 SETTING = 'TASKS_ENGINE["SQLITE_ATOMIC_STEP_SECONDS"]'
@@ -94,7 +99,9 @@ def atomic_step(atomic: transaction.Atomic, step: str = "") -> Iterator[None]:
             # watchdog had nothing to interrupt and the lock was not wanted meanwhile.
             if fired or time.monotonic() - started > seconds:
                 raise AtomicStepTimeoutError(_message(step, seconds))
-    except (AtomicStepTimeoutError, LeaseLostError):
+    except (AtomicStepTimeoutError, LeaseLostError, StepTimeoutError):
+        # The step's own timeout stays its outcome (under a worker's lease-capped bound the
+        # two often both pass): its retry policy applies, and nothing committed either way.
         raise
     except (Exception, EngineUnavailable) as exc:
         # What the rollback did to the step's code ("interrupted", a savepoint that is gone),
