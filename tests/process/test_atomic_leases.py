@@ -110,3 +110,24 @@ def idle_in_transaction() -> int:
             " AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%%'"
         )
         return cur.fetchone()[0]
+
+
+def test_a_fenced_commit_inside_an_atomic_step_costs_no_other_run_its_lease(
+    workers, tmp_path: Path
+) -> None:
+    """A fenced commit locks its run's row until the atomic step around it commits; the
+    worker's one renewal statement for all its runs must not wait for that lock, or every other
+    run the worker holds lapses meanwhile and runs again elsewhere."""
+    healthy_trace, atomic_trace = tmp_path / "healthy.jsonl", tmp_path / "atomic.jsonl"
+    w = workers(*FAST, tag="holder")
+    healthy = tasks_engine.enqueue("outage_step", {"trace": str(healthy_trace), "seconds": 6})
+    wait_for(lambda: starts(healthy_trace) == 1, 30, "the healthy step to start")
+    fenced = tasks_engine.enqueue("fenced_in_atomic", {"trace": str(atomic_trace), "seconds": 4})
+    wait_for(lambda: starts(atomic_trace) == 1, 30, "the atomic step to start")
+    other = workers(*FAST, "--task", "outage_step@1", tag="other")
+    wait_for(lambda: finished(healthy.run_id) and finished(fenced.run_id), 40, "both runs")
+    assert starts(healthy_trace) == 1, w.log() + other.log()
+    assert "lease lost" not in w.log()  # the locked run's lease was held, not lost
+    assert WorkflowRun.objects.get(pk=healthy.run_id).status == "completed", w.log()
+    expected = "completed" if connection.vendor == "postgresql" else "failed"  # SQLite: cut
+    assert WorkflowRun.objects.get(pk=fenced.run_id).status == expected, w.log()

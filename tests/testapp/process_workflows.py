@@ -140,3 +140,17 @@ def long_atomic(ctx: TaskContext) -> str:
         return "committed"
 
     return ctx.step.run("hold", body, atomic=True)
+
+
+@workflow(name="fenced_in_atomic", input=LongAtomic, step_retry=RetryPolicy(max_attempts=1))
+def fenced_in_atomic(ctx: TaskContext) -> str:
+    """An atomic step whose body makes a fenced commit (which locks the run's row until the
+    step's transaction commits), then keeps that transaction open for `seconds`."""
+
+    def body() -> str:
+        _append(ctx.input.trace, step="hold", event="start", attempt=ctx.attempt)
+        ctx.with_attempt_token(f"{ctx.input.key}:{ctx.run_id}", lambda info: "done")
+        time.sleep(ctx.input.seconds)
+        return "committed"
+
+    return ctx.step.run("hold", body, atomic=True)
