@@ -131,3 +131,23 @@ def test_a_fenced_commit_inside_an_atomic_step_costs_no_other_run_its_lease(
     assert WorkflowRun.objects.get(pk=healthy.run_id).status == "completed", w.log()
     expected = "completed" if connection.vendor == "postgresql" else "failed"  # SQLite: cut
     assert WorkflowRun.objects.get(pk=fenced.run_id).status == expected, w.log()
+
+
+@pytest.mark.postgres_only("a frozen worker keeps SQLite's only write lock (docs/SQLITE.md)")
+def test_an_atomic_step_whose_lease_another_worker_takes_counts(workers, tmp_path: Path) -> None:
+    """If the lease is lost anyway (its worker froze), the attempt counts against the step's
+    retries when another worker takes the run: one attempt allowed, so the run fails instead
+    of starting the step again."""
+    trace = tmp_path / "atomic.jsonl"
+    res = tasks_engine.enqueue("long_atomic", {"trace": str(trace), "seconds": 60})
+    frozen = workers(*FAST, tag="frozen")
+    wait_for(lambda: starts(trace) == 1, 30, "the atomic step to start")
+    frozen.send(signal.SIGSTOP)
+    other = workers(*FAST, tag="other")
+    wait_for(lambda: finished(res.run_id), 30, "the other worker to end the run")
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert run.status == "failed", other.log()
+    assert "interrupted 1 times" in run.error["message"], run.error
+    assert starts(trace) == 1
+    first = StepAttempt.objects.filter(run_id=res.run_id).order_by("id").first()
+    assert (first.status, first.counted) == ("abandoned", True)
