@@ -13,7 +13,9 @@ frozen transaction with `idle_in_transaction_session_timeout`; SQLite has nothin
   takes its place, so whatever the step still writes is rolled back too instead of being
   autocommitted. The step then fails with `AtomicStepTimeoutError`; a step that returns after
   the bound cannot commit either. A plain `transaction.atomic()` on PostgreSQL, when the bound
-  is disabled, or inside an enclosing transaction (which holds the lock anyway).
+  is disabled, or inside an enclosing transaction (which holds the lock anyway). In a worker
+  the bound is at most a third of its lease (`bound_by_lease`): other workers' renewals wait
+  for the lock, and must not wait past their leases.
 - `optimize(connection)`: ANALYZE the tables whose queries choose between indexes, so the
   claim reads its partial indexes instead of the status index (`post_migrate`, and hourly from
   every worker's heartbeat through `optimize_periodically`). See docs/SQLITE.md.
@@ -33,7 +35,12 @@ from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from .conf import engine_settings
-from .exceptions import AtomicStepTimeoutError, EngineUnavailable, LeaseLostError
+from .exceptions import (
+    AtomicStepTimeoutError,
+    EngineUnavailable,
+    LeaseLostError,
+    StepTimeoutError,
+)
 from .logs import get_logger
 
 SETTING = 'TASKS_ENGINE["SQLITE_ATOMIC_STEP_SECONDS"]'
@@ -41,11 +48,29 @@ SETTING = 'TASKS_ENGINE["SQLITE_ATOMIC_STEP_SECONDS"]'
 # -- the atomic step's bound ------------------------------------------------------------------
 
 
+# A worker's lease caps the bound (`bound_by_lease`): a renewal comes up to a heartbeat late
+# (at most half the lease) and may then wait the whole bound for the lock; at a third of the
+# lease it still lands with a sixth of the lease to spare.
+LEASE_SHARE = 1 / 3
+_worker_lease: float | None = None
+
+
+def bound_by_lease(lease_seconds: float) -> float | None:
+    """This process is a worker holding leases of `lease_seconds` (runworker --lease-seconds):
+    from now on an atomic step is cut at a third of it if the setting allows longer, so that
+    no worker's renewal waits for the write lock past its lease. Returns the bound in force."""
+    global _worker_lease
+    _worker_lease = lease_seconds
+    return atomic_step_bound()
+
+
 def atomic_step_bound(using: str = DEFAULT_DB_ALIAS) -> float | None:
     """Seconds an atomic step may keep its transaction open on this database; None: unbounded."""
     seconds = engine_settings().sqlite_atomic_step_seconds
     if connections[using].vendor != "sqlite" or not seconds or seconds <= 0:
         return None
+    if _worker_lease is not None:
+        return min(seconds, _worker_lease * LEASE_SHARE)
     return seconds
 
 
@@ -74,7 +99,9 @@ def atomic_step(atomic: transaction.Atomic, step: str = "") -> Iterator[None]:
             # watchdog had nothing to interrupt and the lock was not wanted meanwhile.
             if fired or time.monotonic() - started > seconds:
                 raise AtomicStepTimeoutError(_message(step, seconds))
-    except (AtomicStepTimeoutError, LeaseLostError):
+    except (AtomicStepTimeoutError, LeaseLostError, StepTimeoutError):
+        # The step's own timeout stays its outcome (under a worker's lease-capped bound the
+        # two often both pass): its retry policy applies, and nothing committed either way.
         raise
     except (Exception, EngineUnavailable) as exc:
         # What the rollback did to the step's code ("interrupted", a savepoint that is gone),
@@ -85,10 +112,15 @@ def atomic_step(atomic: transaction.Atomic, step: str = "") -> Iterator[None]:
 
 
 def _message(step: str, seconds: float) -> str:
+    setting = engine_settings().sqlite_atomic_step_seconds
+    if _worker_lease is not None and setting is not None and seconds < setting:
+        why = f"a third of the worker's {_worker_lease:g}s lease; {SETTING} = {setting:g}"
+    else:
+        why = f"{SETTING} = {seconds:g}"
     return (
         f"atomic step {step!r} kept its transaction open for more than {seconds:g}s and was "
         f"rolled back: on SQLite an atomic step holds the database's only write lock, which "
-        f"every worker needs ({SETTING} = {seconds:g}; do slow work outside atomic steps)"
+        f"every worker needs ({why}; do slow work outside atomic steps)"
     )
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import transaction
 
-from . import clock, sqlite_bounds, transitions
+from . import atomic_keepalive, clock, sqlite_bounds, transitions
 from .definitions import RetryPolicy
 from .exceptions import (
     AsyncStepError,
@@ -74,6 +74,7 @@ class StepAPI(WaitSteps, PatchSteps):
                 with (
                     transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
                     sqlite_bounds.atomic_step(transaction.atomic(), key),
+                    atomic_keepalive.kept_alive(lambda: self._ctx.abort_signal.aborted),
                 ):
                     output = self._call(key, fn, timer)
                     transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)

@@ -96,6 +96,40 @@ def test_expired_lease_not_taken_over_is_still_held(fake_clock: FakeClock) -> No
     assert WorkflowRun.objects.get(pk=lease.run_id).status == "completed"
 
 
+@pytest.mark.postgres_only("row locks: SQLite has one writer, and renewals wait for it")
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_run_row_holds_up_no_renewal() -> None:
+    """A fenced commit inside an atomic step locks its run's row until the step commits: the
+    worker's one renewal statement waited for it, and every other lease it held lapsed."""
+    from django.db import connection, transaction
+
+    tasks_engine.enqueue("b")
+    tasks_engine.enqueue("b")
+    locked, free = claim("w1", [("b", 1)], None, 2, 30)
+    before = WorkflowRun.objects.get(pk=locked.run_id).available_at
+    taken, release = threading.Event(), threading.Event()
+
+    def hold_the_row() -> None:
+        with transaction.atomic():
+            assert transitions.lock_held_run(locked)
+            taken.set()
+            release.wait(10)
+        connection.close()
+
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert taken.wait(10)
+        renewed = transitions.renew_leases([locked, free], 60)  # waited here for the lock
+        assert renewed[locked.key].locked and not renewed[free.key].locked
+        assert WorkflowRun.objects.get(pk=locked.run_id).available_at == before
+    finally:
+        release.set()
+        holder.join(10)
+    assert not transitions.renew_leases([locked], 60)[locked.key].locked
+    assert WorkflowRun.objects.get(pk=locked.run_id).available_at > before
+
+
 def test_reclaim_closes_interrupted_attempts_as_abandoned_and_counts_them(
     fake_clock: FakeClock,
 ) -> None:

@@ -151,6 +151,29 @@ def test_the_bound_applies_on_sqlite_only() -> None:
         assert sqlite_bounds.atomic_step_bound() is None
 
 
+@pytest.mark.django_db
+def test_a_worker_lease_caps_the_bound_at_a_third(monkeypatch: pytest.MonkeyPatch) -> None:
+    """runworker --lease-seconds 6 with the default 5 s bound let an atomic step hold the lock
+    past other workers' leases: in a worker the bound follows the lease it actually uses."""
+    monkeypatch.setattr(sqlite_bounds, "_worker_lease", None)
+    assert (sqlite_bounds.bound_by_lease(6.0) == 2.0) is ON_SQLITE
+    assert (sqlite_bounds.bound_by_lease(30.0) == 5.0) is ON_SQLITE  # the setting is shorter
+    with engine(SQLITE_ATOMIC_STEP_SECONDS=None):
+        assert sqlite_bounds.bound_by_lease(6.0) is None  # disabled stays disabled (W001)
+
+
+@sqlite_only
+@pytest.mark.django_db(transaction=True)
+def test_the_bound_cut_by_the_lease_says_so(held: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sqlite_bounds, "_worker_lease", None)
+    sqlite_bounds.bound_by_lease(0.9)
+    run = tasks_engine.enqueue("sqlite_atomic_hold", {"key": "cut", "hold": 1})
+    assert drain() == ["failed"]  # under the 5 s setting, 1 s would have committed
+    assert not Marker.objects.exists()
+    message = failed_with(run.run_id)["message"]
+    assert "0.3s" in message and "a third of the worker's 0.9s lease" in message, message
+
+
 # -- durability -------------------------------------------------------------------------------
 
 

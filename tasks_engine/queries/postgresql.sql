@@ -132,14 +132,24 @@ AND task_name || '@' || version = ANY(%(task_keys)s::text[])
 AND queue = ANY(%(queues)s::text[])
 
 -- renew_leases --
--- Extend every lease a worker holds (one JSON row per run and lease token); runs missing from the result are lost. A stale lease of a run whose fresh lease the same worker holds does not match.
+-- Extend every lease a worker holds (one JSON row per run and lease token); runs missing from the result are lost. A stale lease of a run whose fresh lease the same worker holds does not match. A row another transaction has locked (a fenced commit inside the holder's own atomic step keeps it locked until that step commits) is not waited for: it comes back with renewed = false if its committed token is still the lease's (no claim can take a locked row meanwhile), so one long transaction never holds up every other renewal.
 WITH l AS (
     SELECT * FROM json_to_recordset(%(leases)s::json) AS t (run_id uuid, token uuid)
+), free AS (
+    SELECT id FROM tasks_engine_workflowrun
+    WHERE id = ANY(ARRAY(SELECT run_id FROM l))
+    FOR NO KEY UPDATE SKIP LOCKED
+), renewed AS (
+    UPDATE tasks_engine_workflowrun r SET available_at = %(until)s
+    FROM l
+    WHERE r.id IN (SELECT id FROM free) AND r.id = l.run_id AND r.lease_token = l.token
+    RETURNING r.id, r.lease_token, r.cancel_requested_at, r.deadline_at, true AS renewed
 )
-UPDATE tasks_engine_workflowrun r SET available_at = %(until)s
-FROM l
-WHERE r.id = ANY(ARRAY(SELECT run_id FROM l)) AND r.id = l.run_id AND r.lease_token = l.token
-RETURNING r.id, r.lease_token, r.cancel_requested_at, r.deadline_at
+SELECT * FROM renewed
+UNION ALL
+SELECT r.id, r.lease_token, r.cancel_requested_at, r.deadline_at, false
+FROM tasks_engine_workflowrun r JOIN l ON r.id = l.run_id AND r.lease_token = l.token
+WHERE r.id = ANY(ARRAY(SELECT run_id FROM l)) AND r.id NOT IN (SELECT id FROM free)
 
 -- flow_any_keyed --
 -- Whether a keyed run is pending, or waiting with a due timer (both on partial indexes).

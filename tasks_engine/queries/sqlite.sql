@@ -77,7 +77,7 @@ WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(%(leases)s))
   AND id || ':' || lease_token IN (
       SELECT json_extract(value, '$[0]') || ':' || json_extract(value, '$[1]')
       FROM json_each(%(leases)s))
-RETURNING id, lease_token, cancel_requested_at, deadline_at
+RETURNING id, lease_token, cancel_requested_at, deadline_at, 1
 
 -- flow_any_keyed --
 -- Whether a keyed run is pending, or waiting with a due timer (both on partial indexes).

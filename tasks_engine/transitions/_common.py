@@ -144,6 +144,9 @@ class Renewal:
 
     cancel_requested: bool
     deadline_passed: bool
+    # Still held, not extended: its row was locked (a fenced commit inside the holder's atomic
+    # step locks it until the step commits; no claim can take it meanwhile). Renew it again soon.
+    locked: bool = False
 
 
 def _fence(*, unless_canceled: bool = False) -> str:

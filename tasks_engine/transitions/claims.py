@@ -427,7 +427,9 @@ def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[LeaseKey, Re
     """One statement renews every lease a worker holds (`renew_leases`). The result is keyed by
     (run, lease token), as the leases are matched: a stale and a fresh lease of one run (a
     worker whose lease expired during an outage while its slot still executes, and the run's
-    next attempt) are never confused. A lease missing from the result is lost."""
+    next attempt) are never confused. A lease missing from the result is lost; one whose row
+    another transaction holds locked is still held but not extended (`Renewal.locked`, on
+    PostgreSQL): the statement does not wait for it."""
     if not leases:
         return {}
     if is_postgres():
@@ -440,9 +442,9 @@ def renew_leases(leases: list[Lease], lease_seconds: float) -> dict[LeaseKey, Re
         rows = fetchall(query("renew_leases"), {"leases": rows_json, "until": until})
     return {
         (r_uuid(rid), r_uuid(token)): Renewal(
-            cancel is not None, deadline is not None and r_dt(deadline) <= now
+            cancel is not None, deadline is not None and r_dt(deadline) <= now, not renewed
         )
-        for rid, token, cancel, deadline in rows
+        for rid, token, cancel, deadline, renewed in rows
     }
 
 

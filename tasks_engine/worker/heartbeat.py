@@ -96,8 +96,11 @@ class Heartbeat(threading.Thread):
                     self.flush_progress()
                     self.write_off_stuck()
                     if kicked or time.monotonic() >= next_renew:
-                        self.renew_once()
-                        next_renew = time.monotonic() + self.heartbeat_seconds
+                        renewed = self.renew_once()
+                        # A lease whose row was locked is tried again on the next pass: its
+                        # expiry may pass while the lock lasts.
+                        again = any(r.locked for r in renewed.values())
+                        next_renew = time.monotonic() + (0.0 if again else self.heartbeat_seconds)
                     self.hooks.beat(time.monotonic())
                     sqlite_bounds.optimize_periodically(connection)  # SQLite: ANALYZE hourly
                     if connection.connection is not None:  # a statement really went through

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tasks_engine import TaskContext, workflow
+from tasks_engine import RetryPolicy, TaskContext, workflow
 
 from .models import SideEffect
 
@@ -119,3 +119,38 @@ def lease_watch(ctx: TaskContext) -> dict:
         return {"aborted_before": 0}
 
     return ctx.step.run("watch", watch)
+
+
+class LongAtomic(BaseModel):
+    trace: str
+    seconds: float
+    key: str = "long-atomic"
+
+
+@workflow(name="long_atomic", input=LongAtomic, step_retry=RetryPolicy(max_attempts=1))
+def long_atomic(ctx: TaskContext) -> str:
+    """One atomic step that writes a row, then keeps its transaction open for `seconds`
+    (longer than the lease in the tests). Each start of its body goes to `trace`."""
+
+    def body() -> str:
+        _append(ctx.input.trace, step="hold", event="start", attempt=ctx.attempt)
+        SideEffect.objects.create(key=ctx.input.key, run_id=ctx.run_id)
+        time.sleep(ctx.input.seconds)
+        _append(ctx.input.trace, step="hold", event="end", attempt=ctx.attempt)
+        return "committed"
+
+    return ctx.step.run("hold", body, atomic=True)
+
+
+@workflow(name="fenced_in_atomic", input=LongAtomic, step_retry=RetryPolicy(max_attempts=1))
+def fenced_in_atomic(ctx: TaskContext) -> str:
+    """An atomic step whose body makes a fenced commit (which locks the run's row until the
+    step's transaction commits), then keeps that transaction open for `seconds`."""
+
+    def body() -> str:
+        _append(ctx.input.trace, step="hold", event="start", attempt=ctx.attempt)
+        ctx.with_attempt_token(f"{ctx.input.key}:{ctx.run_id}", lambda info: "done")
+        time.sleep(ctx.input.seconds)
+        return "committed"
+
+    return ctx.step.run("hold", body, atomic=True)
