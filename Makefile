@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint test-sqlite test-pg simulate admin bench docs clean
+.PHONY: install demo test lint test-sqlite test-pg test-fast simulate admin bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -48,6 +48,15 @@ test-pg: $(STAMP)
 
 test-sqlite: $(STAMP)
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The in-process tiers alone, on one database (SQLite unless DATABASE_URL says otherwise), for
+# the edit-test loop: no worker processes (tests/process, tests marked process), no fault,
+# browser, qBittorrent, fresh-project or simulation tier, nothing marked slow. Not a substitute
+# for `make test`, which runs everything on both databases.
+FAST_TIERS_LEFT_OUT := process faults browser qbittorrent fresh simulation
+test-fast: $(STAMP)
+	DATABASE_URL=$(or $(DATABASE_URL),$(SQLITE_URL)) $(BIN)/python -m pytest \
+		-m 'not slow and not process' $(FAST_TIERS_LEFT_OUT:%=--ignore=tests/%) $(PYTEST_ARGS)
 
 # The engine simulation, long: SIM_EXAMPLES examples (default 20,000) on each database; failing
 # examples are kept in /tmp/umt-sim-examples and replayed first next time. `make test` runs a

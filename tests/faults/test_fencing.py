@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
@@ -36,7 +35,11 @@ def test_sigstopped_worker_cannot_commit_and_keeps_serving(fault_db) -> None:
         )
     finally:
         frozen.send_signal(signal.SIGCONT)
-    time.sleep(4)  # the frozen worker wakes up, finishes its op and tries to commit
+    wait_for(
+        lambda: "dropping the run" in fault_db.log("frozen"),
+        4,
+        "the frozen worker to wake up, finish its op and have its commit refused",
+    )
     markers = fault_db.query("SELECT value FROM testapp_marker WHERE key = %s", f"fenced:{run_id}")
     assert markers == [("rescuer",)]
     assert (

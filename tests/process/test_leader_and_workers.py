@@ -163,7 +163,11 @@ def test_a_stalled_worker_declared_dead_commits_nothing_and_comes_back(workers) 
         assert row_of(frozen.pid) is None  # declared dead, its row reaped
     finally:
         frozen.send(signal.SIGCONT)
-    time.sleep(5)  # its op's sleep ends and it tries to commit
+    wait_for(
+        lambda: "dropping the run" in frozen.log(),
+        5,
+        "the woken worker's op to end and its commit to be refused",
+    )
     assert list(Marker.objects.values_list("value", flat=True)) == ["rescuer"]
     assert WorkflowRun.objects.get(pk=run_id).worker_id.split(":")[1] == str(rescuer.pid)
     log = frozen.log()
