@@ -262,7 +262,7 @@ class Worker:
     # -- start and stop -----------------------------------------------------------------------
 
     def _start_threads(self) -> None:
-        if connection.vendor == "postgresql" and engine_settings().group_commit:
+        if uses_group_commit():
             claims = transitions.ClaimRequest(
                 self.id, self.pairs, self.queues, 0, self.config.lease_seconds
             )
@@ -272,7 +272,7 @@ class Worker:
             self._start_slot()
         self.heartbeat.start()
         self.leader.start()
-        if engine_settings().notify and listening_possible():
+        if listens():
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
 
@@ -338,3 +338,18 @@ class Worker:
             sys.stderr.flush()
             os._exit(0)
         return 0
+
+
+def uses_group_commit() -> bool:
+    return connection.vendor == "postgresql" and engine_settings().group_commit
+
+
+def listens() -> bool:
+    return engine_settings().notify and listening_possible()
+
+
+def connections_per_process(concurrency: int) -> int:
+    """The database connections one worker process holds (`_start_threads`): one per slot, the
+    claim loop's, the heartbeat's, the leader's, and the group writer's and the LISTEN one's
+    when they run (PostgreSQL)."""
+    return concurrency + 3 + int(uses_group_commit()) + int(listens())

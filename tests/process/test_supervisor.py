@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -12,7 +16,8 @@ from django.db import connection
 import tasks_engine
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.models import WorkflowRun
-from tests.helpers import wait_for
+from tasks_engine.worker import bounds
+from tests.helpers import ROOT, database_url, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -90,3 +95,68 @@ def test_a_burst_supervisor_exits_once_its_children_have_drained(workers) -> Non
     if connection.vendor == "sqlite":  # the supervisor warns once for all of its children
         assert sup.log().count("(tasks_engine.W024)") == 1, sup.log()
         assert "(tasks_engine.W025)" not in sup.log()  # nor does a child about its siblings
+
+
+def events(log: str, name: str) -> list[dict[str, Any]]:
+    """The supervisor's and its children's JSON log lines whose event is `name`."""
+    found = []
+    for line in log.splitlines():
+        if line.startswith("{"):
+            with_event = json.loads(line)
+            if with_event.get("event") == name:
+                found.append(with_event)
+    return found
+
+
+def start_supervisor(*args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "runworker", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def refused_without_a_child(*args: str) -> str:
+    """Run `runworker ARGS`, which must exit before it starts any child; its stderr. Should it
+    fork instead, it is killed at once (its children get SIGTERM with it) and the test fails."""
+    sup = start_supervisor(*args)
+    try:
+        forked = wait_for(
+            lambda: sup.poll() is not None or children(sup.pid), 60, "the command to end"
+        )
+        assert forked is True, f"it started worker processes {sorted(forked)}"
+    finally:
+        if sup.poll() is None:
+            os.kill(sup.pid, signal.SIGKILL)
+            sup.wait(10)
+    _out, err = sup.communicate(timeout=10)
+    assert sup.returncode != 0
+    return err
+
+
+def test_processes_beyond_the_machine_is_a_usage_error_and_forks_nothing() -> None:
+    err = refused_without_a_child("--processes", "10000", "--burst")
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "--processes 10000" in lines[0], err
+    assert not WorkerRow.objects.exists()
+
+
+def test_processes_beyond_the_databases_bound_is_a_usage_error() -> None:
+    if connection.vendor == "postgresql":
+        # Two processes pass the CPU bound of any machine; 2 x (500 slots + their side loops)
+        # connections pass no ordinary max_connections.
+        args, says = ["--processes", "2", "--concurrency", "500"], "max_connections"
+    else:
+        assert bounds.CPU_MULTIPLE * bounds.cpus() > bounds.SQLITE_MAX_PROCESSES  # not the CPUs
+        args, says = ["--processes", str(bounds.SQLITE_MAX_PROCESSES + 1)], "on SQLite"
+    err = refused_without_a_child(*args, "--burst")
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert says in lines[0] and f"--processes {args[1]}" in lines[0], err
+    assert not WorkerRow.objects.exists()
