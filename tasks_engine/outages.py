@@ -15,6 +15,7 @@ from django.db import connection
 from .exceptions import EngineUnavailable
 
 DB_ERRORS: tuple[type[BaseException], ...] = (DjangoDbError, EngineUnavailable)
+MAX_BACKOFF_SECONDS = 5.0
 
 
 class Outage:
@@ -33,7 +34,7 @@ class Outage:
             self.log.warning("database unavailable", where=self.what, error=str(exc).strip())
             self.down = True
         delay = self.backoff
-        self.backoff = min(self.backoff * 2, 5.0)
+        self.backoff = min(self.backoff * 2, MAX_BACKOFF_SECONDS)
         return delay
 
     def ok(self) -> None:

@@ -31,11 +31,12 @@ from ..exceptions import LeaseLostError, WorkerStopping
 from ..leader import Leader
 from ..logs import get_logger
 from ..notify import Listener, listening_possible
-from ..outages import DB_ERRORS, Outage, drop_if_cut
+from ..outages import DB_ERRORS, MAX_BACKOFF_SECONDS, Outage, drop_if_cut
 from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat, WorkerHooks
+from .pulse import Pulse, silence_seconds
 from .slots import Held, SlotPool
 
 BURST_HORIZON = timedelta(seconds=60)
@@ -78,9 +79,17 @@ class Worker:
         self._slots: list[threading.Thread] = []
         self._signals = 0
         self.registration = Registration(self)
+        # The claim loop turns at least every poll interval, or every outage back-off.
+        loop_stall = silence_seconds() + config.poll_interval + MAX_BACKOFF_SECONDS
+        self.pulse = Pulse.from_environment(loop_stall, self.log)
         self.heartbeat = Heartbeat(
             self.slots,
-            WorkerHooks(self.hand_back_stale, self.write_off, self.registration.beat_if_due),
+            WorkerHooks(
+                self.hand_back_stale,
+                self.write_off,
+                self.registration.beat_if_due,
+                pulse=self.pulse.beat,
+            ),
             lease_seconds=config.lease_seconds,
             heartbeat_seconds=config.heartbeat_seconds,
             log=self.log,
@@ -108,6 +117,7 @@ class Worker:
         outage = Outage(self.log, "claim")
         slots = self.slots
         while not self.stopping.is_set() and not self._a_side_loop_died():
+            self.pulse.loop_turned()
             # A guarded claim (flow control) is two statements and a commit of its own: it
             # goes on this thread's connection, beside the group writer's (which then only
             # writes), and claims ahead for the slots as the group's claim would.
@@ -303,6 +313,7 @@ class Worker:
         self.log.info("worker stopping", in_flight=self.slots.busy())
         deadline = time.monotonic() + self.config.grace_seconds
         while self.slots.busy() and time.monotonic() < deadline:
+            self.pulse.loop_turned()
             time.sleep(0.05)
         stuck = self.held()
         if stuck:

@@ -1,0 +1,83 @@
+"""The beat a supervised worker sends its supervisor (worker/pulse.py): from the heartbeat
+thread, down a real pipe, and only while the claim loop turns too."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from tasks_engine.logs import get_logger
+from tasks_engine.worker.heartbeat import Heartbeat, WorkerHooks
+from tasks_engine.worker.pulse import PULSE_FD_ENV, Pulse
+from tasks_engine.worker.slots import SlotPool
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def beats(fd: int) -> int:
+    try:
+        return len(os.read(fd, 4096))
+    except BlockingIOError:
+        return 0
+
+
+def test_the_heartbeat_stops_beating_once_the_claim_loop_stalls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A claim loop that deadlocks while the heartbeat thread runs on falls silent: the
+    supervisor must not take a live heartbeat for a live worker."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    monkeypatch.setenv(PULSE_FD_ENV, str(write_end))
+    pulse = Pulse.from_environment(stall_seconds=0.5, log=get_logger())
+    hooks = WorkerHooks(lambda now: None, lambda held: None, lambda now: None, pulse=pulse.beat)
+    heartbeat = Heartbeat(
+        SlotPool(1, 0), hooks, lease_seconds=0.6, heartbeat_seconds=0.2, log=get_logger()
+    )
+    turning = threading.Event()
+    turning.set()
+
+    def claim_loop() -> None:
+        while turning.is_set():
+            pulse.loop_turned()
+            time.sleep(0.05)
+
+    loop = threading.Thread(target=claim_loop)
+    loop.start()
+    heartbeat.start()
+    received = 0
+
+    def some_beats() -> bool:
+        nonlocal received
+        received += beats(read_end)
+        return received >= 3
+
+    try:
+        wait_for(some_beats, 10, "beats while the claim loop turns")
+        turning.clear()  # the claim loop stalls; the heartbeat thread goes on
+        loop.join()
+        time.sleep(0.5 + 0.3)  # past the stall, plus a heartbeat round to drain the last beats
+        beats(read_end)
+        time.sleep(0.6)  # three heartbeat rounds
+        assert heartbeat.is_alive()
+        assert beats(read_end) == 0
+        pulse.loop_turned()  # it turns again: beats resume
+        wait_for(lambda: beats(read_end) >= 1, 10, "beats once the claim loop turns again")
+    finally:
+        turning.clear()
+        heartbeat.stop.set()
+        heartbeat.wake.set()
+        heartbeat.join(5)
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_an_unsupervised_worker_beats_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PULSE_FD_ENV, raising=False)
+    pulse = Pulse.from_environment(stall_seconds=1.0, log=get_logger())
+    assert pulse.fd is None
+    pulse.beat(time.monotonic())  # nothing to write to, nothing raised
