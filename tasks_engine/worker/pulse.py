@@ -15,6 +15,8 @@ import os
 import time
 from typing import Any
 
+from django.conf import settings
+
 from ..conf import engine_settings
 
 PULSE_FD_ENV = "TASKS_ENGINE_PULSE_FD"  # set by the supervisor: the pipe's write end
@@ -23,9 +25,21 @@ MIN_SILENCE_SECONDS = 3.0  # three heartbeat rounds
 
 def silence_seconds() -> float:
     """How long a supervised child may be silent before the supervisor kills it: twice
-    DEAD_WORKER_SECONDS. By then the fleet has counted it dead for as long again and its runs
-    are claimable by others, so the kill takes nothing from it that it still held."""
-    return max(MIN_SILENCE_SECONDS, 2 * engine_settings().dead_worker_seconds)
+    DEAD_WORKER_SECONDS (by then the fleet has counted it dead for as long again and its runs
+    are claimable by others, so the kill takes nothing from it that it still held), plus, on
+    SQLite, the busy timeout: a healthy child may wait that long for the write lock that a
+    wedged sibling holds, and must not be taken for wedged itself."""
+    dead = max(MIN_SILENCE_SECONDS, 2 * engine_settings().dead_worker_seconds)
+    return dead + sqlite_busy_timeout()
+
+
+def sqlite_busy_timeout() -> float:
+    """Seconds an SQLite statement waits for the write lock (0 on PostgreSQL, whose claims skip
+    locked rows and whose engine writes hold row locks only for a statement or a commit)."""
+    db = settings.DATABASES.get("default", {})
+    if db.get("ENGINE") != "django.db.backends.sqlite3":
+        return 0.0
+    return float((db.get("OPTIONS") or {}).get("timeout", 5.0))  # Python's sqlite3 default
 
 
 class Pulse:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +161,76 @@ def test_processes_beyond_the_databases_bound_is_a_usage_error() -> None:
     assert len(lines) == 1, err
     assert says in lines[0] and f"--processes {args[1]}" in lines[0], err
     assert not WorkerRow.objects.exists()
+
+
+def test_sigterm_while_spawning_starts_no_further_child_and_stops_promptly(tmp_path: Path) -> None:
+    n = 4  # within the bound on both databases with one slot each
+    log = tmp_path / "sup.log"
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    with open(log, "wb") as out:
+        sup = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runworker", "--processes", str(n),
+             "--concurrency", "1", "--poll-interval", "0.2"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    seen: set[int] = set()
+    try:
+        seen |= wait_for(lambda: children(sup.pid), 60, "the first worker process")
+        os.kill(sup.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        while sup.poll() is None and time.monotonic() - signalled < 20:
+            seen |= children(sup.pid)
+            time.sleep(0.02)
+        assert sup.poll() == 0, log.read_text()
+    finally:
+        if sup.poll() is None:
+            os.kill(sup.pid, signal.SIGKILL)
+            sup.wait(10)
+    started = {e["pid"] for e in events(log.read_text(), "worker process started")}
+    assert started == seen and len(started) < n, log.read_text()  # none after the signal
+    assert not any(alive(pid) for pid in started)
+    assert not rows_of(started)
+
+
+def test_a_stopped_child_is_killed_and_replaced(workers) -> None:
+    sup = workers(
+        "--processes", "2", "--concurrency", "2", "--poll-interval", "0.2",
+        tag="stopped", env={"TEST_DEAD_WORKER_SECONDS": "1", "TEST_SQLITE_TIMEOUT": "2"},
+    )  # fmt: skip
+    first = wait_for(
+        lambda: (kids := children(sup.pid)) and len(rows_of(kids)) == 2 and kids,
+        60,
+        "two worker processes with their rows",
+    )
+    victim = min(first)
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        replaced = wait_for(
+            lambda: (
+                (kids := children(sup.pid))
+                and len(kids) == 2
+                and victim not in kids
+                and len(rows_of(kids)) == 2
+                and kids
+            ),
+            60,
+            "the stopped child to be replaced",
+        )
+        assert not alive(victim)
+        silent = [
+            e for e in events(sup.log(), "worker process silent; killed") if e["pid"] == victim
+        ]
+        assert len(silent) == 1, sup.log()
+        assert silent[0]["silent_seconds"] >= 3.0  # the least silence a child is allowed
+    finally:
+        if alive(victim):
+            os.kill(victim, signal.SIGKILL)
+    ids = [tasks_engine.enqueue("noop", {"n": i}).run_id for i in range(10)]
+    wait_for(
+        lambda: WorkflowRun.objects.filter(pk__in=ids, status="completed").count() == 10,
+        60,
+        "the fleet to run work again",
+    )
+    sup.send(signal.SIGTERM)
+    assert sup.wait(60) == 0, sup.log()
+    assert not rows_of(replaced)
