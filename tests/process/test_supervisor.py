@@ -52,7 +52,7 @@ def alive(pid: int) -> bool:
 
 
 def test_two_children_a_killed_one_restarted_and_sigterm_stops_all(workers) -> None:
-    sup = workers("--processes", "2", "--poll-interval", "0.2", tag="sup")
+    sup = workers("--processes", "2", "--concurrency", "2", "--poll-interval", "0.2", tag="sup")
     first = wait_for(
         lambda: (kids := children(sup.pid)) and len(rows_of(kids)) == 2 and kids,
         60,
@@ -90,7 +90,10 @@ def test_two_children_a_killed_one_restarted_and_sigterm_stops_all(workers) -> N
 
 def test_a_burst_supervisor_exits_once_its_children_have_drained(workers) -> None:
     ids = [tasks_engine.enqueue("noop", {"n": i}).run_id for i in range(20)]
-    sup = workers("--processes", "2", "--burst", "--poll-interval", "0.2", tag="burst")
+    sup = workers(
+        "--processes", "2", "--concurrency", "2", "--burst", "--poll-interval", "0.2",
+        tag="burst",
+    )  # fmt: skip
     assert sup.wait(120) == 0, sup.log()
     assert WorkflowRun.objects.filter(pk__in=ids, status="completed").count() == 20
     if connection.vendor == "sqlite":  # the supervisor warns once for all of its children
