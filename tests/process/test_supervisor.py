@@ -237,3 +237,34 @@ def test_a_stopped_child_is_killed_and_replaced(workers) -> None:
     sup.send(signal.SIGTERM)
     assert sup.wait(60) == 0, sup.log()
     assert not rows_of(replaced)
+
+
+@pytest.mark.postgres_only("the connections of a worker process are PostgreSQL sessions")
+def test_a_worker_process_holds_the_connections_the_bound_counts(workers) -> None:
+    from tasks_engine.leader import current_leader
+    from tasks_engine.worker.loop import connections_per_process
+
+    def sessions() -> int:  # on the test database, but this test's own
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return int(cur.fetchone()[0])
+
+    expected = connections_per_process(3)
+    w = workers("--concurrency", "3", "--poll-interval", "0.2", tag="conns")
+    wait_for(lambda: rows_of({w.pid}), 60, "the worker's row")
+    ids = [tasks_engine.enqueue("noop", {"n": i}).run_id for i in range(6)]  # slots, group writer
+    wait_for(
+        lambda: WorkflowRun.objects.filter(pk__in=ids, status="completed").count() == 6,
+        60,
+        "the runs to complete",
+    )
+    wait_for(current_leader, 30, "the worker to lead")
+    # The heartbeat's connection opens with its first periodic beat of the row (about 2 s in).
+    wait_for(lambda: sessions() == expected, 30, f"{expected} sessions")
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:  # and no more, past another beat of every thread
+        assert sessions() == expected
+        time.sleep(0.1)
