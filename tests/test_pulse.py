@@ -4,6 +4,8 @@ thread, down a real pipe, and only while the claim loop turns too."""
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import threading
 import time
 
@@ -11,8 +13,9 @@ import pytest
 
 from tasks_engine.logs import get_logger
 from tasks_engine.worker.heartbeat import Heartbeat, WorkerHooks
-from tasks_engine.worker.pulse import PULSE_FD_ENV, Pulse
+from tasks_engine.worker.pulse import PULSE_FD_ENV, STOPPING, Pulse
 from tasks_engine.worker.slots import SlotPool
+from tasks_engine.worker.supervisor import Supervisor
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,3 +84,32 @@ def test_an_unsupervised_worker_beats_nothing(monkeypatch: pytest.MonkeyPatch) -
     pulse = Pulse.from_environment(stall_seconds=1.0, log=get_logger())
     assert pulse.fd is None
     pulse.beat(time.monotonic())  # nothing to write to, nothing raised
+
+
+CHILD = """
+import os, sys, time
+fd = int(os.environ["TASKS_ENGINE_PULSE_FD"])
+os.write(fd, b".")
+os.write(fd, sys.argv[1].encode())
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_child_that_said_it_stops_is_given_time_to_stop() -> None:
+    """A worker's last seconds of a stop pass without a beat (its heartbeat has stopped): once
+    it said so, a silence longer than the supervisor allows a running child is no wedge. (The
+    child is a small script, not a worker: it beats once, says it stops, sleeps, exits 0.)"""
+    command = [sys.executable, "-c", CHILD, STOPPING.decode(), "1.5"]
+    sup = Supervisor(1, burst=True, command=command)
+    sup.silence = 0.5
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    # Should it kill and restart the child instead, a SIGTERM ends the supervisor.
+    bound = threading.Timer(15.0, os.kill, (os.getpid(), signal.SIGTERM))
+    bound.start()
+    try:
+        code = sup.run()
+    finally:
+        bound.cancel()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    assert code == 0 and sup.children[0].codes == [0]  # not killed, not restarted

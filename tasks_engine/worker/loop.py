@@ -330,6 +330,7 @@ class Worker:
                     pass
                 except DB_ERRORS:
                     pass
+        self.pulse.stopping()
         self.heartbeat.stop.set()
         self.leader.join(timeout=5.0)
         with contextlib.suppress(*DB_ERRORS):

@@ -20,6 +20,8 @@ from django.conf import settings
 from ..conf import engine_settings
 
 PULSE_FD_ENV = "TASKS_ENGINE_PULSE_FD"  # set by the supervisor: the pipe's write end
+BEAT = b"."
+STOPPING = b"!"  # the last beat: the worker stops, and its heartbeat with it
 MIN_SILENCE_SECONDS = 3.0  # three heartbeat rounds
 
 
@@ -81,8 +83,18 @@ class Pulse:
                 )
             return
         self._withheld = False
+        self._write(BEAT)
+
+    def stopping(self) -> None:
+        """The worker stops its heartbeat now; the rest of its stop (the leader's resignation,
+        closing connections) takes a few seconds without a beat."""
+        self._write(STOPPING)
+
+    def _write(self, what: bytes) -> None:
+        if self.fd is None:
+            return
         try:
-            os.write(self.fd, b".")
+            os.write(self.fd, what)
         except BlockingIOError:
             pass  # the pipe is full of beats the supervisor has not read yet
         except OSError:

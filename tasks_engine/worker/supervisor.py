@@ -17,7 +17,8 @@ once: a child never sees the "second signal" that means "exit at once" by accide
 - A wedged child (stopped, or a deadlocked heartbeat or claim loop) stops beating down its pipe
   (pulse.py says what a beat means); silent for `pulse.silence_seconds()` (twice
   DEAD_WORKER_SECONDS), it is killed with SIGKILL, which a stopped process cannot ignore, and
-  replaced as a crashed one would be (when stopping, killed only).
+  replaced as a crashed one would be (when stopping, killed only). A child that stops sends a
+  last beat that says so, and then gets FINAL_STOP_SECONDS to exit.
 - On Linux each child asks to receive SIGTERM when the supervisor dies (prctl
   PR_SET_PDEATHSIG): a supervisor killed with SIGKILL leaves no orphans behind.
 """
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..logs import get_logger
-from .pulse import PULSE_FD_ENV, silence_seconds
+from .pulse import PULSE_FD_ENV, STOPPING, silence_seconds
 
 CHILD_ENV = "TASKS_ENGINE_WORKER_CHILD"  # set in a child: run one worker, not a supervisor
 POLL_SECONDS = 0.2
@@ -42,6 +43,7 @@ QUICK_EXIT_SECONDS = 10.0  # a child that dies sooner is restarted after a backo
 MAX_BACKOFF_SECONDS = 30.0
 STAGGER_SECONDS = 5.0  # the most a child's start waits for the previous one's first beat
 STARTUP_SECONDS = 60.0  # the most a child may take to boot and beat for the first time
+FINAL_STOP_SECONDS = 30.0  # the most a child may take to stop after its last beat
 PR_SET_PDEATHSIG = 1
 
 
@@ -67,6 +69,7 @@ class Child:
     beats: int | None = None  # the read end of its pulse pipe
     last_beat: float | None = None  # None: it has not beaten since it started
     killed: bool = False  # SIGKILLed for its silence; its exit is pending
+    stopping: bool = False  # it sent its last beat: it is stopping
     forwarded: int = 0  # how many of the supervisor's signals it was sent
 
     def booting(self, now: float) -> bool:
@@ -153,6 +156,7 @@ class Supervisor:
             return
         if data:
             child.last_beat = now
+            child.stopping = child.stopping or STOPPING in data
 
     def _kill_if_silent(self, child: Child, now: float) -> None:
         if child.proc is None or child.killed:
@@ -161,6 +165,8 @@ class Supervisor:
             silent, limit = now - child.started, max(STARTUP_SECONDS, self.silence)
         else:
             silent, limit = now - child.last_beat, self.silence
+        if child.stopping:
+            limit = max(limit, FINAL_STOP_SECONDS)
         if silent <= limit:
             return
         child.killed = True
@@ -195,6 +201,7 @@ class Supervisor:
         child.started = time.monotonic()
         child.last_beat = None
         child.killed = False
+        child.stopping = False
         child.restart_at = None
         self.log.info("worker process started", child=child.index, pid=child.proc.pid)
         self._forward(child)  # a signal that arrived while it was being started

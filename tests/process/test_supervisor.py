@@ -237,6 +237,7 @@ def test_a_stopped_child_is_killed_and_replaced(workers) -> None:
     sup.send(signal.SIGTERM)
     assert sup.wait(60) == 0, sup.log()
     assert not rows_of(replaced)
+    assert len(events(sup.log(), "worker process silent; killed")) == 1  # none while stopping
 
 
 @pytest.mark.postgres_only("the connections of a worker process are PostgreSQL sessions")
