@@ -19,6 +19,7 @@ from .pooler import explained, lost_prepared_statement
 
 DB_ERRORS: tuple[type[BaseException], ...] = (DjangoDbError, EngineUnavailable)
 misconfigured = threading.Event()  # a thread met a lost prepared statement (see `failed`)
+MAX_BACKOFF_SECONDS = 5.0
 
 
 class Outage:
@@ -45,7 +46,7 @@ class Outage:
             self.log.warning("database unavailable", where=self.what, error=str(exc).strip())
             self.down = True
         delay = self.backoff
-        self.backoff = min(self.backoff * 2, 5.0)
+        self.backoff = min(self.backoff * 2, MAX_BACKOFF_SECONDS)
         return delay
 
     def ok(self) -> None:

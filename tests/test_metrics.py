@@ -93,7 +93,10 @@ def test_a_worker_serves_its_counters_over_http(workers) -> None:
 @pytest.mark.django_db(transaction=True)
 def test_supervised_workers_serve_on_consecutive_ports(workers) -> None:
     port = _free_port(2)
-    w = workers("--processes", "2", "--metrics-port", str(port), "--poll-interval", "0.2")
+    w = workers(
+        "--processes", "2", "--concurrency", "2", "--metrics-port", str(port),
+        "--poll-interval", "0.2",
+    )  # fmt: skip
     for p in (port, port + 1):
         try:
             text = wait_for(functools.partial(_try_scrape, p), 60, f"metrics on port {p}")

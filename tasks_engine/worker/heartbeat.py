@@ -55,6 +55,7 @@ class WorkerHooks:
     hand_back_stale: Callable[[float], None]  # prefetched runs that waited too long for a slot
     write_off: Callable[[Held], None]  # a slot whose run ignores its abort: replace its thread
     beat: Callable[[float], None]  # the worker's row (workers.py), when a beat is due
+    pulse: Callable[[float], None] = lambda now: None  # to a supervisor (pulse.py), every round
 
 
 class Heartbeat(threading.Thread):
@@ -86,6 +87,7 @@ class Heartbeat(threading.Thread):
                     min(PROGRESS_FLUSH_SECONDS, self.heartbeat_seconds, self.next_timer())
                 )
                 self.wake.clear()
+                self.hooks.pulse(time.monotonic())  # first: it needs no database
                 kicked = self.kick.is_set()
                 self.kick.clear()
                 self.abort_unrenewed()

@@ -31,11 +31,12 @@ from ..exceptions import LeaseLostError, WorkerStopping
 from ..leader import Leader
 from ..logs import get_logger
 from ..notify import Listener, listening_possible
-from ..outages import DB_ERRORS, Outage, drop_if_cut, misconfigured
+from ..outages import DB_ERRORS, MAX_BACKOFF_SECONDS, Outage, drop_if_cut, misconfigured
 from ..pooler import behind_transaction_pooler
 from ..workers import Registration
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat, WorkerHooks
+from .pulse import Pulse, silence_seconds
 from .slots import Held, SlotPool
 
 BURST_HORIZON = timedelta(seconds=60)
@@ -78,9 +79,17 @@ class Worker:
         self._slots: list[threading.Thread] = []
         self._signals = 0
         self.registration = Registration(self)
+        # The claim loop turns at least every poll interval, or every outage back-off.
+        loop_stall = silence_seconds() + config.poll_interval + MAX_BACKOFF_SECONDS
+        self.pulse = Pulse.from_environment(loop_stall, self.log)
         self.heartbeat = Heartbeat(
             self.slots,
-            WorkerHooks(self.hand_back_stale, self.write_off, self.registration.beat_if_due),
+            WorkerHooks(
+                self.hand_back_stale,
+                self.write_off,
+                self.registration.beat_if_due,
+                pulse=self.pulse.beat,
+            ),
             lease_seconds=config.lease_seconds,
             heartbeat_seconds=config.heartbeat_seconds,
             log=self.log,
@@ -112,6 +121,7 @@ class Worker:
             if misconfigured.is_set():  # logged by the thread that met it; retrying cures nothing
                 self.log.error("stopping the worker: the database settings must change")
                 break
+            self.pulse.loop_turned()
             # A guarded claim (flow control) is two statements and a commit of its own: it
             # goes on this thread's connection, beside the group writer's (which then only
             # writes), and claims ahead for the slots as the group's claim would.
@@ -266,7 +276,7 @@ class Worker:
     # -- start and stop -----------------------------------------------------------------------
 
     def _start_threads(self) -> None:
-        if connection.vendor == "postgresql" and engine_settings().group_commit:
+        if uses_group_commit():
             claims = transitions.ClaimRequest(
                 self.id, self.pairs, self.queues, 0, self.config.lease_seconds
             )
@@ -276,7 +286,7 @@ class Worker:
             self._start_slot()
         self.heartbeat.start()
         self.leader.start()
-        if engine_settings().notify and listening_possible():
+        if listens():
             self.listener = Listener(self.on_notify, self.heartbeat.stop, self.log)
             self.listener.start()
 
@@ -320,6 +330,7 @@ class Worker:
         self.log.info("worker stopping", in_flight=self.slots.busy())
         deadline = time.monotonic() + self.config.grace_seconds
         while self.slots.busy() and time.monotonic() < deadline:
+            self.pulse.loop_turned()
             time.sleep(0.05)
         stuck = self.held()
         if stuck:
@@ -336,6 +347,7 @@ class Worker:
                     pass
                 except DB_ERRORS:
                     pass
+        self.pulse.stopping()
         self.heartbeat.stop.set()
         self.leader.join(timeout=5.0)
         with contextlib.suppress(*DB_ERRORS):
@@ -358,3 +370,18 @@ class Worker:
 
     def _exit_code(self) -> int:
         return 1 if misconfigured.is_set() else 0
+
+
+def uses_group_commit() -> bool:
+    return connection.vendor == "postgresql" and engine_settings().group_commit
+
+
+def listens() -> bool:
+    return engine_settings().notify and listening_possible()
+
+
+def connections_per_process(concurrency: int) -> int:
+    """The database connections one worker process holds (`_start_threads`): one per slot, the
+    claim loop's, the heartbeat's, the leader's, and the group writer's and the LISTEN one's
+    when they run (PostgreSQL)."""
+    return concurrency + 3 + int(uses_group_commit()) + int(listens())

@@ -5,13 +5,20 @@ autoreloader does), told by the environment that it is a child. The children run
 groups of their own, so a Ctrl-C at a terminal reaches only the supervisor, which forwards it
 once: a child never sees the "second signal" that means "exit at once" by accident.
 
-- SIGTERM/SIGINT: forwarded to every child; the supervisor waits for them all and exits 0 when
-  each stopped cleanly (1 otherwise). A second signal is forwarded too (the children exit at
-  once) and the supervisor exits 1.
+- Children start one after another: the next once the previous one beats (it is up), or
+  STAGGER_SECONDS after it started, so N interpreters do not boot at once on the CPUs.
+- SIGTERM/SIGINT: no child starts after it; it is forwarded to every child started; the
+  supervisor waits for them all and exits 0 when each stopped cleanly (1 otherwise). A second
+  signal is forwarded too (the children exit at once) and the supervisor exits 1.
 - A child that exits while the supervisor is not stopping (killed, crashed, its heartbeat or
   leader thread died) is started again, at once if it had run a while, else after a backoff
   that doubles up to 30 s. With --burst, a child that exits 0 has finished and is not
   restarted; the supervisor exits once none is left.
+- A wedged child (stopped, or a deadlocked heartbeat or claim loop) stops beating down its pipe
+  (pulse.py says what a beat means); silent for `pulse.silence_seconds()` (twice
+  DEAD_WORKER_SECONDS), it is killed with SIGKILL, which a stopped process cannot ignore, and
+  replaced as a crashed one would be (when stopping, killed only). A child that stops sends a
+  last beat that says so, and then gets FINAL_STOP_SECONDS to exit.
 - On Linux each child asks to receive SIGTERM when the supervisor dies (prctl
   PR_SET_PDEATHSIG): a supervisor killed with SIGKILL leaves no orphans behind.
 """
@@ -28,11 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..logs import get_logger
+from .pulse import PULSE_FD_ENV, STOPPING, silence_seconds
 
 CHILD_ENV = "TASKS_ENGINE_WORKER_CHILD"  # set in a child: run one worker, not a supervisor
 POLL_SECONDS = 0.2
 QUICK_EXIT_SECONDS = 10.0  # a child that dies sooner is restarted after a backoff
 MAX_BACKOFF_SECONDS = 30.0
+STAGGER_SECONDS = 5.0  # the most a child's start waits for the previous one's first beat
+STARTUP_SECONDS = 60.0  # the most a child may take to boot and beat for the first time
+FINAL_STOP_SECONDS = 30.0  # the most a child may take to stop after its last beat
 PR_SET_PDEATHSIG = 1
 
 
@@ -55,6 +66,16 @@ class Child:
     restart_at: float | None = None
     done: bool = False  # exited for good (stopping, or a --burst child that finished)
     codes: list[int] = field(default_factory=list)
+    beats: int | None = None  # the read end of its pulse pipe
+    last_beat: float | None = None  # None: it has not beaten since it started
+    killed: bool = False  # SIGKILLed for its silence; its exit is pending
+    stopping: bool = False  # it sent its last beat: it is stopping
+    forwarded: int = 0  # how many of the supervisor's signals it was sent
+
+    def booting(self, now: float) -> bool:
+        """Started, not beaten yet, for less than STAGGER_SECONDS: the next child waits."""
+        up_for = now - self.started
+        return self.proc is not None and self.last_beat is None and up_for < STAGGER_SECONDS
 
 
 class Supervisor:
@@ -63,21 +84,42 @@ class Supervisor:
         self.burst = burst
         self.children = [Child(i) for i in range(processes)]
         self.log = get_logger(supervisor=os.getpid())
+        self.silence = silence_seconds()
         self._signals = 0
+        self._signum = signal.SIGTERM
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        for child in self.children:
-            self._start(child)
         while not all(c.done for c in self.children):
             now = time.monotonic()
+            self._start_next(now)
             for child in self.children:
+                self._read_beats(child, now)
                 self._check(child, now)
+                self._kill_if_silent(child, now)
             time.sleep(POLL_SECONDS)
-        clean = all(c.codes and c.codes[-1] == 0 for c in self.children)
+        clean = all(self._stopped_cleanly(c) for c in self.children if c.codes)
         self.log.info("supervisor stopped", clean=clean)
         return 0 if clean and self._signals <= 1 else 1
+
+    def _start_next(self, now: float) -> None:
+        """Start the next child never started, once none is still booting (and never after a
+        signal)."""
+        if self._signals or any(c.booting(now) for c in self.children):
+            return
+        for child in self.children:
+            if child.proc is None and not child.codes and not child.done:
+                self._start(child)
+                return
+
+    def _stopped_cleanly(self, child: Child) -> bool:
+        """It exited 0, or the stop signal ended it before it could handle one (it had not
+        beaten yet: it held nothing)."""
+        code = child.codes[-1]
+        return code == 0 or (
+            self._signals > 0 and child.last_beat is None and code == -self._signum
+        )
 
     def _check(self, child: Child, now: float) -> None:
         if child.done:
@@ -93,6 +135,7 @@ class Supervisor:
             return
         child.codes.append(code)
         child.proc = None
+        self._close_beats(child)
         if self._signals or (self.burst and code == 0):
             child.done = True
             return
@@ -104,23 +147,81 @@ class Supervisor:
             "worker process exited; restarting", child=child.index, code=code, restart_in=delay
         )
 
-    def _start(self, child: Child) -> None:
-        env = {**os.environ, CHILD_ENV: str(child.index + 1)}
-        child.proc = subprocess.Popen(
-            self.command,
-            env=env,
-            process_group=0,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+    def _read_beats(self, child: Child, now: float) -> None:
+        if child.beats is None:
+            return
+        try:
+            data = os.read(child.beats, 4096)
+        except BlockingIOError:
+            return
+        if data:
+            child.last_beat = now
+            child.stopping = child.stopping or STOPPING in data
+
+    def _kill_if_silent(self, child: Child, now: float) -> None:
+        if child.proc is None or child.killed:
+            return
+        if child.last_beat is None:
+            silent, limit = now - child.started, max(STARTUP_SECONDS, self.silence)
+        else:
+            silent, limit = now - child.last_beat, self.silence
+        if child.stopping:
+            limit = max(limit, FINAL_STOP_SECONDS)
+        if silent <= limit:
+            return
+        child.killed = True
+        child.proc.kill()
+        self.log.error(
+            "worker process silent; killed",
+            child=child.index,
+            pid=child.proc.pid,
+            silent_seconds=round(silent, 1),
+            limit_seconds=limit,
+            beaten=child.last_beat is not None,
         )
+
+    def _start(self, child: Child) -> None:
+        beats, beat_end = os.pipe()
+        os.set_blocking(beats, False)
+        env = {**os.environ, CHILD_ENV: str(child.index + 1), PULSE_FD_ENV: str(beat_end)}
+        try:
+            child.proc = subprocess.Popen(
+                self.command,
+                env=env,
+                process_group=0,
+                pass_fds=(beat_end,),
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            )
+        except BaseException:
+            os.close(beats)
+            raise
+        finally:
+            os.close(beat_end)  # the child holds its own copy now
+        child.beats = beats
         child.started = time.monotonic()
+        child.last_beat = None
+        child.killed = False
+        child.stopping = False
         child.restart_at = None
         self.log.info("worker process started", child=child.index, pid=child.proc.pid)
+        self._forward(child)  # a signal that arrived while it was being started
+
+    def _close_beats(self, child: Child) -> None:
+        if child.beats is not None:
+            os.close(child.beats)
+            child.beats = None
+
+    def _forward(self, child: Child) -> None:
+        while child.proc is not None and child.forwarded < self._signals:
+            child.forwarded += 1  # before sending: a signal handled meanwhile sends no twice
+            if child.proc.poll() is None:
+                child.proc.send_signal(self._signum)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._signals += 1
+        self._signum = signal.Signals(signum)
         for child in self.children:
-            if child.proc is not None and child.proc.poll() is None:
-                child.proc.send_signal(signum)
+            self._forward(child)
         if self._signals > 1:
             os._exit(1)  # the children got the second signal too: they exit at once
 

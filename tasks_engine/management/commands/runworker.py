@@ -11,7 +11,8 @@ from tasks_engine import metrics
 from tasks_engine.checks import worker_checks
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
-from tasks_engine.worker import Worker, WorkerConfig, supervisor
+from tasks_engine.worker import Worker, WorkerConfig, bounds, supervisor
+from tasks_engine.worker.loop import connections_per_process
 
 from ...cli import (
     OneLineErrors,
@@ -118,6 +119,9 @@ class Command(OneLineErrors, BaseCommand):
         )
 
     def handle(self, *args: Any, **opts: Any) -> None:
+        concurrency = opts["concurrency"] or default_concurrency()
+        if opts["processes"] > 1 and not supervisor.is_child():
+            self.check_processes(opts["processes"], concurrency)  # before any warning
         for found in worker_checks(opts["queue"], opts.get("processes") or 1):
             if found.is_serious():
                 raise CommandError(f"{found.msg} ({found.id})")
@@ -141,7 +145,7 @@ class Command(OneLineErrors, BaseCommand):
         config = WorkerConfig(
             workflows=tuple(workflows),
             queues=tuple(opts["queue"]),
-            concurrency=opts["concurrency"] or default_concurrency(),
+            concurrency=concurrency,
             prefetch=opts["prefetch"],
             lease_seconds=lease,
             heartbeat_seconds=heartbeat,
@@ -158,6 +162,20 @@ class Command(OneLineErrors, BaseCommand):
             code = worker.run()
         if code:
             raise SystemExit(code)
+
+    def check_processes(self, processes: int, concurrency: int) -> None:
+        """More processes than the CPUs and the database's connections allow: a usage error,
+        before any child starts."""
+        try:
+            problem = bounds.too_many(processes, connections_per_process(concurrency))
+        except bounds.CannotCount as exc:
+            self.stderr.write(
+                f"warning: cannot read the database's connection limits ({exc}); "
+                "--processes is checked against the CPUs only"
+            )
+            return
+        if problem is not None:
+            raise CommandError(problem)
 
 
 def serve_metrics(worker: Worker, addr: str, port: int) -> None:
