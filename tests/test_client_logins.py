@@ -1,0 +1,54 @@
+"""UMT's logins at qBittorrent are rationed in the database (umt.downloads.logins): counted
+before they are sent, backed off after each failure, stopped short of qBittorrent's ban, and
+started afresh by new credentials. The real client's side: tests/qbittorrent/
+test_cleanup_login_qbittorrent.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from umt.downloads.logins import LoginRation, LoginRefused
+from umt.models import ClientLogin
+
+pytestmark = pytest.mark.django_db
+
+URL = "http://127.0.0.1:18080"
+
+
+def ration(password: str = "wrong", *, backoff: float = 0.0) -> LoginRation:
+    return LoginRation(URL, "admin", password, attempts=3, backoff_seconds=backoff)
+
+
+def test_no_username_is_refused_without_a_login() -> None:
+    with pytest.raises(LoginRefused, match="asks for a login and UMT has no username"):
+        LoginRation(URL, "", "", attempts=3, backoff_seconds=0).reserve()
+    assert not ClientLogin.objects.exists()
+
+
+def test_logins_stop_after_the_limit_until_the_credentials_change() -> None:
+    r = ration()
+    for n in (1, 2, 3):
+        r.reserve()
+        message = r.failed("wrong username or password")
+        assert f"failed login {n} of at most 3" in message
+        assert "refused UMT's login as 'admin': wrong username or password" in message
+    assert "UMT stops trying until its credentials change" in message
+    with pytest.raises(LoginRefused, match="UMT stopped trying so that qBittorrent does not ban"):
+        r.reserve()
+    assert ClientLogin.objects.get().failures == 3
+    ration("corrected").reserve()  # new credentials: a fresh count
+    assert ClientLogin.objects.get().failures == 1
+    assert "corrected" not in ClientLogin.objects.get().credentials  # a keyed hash only
+
+
+def test_a_failed_login_backs_off_and_a_success_starts_afresh() -> None:
+    r = ration(backoff=3600)
+    r.reserve()
+    r.failed("wrong username or password")
+    with pytest.raises(LoginRefused, match=r"1 failed in a row\); the next attempt waits 3\d{3} s"):
+        r.reserve()
+    assert ClientLogin.objects.get().failures == 1  # a refused reservation counts nothing
+    r.succeeded()
+    row = ClientLogin.objects.get()
+    assert (row.failures, row.next_attempt_at, row.last_error) == (0, None, "")
+    r.reserve()
