@@ -6,9 +6,11 @@ test_cleanup_login_qbittorrent.py."""
 from __future__ import annotations
 
 import pytest
+import qbittorrentapi
 
 from umt.downloads.logins import LoginRation, LoginRefused
 from umt.models import ClientLogin
+from umt.workflows import describe
 
 pytestmark = pytest.mark.django_db
 
@@ -52,3 +54,9 @@ def test_a_failed_login_backs_off_and_a_success_starts_afresh() -> None:
     row = ClientLogin.objects.get()
     assert (row.failures, row.next_attempt_at, row.last_error) == (0, None, "")
     r.reserve()
+
+
+def test_a_client_error_without_a_message_is_still_described() -> None:
+    assert describe(qbittorrentapi.LoginFailed()) not in ("LoginFailed: ", "LoginFailed:")
+    assert describe(ValueError("bad")) == "ValueError: bad"
+    assert describe(ValueError()).startswith("ValueError: ") and len(describe(ValueError())) > 12

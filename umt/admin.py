@@ -9,7 +9,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from tasks_engine.admin.lookups import RefuseNulLookupsMixin
 from tasks_engine.logs import redact_text
@@ -44,6 +44,7 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
         "info_hash",
         "download_ref",
         "run",
+        "release_runs",
         "created_at",
         "updated_at",
     ]
@@ -55,6 +56,7 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
         "info_hash",
         "download_ref_shown",
         "run",
+        "release_runs",
         "created_at",
         "updated_at",
     ]
@@ -85,6 +87,16 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
             return "-"
         row = WorkflowRun.objects.filter(pk=obj.run_id).values_list("status", flat=True).first()
         return format_html("{} ({})", run_link(obj.run_id), row or "pruned")
+
+    @admin.display(description="cleanup retried by")
+    def release_runs(self, obj: AcquisitionPlan) -> str:
+        """The `release-download` runs that took over a cleanup the plan's run could not do."""
+        runs = WorkflowRun.objects.filter(
+            task_name="release-download", idempotency_key__startswith=f"release:{obj.pk}:"
+        ).values_list("pk", "status")
+        if not runs:
+            return "-"
+        return format_html_join(", ", "{} ({})", ((run_link(pk), status) for pk, status in runs))
 
     @admin.action(description="Retry the selected failed plans", permissions=["retry"])
     def retry_failed_plans(self, request: HttpRequest, queryset: QuerySet[AcquisitionPlan]) -> None:
