@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import qbittorrentapi
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 
 import tasks_engine
 from tasks_engine.models import WorkflowRun
@@ -43,7 +46,11 @@ def password_off_again(leecher: Instance) -> Iterator[None]:
     yield
     api = leecher.api()
     if not api.is_logged_in:  # the test left the password on: the next test starts without it
-        logged_in(leecher).app_set_preferences({"bypass_local_auth": True})
+        api = logged_in(leecher)
+        api.app_set_preferences({"bypass_local_auth": True})
+    leftovers = [t.hash for t in api.torrents_info()]  # ... and with an empty client
+    if leftovers:
+        api.torrents_delete(delete_files=True, torrent_hashes=leftovers)
 
 
 def turn_on_the_password_once_registered(plan: AcquisitionPlan, leecher: Instance) -> None:
@@ -55,6 +62,15 @@ def turn_on_the_password_once_registered(plan: AcquisitionPlan, leecher: Instanc
     assert plan.status == AcquisitionPlan.Status.REGISTERED  # still in its retention
     leecher.api().app_set_preferences({"bypass_local_auth": False, "web_ui_password": PASSWORD})
     assert not leecher.api().is_logged_in  # from now on qBittorrent asks for a login
+
+
+def plan_page(plan: AcquisitionPlan) -> str:
+    admin = User.objects.create_superuser("admin-40", password="pw")
+    client = Client()
+    client.force_login(admin)
+    response = client.get(reverse("admin:umt_acquisitionplan_change", args=[plan.pk]))
+    assert response.status_code == 200
+    return response.content.decode()
 
 
 def release_run(plan: AcquisitionPlan) -> WorkflowRun:
@@ -113,6 +129,8 @@ def test_a_password_turned_on_after_registration_leaves_the_plan_done_and_cleanu
     for error in release_errors(run):
         assert "asks for a login and UMT has no username" in error, error
     assert not ClientLogin.objects.filter(failures__gt=0).exists()  # no login was tried
+    shown = plan_page(plan)
+    assert "Cleanup retried by" in shown and str(run.pk) in shown
 
     logged_in(leecher).app_set_preferences({"bypass_local_auth": True})  # the user's fix
     wait_for(
