@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pytest
 import qbittorrentapi
+from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 
 from umt.downloads.logins import LoginRation, LoginRefused
 from umt.models import ClientLogin
@@ -60,3 +63,28 @@ def test_a_client_error_without_a_message_is_still_described() -> None:
     assert describe(qbittorrentapi.LoginFailed()) not in ("LoginFailed: ", "LoginFailed:")
     assert describe(ValueError("bad")) == "ValueError: bad"
     assert describe(ValueError()).startswith("ValueError: ") and len(describe(ValueError())) > 12
+
+
+def test_a_login_that_got_no_answer_is_not_counted() -> None:
+    r = ration()
+    r.reserve()
+    r.not_answered()  # qBittorrent restarting: it counted nothing either
+    assert ClientLogin.objects.get().failures == 0
+
+
+def test_an_operator_deletes_the_count_on_the_admin_to_let_umt_log_in_again() -> None:
+    r = ration()
+    for _ in range(3):
+        r.reserve()
+        r.failed("wrong username or password")
+    row = ClientLogin.objects.get()
+    admin = User.objects.create_superuser("operator", password="pw")
+    client = Client()
+    client.force_login(admin)
+    listed = client.get(reverse("admin:umt_clientlogin_changelist")).content.decode()
+    assert URL in listed and "wrong username or password" in listed
+    page = client.get(reverse("admin:umt_clientlogin_change", args=[row.pk])).content.decode()
+    assert row.credentials not in page
+    response = client.post(reverse("admin:umt_clientlogin_delete", args=[row.pk]), {"post": "yes"})
+    assert response.status_code == 302 and not ClientLogin.objects.exists()
+    r.reserve()  # tried again

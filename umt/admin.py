@@ -16,7 +16,7 @@ from tasks_engine.logs import redact_text
 from tasks_engine.models import WorkflowRun
 
 from .acquisition import announce, retry_plan
-from .models import AcquisitionPlan, LibraryItem
+from .models import AcquisitionPlan, ClientLogin, LibraryItem
 
 
 def run_link(run_id: Any) -> str:
@@ -143,3 +143,19 @@ class LibraryItemAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the row is the library's record of a file on disk
+
+
+@admin.register(ClientLogin)
+class ClientLoginAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
+    """UMT's failed logins at a download client. Deleting a row lets UMT try to log in again
+    at once (after the operator fixed the password on the client's side, say)."""
+
+    list_display = ["client_url", "failures", "next_attempt_at", "last_error", "updated_at"]
+    readonly_fields = ["client_url", "failures", "next_attempt_at", "last_error", "updated_at"]
+    exclude = ["credentials"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

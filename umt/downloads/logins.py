@@ -87,6 +87,13 @@ class LoginRation:
             f"(failed login {row.failures} of at most {self.attempts}; {more})"
         )
 
+    def not_answered(self) -> None:
+        """The reserved login got no answer: qBittorrent counted nothing, nor does UMT."""
+        with transaction.atomic():
+            row = self._row()
+            row.failures = max(row.failures - 1, 0)
+            row.save()
+
     def succeeded(self) -> None:
         ClientLogin.objects.filter(client_url=self.client_url).update(
             credentials=self.fingerprint, failures=0, next_attempt_at=None, last_error=""

@@ -56,6 +56,9 @@ class _RationedApi(qbittorrentapi.Client):
             raise LoginRefused(self.ration.failed(f"403 Forbidden ({_said(exc)})")) from exc
         except qbittorrentapi.LoginFailed as exc:
             raise LoginRefused(self.ration.failed("wrong username or password")) from exc
+        except qbittorrentapi.APIConnectionError:
+            self.ration.not_answered()  # no answer (a restart): not a failed login
+            raise
         self.ration.succeeded()
 
 
