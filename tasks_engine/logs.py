@@ -34,6 +34,9 @@ Strings (every string value and mapping key, nested ones included, and `redact_t
   the scheme is kept, the credentials redacted (credentials given as parameters, as
   `Digest username="u", response="..."`, all of them to the line's end); a `Cookie:`
   header's value to the line's end;
+- a tracker's passkey in an announce URL's path: the segment right before `announce` or
+  `scrape`, or right after `announce/`, whatever its length; a magnet's percent-encoded `tr=`
+  (`ws=`, `as=`, `xs=`) is decoded and checked by every rule here (docs/logging.md);
 - a bare `Bearer <token>` anywhere, anything shaped like a JWT (`eyJ...`.`eyJ...`.`...`), and
   a PEM private key (`-----BEGIN ... PRIVATE KEY-----` to its END line) whole.
 
@@ -151,7 +154,8 @@ NAME_HINTS = (
     "bearer",
 )
 _NAME_HINT = re.compile("|".join(NAME_HINTS))
-_HINT = re.compile("|".join((*NAME_HINTS, "://", "eyj")))
+# `%2f%2f`: a percent-encoded URL (a magnet's `tr=`), whose passkey may sit in its path.
+_HINT = re.compile("|".join((*NAME_HINTS, "://", "%2f%2f", "eyj")))
 # The password runs to the `@` before the host; one holding `/`, `?` or `#` (pasted unencoded)
 # too, unless what follows the colon is a port (digits, then the path, query or fragment). A user
 # holds no `[`: `http://[::1]:8080/a@b` has no credentials.
@@ -246,8 +250,8 @@ def redact_text(text: str) -> str:
     if "bearer" in low:
         out = _BARE_BEARER.sub(_bearer, out)
     if "announce" in low or "scrape" in low:
-        out = _TRACKER_PATH_KEY.sub(rf"\g<1>{REDACTED}", out)
-    if "%3d" in low:
+        out = _TRACKER_PATH_KEY.sub(_tracker_path_key, out)
+    if "%3d" in low or "%2f" in low:
         out = _ENCODED_QUERY.sub(_encoded_query, out)
     if "eyJ" in out:
         out = _JWT.sub(REDACTED, out)
@@ -255,12 +259,20 @@ def redact_text(text: str) -> str:
 
 
 # Private trackers put the user's passkey in the announce URL's path (`/<key>/announce`,
-# `/announce/<key>`) or query; a magnet's `tr=` carries the URL percent-encoded.
+# `/announce/<key>`) or query; a magnet's `tr=` carries the URL percent-encoded. The segment
+# next to `announce`/`scrape` is masked whatever its length: passkeys may be short, and a
+# public tracker's announce URL has no such segment (`udp://host:1337/announce`).
+_SEGMENT = r"[^/\s?#&\"'<>\[\]]+"
 _TRACKER_PATH_KEY = re.compile(
-    r"(?i)(://[^/\s]+/(?:[^/\s]+/)*?)[A-Za-z0-9]{16,}(?=/(?:announce|scrape))"
-    r"|(?i:(/(?:announce|scrape)(?:\.php)?/))[A-Za-z0-9]{16,}"
+    rf"(?i)(?P<before>://[^/\s]+/(?:[^/\s?#]+/)*?){_SEGMENT}"
+    r"(?=/(?:announce|scrape)(?:\.php)?(?:[/?#&\s\"'<>]|$))"
+    rf"|(?P<after>/(?:announce|scrape)(?:\.php)?/){_SEGMENT}"
 )
 _ENCODED_QUERY = re.compile(r"(?i)\b(tr|ws|as|xs)=([^&\s\"'<>]+)")
+
+
+def _tracker_path_key(m: re.Match[str]) -> str:
+    return (m["before"] or m["after"]) + REDACTED
 
 
 def _encoded_query(m: re.Match[str]) -> str:

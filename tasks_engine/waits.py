@@ -113,7 +113,14 @@ class WaitSteps(StepBase):
             return begun.value
         key, rec = begun.key, begun.record
         deadline = clock.now() + timedelta(seconds=seconds) if seconds is not None else None
-        armed = self._arm(key, StepKind.FACT_WAIT, rec, wake_at=deadline, output={"fact": name})
+        # The armed length is kept: a later pass may be called with only the time left.
+        armed = self._arm(
+            key,
+            StepKind.FACT_WAIT,
+            rec,
+            wake_at=deadline,
+            output={"fact": name, "timeout": seconds},
+        )
         lease = self._s.lease
         with observed_step(self._ctx, key, StepKind.FACT_WAIT):
             while True:
@@ -126,7 +133,8 @@ class WaitSteps(StepBase):
                     self._resolve(armed, output=result)
                     return result
                 if armed.wake_at is not None and clock.now() >= armed.wake_at:
-                    err = FactTimeoutError(f"no fact {name!r} arrived within {seconds} seconds")
+                    length = _armed_timeout(armed, seconds)
+                    err = FactTimeoutError(f"no fact {name!r} arrived within {length} seconds")
                     self._resolve(armed, error=err)
                     raise err
                 self._ctx.raise_if_canceled()
@@ -252,3 +260,11 @@ def _child_of(parent_id: Any, idempotency_key: str) -> Any:
         .values_list("pk", flat=True)
         .get()
     )
+
+
+def _armed_timeout(armed: Attempt, seconds: float | None) -> str:
+    """The timeout the wait was armed with (a replay's own may be only what is left of it),
+    as text: at most millisecond precision, no trailing zeros."""
+    stored = armed.output.get("timeout") if isinstance(armed.output, dict) else None
+    length = stored if isinstance(stored, int | float) else seconds or 0.0
+    return f"{length:.3f}".rstrip("0").rstrip(".")

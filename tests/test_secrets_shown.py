@@ -9,6 +9,7 @@ import json
 import uuid
 from io import StringIO
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.core.management import call_command
@@ -173,3 +174,69 @@ def test_tasks_list_json_masks_the_runs_data() -> None:
     assert_masked(out.getvalue())
     (shown,) = json.loads(out.getvalue())
     assert shown["run_id"] == str(run.pk) and shown["input"]["api_key"] == "[redacted]"
+
+
+# -- a magnet's tracker passkeys (issue 40, item 7) -------------------------------------------
+
+# The forms private trackers use: the passkey as a query parameter, and as the path segment
+# before `/announce`, each as a real magnet carries it (percent-encoded in `tr=`) and pasted
+# unencoded.
+TRACKERS = (
+    "http://tracker.example/announce?passkey=abc123",
+    "http://tracker.example/abc123def/announce",
+)
+HASH = "c9e15763f722f23e98a29decdfae341b98d53056"
+PASSKEY_MAGNETS = [
+    f"magnet:?xt=urn:btih:{HASH}&dn=Sintel&tr={quote(tracker, safe='')}" for tracker in TRACKERS
+] + [f"magnet:?xt=urn:btih:{HASH}&tr={tracker}&dn=Sintel" for tracker in TRACKERS]
+
+
+def assert_no_passkey(text: str) -> None:
+    assert "abc123" not in text  # neither the query's passkey nor the path's abc123def
+    assert "tracker.example" in text and HASH in text  # what is not secret stays
+
+
+def magnet_run(magnet: str) -> WorkflowRun:
+    data = {"plan_id": 7, "source": magnet}
+    run = make_run(
+        "failed",
+        input=data,
+        output={"result": data},
+        error={"type": "umt.downloads.BadSource", "message": f"cannot read {magnet!r}"},
+        progress={"done": 0, "total": None, "message": f"failed: cannot read {magnet}"},
+    )
+    add_step(run, "submit-download", run.created_at, 1.0, output=data)
+    Fact.objects.create(run=run, name="download-done", payload=data, created_at=run.created_at)
+    OpLedger.objects.create(
+        op_key="submit:7",
+        run=run,
+        attempt_token=uuid.uuid4(),
+        status="done",
+        result=data,
+        created_at=run.created_at,
+        updated_at=run.created_at,
+    )
+    return run
+
+
+@pytest.mark.parametrize("magnet", PASSKEY_MAGNETS)
+def test_a_magnets_tracker_passkey_is_masked_on_every_page_and_in_inspect(magnet: str) -> None:
+    run = magnet_run(magnet)
+    plan = AcquisitionPlan.objects.create(
+        title="Sintel", source=magnet, download_ref=magnet, failure=f"BadSource: {magnet}"
+    )
+    client = staff_client(*VIEW_ALL, "view_acquisitionplan")
+    assert_no_passkey(page(client, "workflowrun", run.pk))
+    assert_no_passkey(page(client, "stepattempt", StepAttempt.objects.get(run=run).pk))
+    assert_no_passkey(page(client, "fact", Fact.objects.get(run=run).pk))
+    assert_no_passkey(page(client, "opledger", OpLedger.objects.get(run=run).pk))
+    response = client.get(reverse("admin:umt_acquisitionplan_change", args=[plan.pk]))
+    assert response.status_code == 200
+    assert_no_passkey(response.content.decode())
+    for listed in ("admin:umt_acquisitionplan_changelist", "admin:tasks_engine_fact_changelist"):
+        response = client.get(reverse(listed))
+        assert response.status_code == 200 and "abc123" not in response.content.decode()
+    assert_no_passkey(inspect(str(run.pk)))
+    assert_no_passkey(inspect(str(run.pk), "--json"))
+    plan.refresh_from_db()
+    assert (plan.source, tasks_engine.get_run(run.pk).input["source"]) == (magnet, magnet)

@@ -71,6 +71,22 @@ def test_fact_timeout_raises_and_replays_as_timeout() -> None:
     assert WorkflowRun.objects.get(pk=run).attempts == 3
 
 
+def test_a_fact_timeout_reports_the_waits_full_length_not_the_time_left_on_replay(
+    fake_clock: FakeClock,
+) -> None:
+    """The pass that wakes at the timeout recomputes the time left (0 by then): the error
+    still names the length the wait was armed with."""
+    res = tasks_engine.enqueue("fact_until_deadline")
+    drain(fake_clock, horizon=0)
+    assert status(res.run_id) == "waiting"
+    fake_clock.advance(21)
+    drain(fake_clock, horizon=0)
+    view = tasks_engine.get_run(res.run_id)
+    assert view.output == {"got": "no fact 'never' arrived within 20 seconds"}
+    [wait] = [s for s in view.steps if s.name == "never"]
+    assert wait.error["message"] == "no fact 'never' arrived within 20 seconds"
+
+
 def test_fact_after_timeout_is_not_taken(fake_clock: FakeClock) -> None:
     res = tasks_engine.enqueue("fact_waiter", {"count": 1, "timeout": 5})
     drain(fake_clock, horizon=0)

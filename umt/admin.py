@@ -9,14 +9,14 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from tasks_engine.admin.lookups import RefuseNulLookupsMixin
 from tasks_engine.logs import redact_text
 from tasks_engine.models import WorkflowRun
 
 from .acquisition import announce, retry_plan
-from .models import AcquisitionPlan, LibraryItem
+from .models import AcquisitionPlan, ClientLogin, LibraryItem
 
 
 def run_link(run_id: Any) -> str:
@@ -44,22 +44,29 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
         "info_hash",
         "download_ref",
         "run",
+        "release_runs",
         "created_at",
         "updated_at",
     ]
     readonly_fields = [
         "source_shown",
         "status",
-        "failure",
+        "failure_shown",
         "retries",
         "info_hash",
         "download_ref_shown",
         "run",
+        "release_runs",
         "created_at",
         "updated_at",
     ]
-    # On a plan's page, these hold URLs (a magnet's tracker may carry a passkey): shown masked.
-    shown_masked = {"source": "source_shown", "download_ref": "download_ref_shown"}
+    # On a plan's page, these hold URLs (a magnet's tracker may carry a passkey): shown masked,
+    # the failure too (stored redacted, but by the rules of the day it was written).
+    shown_masked = {
+        "source": "source_shown",
+        "download_ref": "download_ref_shown",
+        "failure": "failure_shown",
+    }
 
     @admin.display(description="source")
     def source_shown(self, obj: AcquisitionPlan) -> str:
@@ -69,6 +76,10 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
     def download_ref_shown(self, obj: AcquisitionPlan) -> str:
         return redact_text(obj.download_ref)
 
+    @admin.display(description="failure")
+    def failure_shown(self, obj: AcquisitionPlan) -> str:
+        return redact_text(obj.failure)
+
     @admin.display(description="workflow runs")
     def run(self, obj: AcquisitionPlan) -> str:
         """The plan's run, with its status (a retried plan's runs share its idempotency key)."""
@@ -76,6 +87,16 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
             return "-"
         row = WorkflowRun.objects.filter(pk=obj.run_id).values_list("status", flat=True).first()
         return format_html("{} ({})", run_link(obj.run_id), row or "pruned")
+
+    @admin.display(description="cleanup retried by")
+    def release_runs(self, obj: AcquisitionPlan) -> str:
+        """The `release-download` runs that took over a cleanup the plan's run could not do."""
+        runs = WorkflowRun.objects.filter(
+            task_name="release-download", idempotency_key__startswith=f"release:{obj.pk}:"
+        ).values_list("pk", "status")
+        if not runs:
+            return "-"
+        return format_html_join(", ", "{} ({})", ((run_link(pk), status) for pk, status in runs))
 
     @admin.action(description="Retry the selected failed plans", permissions=["retry"])
     def retry_failed_plans(self, request: HttpRequest, queryset: QuerySet[AcquisitionPlan]) -> None:
@@ -122,3 +143,19 @@ class LibraryItemAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False  # the row is the library's record of a file on disk
+
+
+@admin.register(ClientLogin)
+class ClientLoginAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
+    """UMT's failed logins at a download client. Deleting a row lets UMT try to log in again
+    at once (after the operator fixed the password on the client's side, say)."""
+
+    list_display = ["client_url", "failures", "next_attempt_at", "last_error", "updated_at"]
+    readonly_fields = ["client_url", "failures", "next_attempt_at", "last_error", "updated_at"]
+    exclude = ["credentials"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -16,6 +16,10 @@ class QBittorrentSettings:
     password: str = field(default="", repr=False)  # never printed
     save_path: str = ""  # where qBittorrent saves downloads; empty: its own default
     peers: tuple[str, ...] = ()  # "host:port" peers added to every torrent (LAN seeders, tests)
+    # qBittorrent bans an address after 5 failed logins (WebUI\MaxAuthenticationFailCount):
+    # UMT stops after this many in a row with the same credentials, waiting longer after each.
+    login_attempts: int = 3
+    login_backoff_seconds: float = 60.0  # after the first failed login; x4 after each next
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,10 @@ class UmtSettings:
     presence_check_seconds: float = 600  # hook-only mode still asks whether the torrent is there
     retry_initial_seconds: float = 1.0  # network and file steps' first retry delay
     retry_max_seconds: float = 60.0  # ... growing 4x per attempt up to this
+    # A cleanup that cannot reach the client is retried by a run of its own (release-download):
+    cleanup_retry_seconds: float = 60.0  # first retry delay, doubling ...
+    cleanup_retry_max_seconds: float = 6 * 3600  # ... up to this
+    cleanup_attempts: int = 60  # then that run fails (the plan stays done); about 14 days
     qbittorrent: QBittorrentSettings = field(default_factory=QBittorrentSettings)
 
     @property
@@ -55,11 +63,20 @@ def umt_settings() -> UmtSettings:
         presence_check_seconds=float(raw.get("PRESENCE_CHECK_SECONDS", 600)),
         retry_initial_seconds=float(raw.get("RETRY_INITIAL_SECONDS", 1.0)),
         retry_max_seconds=float(raw.get("RETRY_MAX_SECONDS", 60.0)),
+        cleanup_retry_seconds=float(raw.get("CLEANUP_RETRY_SECONDS", d.cleanup_retry_seconds)),
+        cleanup_retry_max_seconds=float(
+            raw.get("CLEANUP_RETRY_MAX_SECONDS", d.cleanup_retry_max_seconds)
+        ),
+        cleanup_attempts=int(raw.get("CLEANUP_ATTEMPTS", d.cleanup_attempts)),
         qbittorrent=QBittorrentSettings(
             url=str(qbt.get("URL", d.qbittorrent.url)),
             username=str(qbt.get("USERNAME", "")),
             password=str(qbt.get("PASSWORD", "")),
             save_path=str(qbt.get("SAVE_PATH", "")),
             peers=tuple(p for p in qbt.get("PEERS", ()) if p),
+            login_attempts=int(qbt.get("LOGIN_ATTEMPTS", d.qbittorrent.login_attempts)),
+            login_backoff_seconds=float(
+                qbt.get("LOGIN_BACKOFF_SECONDS", d.qbittorrent.login_backoff_seconds)
+            ),
         ),
     )

@@ -97,3 +97,24 @@ ACTIVE_STATUSES = (
     AcquisitionPlan.Status.COPIED,
     AcquisitionPlan.Status.REGISTERED,
 )
+
+
+class ClientLogin(models.Model):
+    """UMT's failed logins at a download client (one row per client address), shared by every
+    worker: qBittorrent bans an address after a few failed logins (5 by default), so UMT backs
+    off after each and stops short of that (`umt.downloads.logins`). New credentials in UMT's
+    settings (another `credentials` fingerprint) start the count afresh."""
+
+    client_url = models.CharField(max_length=500, unique=True)
+    credentials = models.CharField(
+        max_length=64, help_text="A keyed hash of the username and password (never the password)."
+    )
+    failures = models.PositiveIntegerField(default=0, help_text="Failed logins in a row.")
+    next_attempt_at = models.DateTimeField(
+        null=True, blank=True, help_text="No login is tried before this."
+    )
+    last_error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.client_url}: {self.failures} failed login(s)"

@@ -191,11 +191,16 @@ UMT = {
     "PRESENCE_CHECK_SECONDS": env.float("UMT_PRESENCE_CHECK_SECONDS", default=600),
     "RETRY_INITIAL_SECONDS": env.float("UMT_RETRY_INITIAL_SECONDS", default=1.0),
     "RETRY_MAX_SECONDS": env.float("UMT_RETRY_MAX_SECONDS", default=60.0),
+    "CLEANUP_RETRY_SECONDS": env.float("UMT_CLEANUP_RETRY_SECONDS", default=60.0),
+    "CLEANUP_RETRY_MAX_SECONDS": env.float("UMT_CLEANUP_RETRY_MAX_SECONDS", default=6 * 3600),
+    "CLEANUP_ATTEMPTS": env.int("UMT_CLEANUP_ATTEMPTS", default=60),
     "QBITTORRENT": {
         "URL": env.str("UMT_QBITTORRENT_URL", default="http://127.0.0.1:8080"),
         "USERNAME": env.str("UMT_QBITTORRENT_USERNAME", default=""),
         "PASSWORD": env.str("UMT_QBITTORRENT_PASSWORD", default=""),
         "SAVE_PATH": env.str("UMT_QBITTORRENT_SAVE_PATH", default=""),
         "PEERS": env.list("UMT_QBITTORRENT_PEERS", default=[]),
+        "LOGIN_ATTEMPTS": env.int("UMT_QBITTORRENT_LOGIN_ATTEMPTS", default=3),
+        "LOGIN_BACKOFF_SECONDS": env.float("UMT_QBITTORRENT_LOGIN_BACKOFF_SECONDS", default=60.0),
     },
 }

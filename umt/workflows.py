@@ -15,6 +15,9 @@ register it, keep the source for the retention period, clean up.
                       other plan still needs it
     fail-plan,        when the run fails: the plan shows `failed` and why, and what UMT added
     compensate        is removed (no orphan in the client)
+    cleanup-later     a cleanup or compensation that cannot reach the client (an outage, a login
+                      it refuses) never fails the plan: a `release-download` run of its own
+                      tries again later, for days, waiting longer after each attempt
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from tasks_engine import (
     RetryPolicy,
     TaskCanceledError,
     TaskContext,
+    enqueue,
     workflow,
 )
 from tasks_engine.logs import redact_text
@@ -88,9 +92,9 @@ def acquire(ctx: TaskContext) -> dict[str, Any]:
     except (LeaseLostError, TaskCanceledError, NonDeterminismError):
         raise
     except Exception as exc:
-        reason = redact_text(f"{type(exc).__name__}: {exc}")
+        reason = redact_text(describe(exc))
         ctx.step.run("fail-plan", lambda: fail_plan(plan_id, reason), atomic=True)
-        ctx.step.run("compensate", lambda: release(plan_id, failed=True), retry=network_retry())
+        _release_or_later(ctx, "compensate", plan_id, failed=True)
         ctx.progress(0, None, f"failed: {reason}"[:300])
         raise
 
@@ -125,11 +129,51 @@ def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
     items = ctx.step.run("copy-file", lambda: copy_files(ctx, plan_id, done), retry=file_retry())
     ctx.step.run("register", lambda: register(plan_id), atomic=True)
     ctx.step.sleep("retention", timedelta(seconds=sub["retention_seconds"]))
-    cleaned = ctx.step.run("cleanup", lambda: cleanup(plan_id), retry=net)
+    cleaned = _release_or_later(ctx, "cleanup", plan_id, failed=False)
     size = sum(i["size"] for i in items)
     ctx.progress(size, size, f"done: {len(items)} file(s) in the library")
     first = items[0]
     return {"plan_id": plan_id, "path": first["path"], "sha256": first["sha256"], **cleaned}
+
+
+def describe(exc: BaseException) -> str:
+    """`Type: message`, and never an empty message (some client errors carry none)."""
+    said = str(exc).strip()
+    if not said:
+        doc = (type(exc).__doc__ or "").strip().splitlines()
+        said = doc[0] if doc else "no details given"
+    return f"{type(exc).__name__}: {said}"
+
+
+def _release_or_later(ctx: TaskContext, step: str, plan_id: int, *, failed: bool) -> Any:
+    """The cleanup (or compensation) step; when it cannot reach the client after its retries,
+    a `release-download` run takes it over and this run goes on as if it had not failed."""
+    try:
+        if failed:
+            removed = ctx.step.run(
+                step, lambda: release(plan_id, failed=True), retry=network_retry()
+            )
+            return {"source_removed": removed}
+        return ctx.step.run(step, lambda: cleanup(plan_id), retry=network_retry())
+    except (LeaseLostError, TaskCanceledError, NonDeterminismError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever stops it, the plan's outcome stands
+        reason = redact_text(describe(exc))
+        return ctx.step.run(
+            f"{step}-later", lambda: release_later(plan_id, failed, reason), atomic=True
+        )
+
+
+def release_later(plan_id: int, failed: bool, reason: str) -> dict[str, Any]:
+    """Runs in the step's transaction: the release run is started exactly once."""
+    retries = AcquisitionPlan.objects.values_list("retries", flat=True).get(pk=plan_id)
+    what = "compensate" if failed else "cleanup"
+    run = enqueue(
+        release_download,
+        {"plan_id": plan_id, "failed": failed, "retries": retries},
+        idempotency_key=f"release:{plan_id}:r{retries}:{what}",
+    )
+    return {"source_removed": False, "release_run": str(run.run_id), "release_error": reason}
 
 
 def _stale(done: Any, retries: int) -> bool:
@@ -269,3 +313,33 @@ def _added(plan_id: int) -> bool:
         status=OpLedger.Status.DONE,
     )
     return any(isinstance(e.result, dict) and e.result.get("added") for e in entries)
+
+
+class ReleaseInput(BaseModel):
+    plan_id: int
+    failed: bool  # a failed plan's compensation (else a done plan's cleanup)
+    retries: int  # the plan's pass it belongs to: a plan retried since keeps its download
+
+
+@workflow(name="release-download", version=1, input=ReleaseInput, queue="io")
+def release_download(ctx: TaskContext) -> dict[str, Any]:
+    """A plan's cleanup (or compensation) that could not reach the client, tried again for
+    days; the plan's own run has ended and the plan keeps its status whatever happens here."""
+    inp = ctx.input
+    s = umt_settings()
+    retry = RetryPolicy(
+        max_attempts=s.cleanup_attempts,
+        initial_interval=s.cleanup_retry_seconds,
+        backoff_coefficient=2.0,
+        max_interval=s.cleanup_retry_max_seconds,
+    )
+    removed = ctx.step.run("release", lambda: _release_if_still_due(inp), retry=retry)
+    return {"plan_id": inp.plan_id, **removed}
+
+
+def _release_if_still_due(inp: ReleaseInput) -> dict[str, Any]:
+    plan = AcquisitionPlan.objects.get(pk=inp.plan_id)
+    due = Status.FAILED if inp.failed else Status.DONE
+    if plan.status != due or plan.retries != inp.retries:
+        return {"source_removed": False, "skipped": f"the plan is {plan.status} again"}
+    return {"source_removed": release(inp.plan_id, failed=inp.failed)}

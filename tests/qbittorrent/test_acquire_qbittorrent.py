@@ -5,6 +5,7 @@ program on torrent finished" hook runs `manage.py umt_download_done` for real.""
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from pathlib import Path
 
@@ -281,5 +282,8 @@ def test_a_seeder_gone_for_good_fails_the_run_and_leaves_no_orphan(
     plan = start_plan("Nobody", str(shared.torrent))
     assert finish(plan) == "failed", w.log()
     assert plan.status == AcquisitionPlan.Status.FAILED and "FactTimeoutError" in plan.failure
+    # The wait's real length (about the 3 s timeout), not what was left of it on replay (0).
+    waited = re.search(r"arrived within ([\d.]+) seconds", plan.failure)
+    assert waited is not None and 2 <= float(waited[1]) <= 3, plan.failure
     assert leecher.api().torrents_info() == []  # the compensation removed what UMT added
     assert not LibraryItem.objects.filter(plan=plan).exists() and partials(library) == []

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel
 
-from tasks_engine import FactTimeoutError, NonRetryableError, RetryPolicy, TaskContext, workflow
+from tasks_engine import (
+    FactTimeoutError,
+    NonRetryableError,
+    RetryPolicy,
+    TaskContext,
+    clock,
+    workflow,
+)
 
 from .models import Marker, SideEffect
 
@@ -39,6 +46,19 @@ def fact_timeout(ctx: TaskContext) -> dict:
         got = f"timeout: {exc}"
     ctx.step.sleep("after", 1)  # forces a replay: the timeout must be raised again
     return {"got": got}
+
+
+@workflow(name="fact_until_deadline")
+def fact_until_deadline(ctx: TaskContext) -> dict:
+    """Waits until a deadline recorded by a step, as UMT's acquire does: each pass passes the
+    time left, so the pass that wakes at the deadline passes 0."""
+    deadline = ctx.step.run("deadline", lambda: (clock.now() + timedelta(seconds=20)).isoformat())
+    left = max((datetime.fromisoformat(deadline) - clock.now()).total_seconds(), 0.0)
+    try:
+        ctx.step.wait_for_fact("never", timeout=left)
+    except FactTimeoutError as exc:
+        return {"got": str(exc)}
+    return {"got": "fact"}
 
 
 @workflow(name="fact_check")

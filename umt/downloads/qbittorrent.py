@@ -9,14 +9,17 @@ the tag of a plan that added it.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import qbittorrentapi
 
-from . import BadSource, Download, DownloadMissing
+from . import BadSource, Download, DownloadError, DownloadMissing
 from .hashes import NotATorrent, TorrentId, from_magnet, from_torrent_file
+from .logins import LoginRation, LoginRefused
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -37,17 +40,77 @@ def plan_tag(plan_id: int) -> str:
     return f"umt-plan-{plan_id}"
 
 
+class _RationedApi(qbittorrentapi.Client):
+    """The Web API client, whose logins (it logs in again by itself on a 403) go through
+    UMT's ration (logins.py): never a burst of failed logins that gets the address banned."""
+
+    ration: LoginRation
+
+    def auth_log_in(
+        self, username: str | None = None, password: str | None = None, **kwargs: Any
+    ) -> None:
+        self.ration.reserve()
+        try:
+            super().auth_log_in(username, password, **kwargs)
+        except qbittorrentapi.HTTP403Error as exc:  # banned, or logins refused outright
+            raise LoginRefused(self.ration.failed(f"403 Forbidden ({_said(exc)})")) from exc
+        except qbittorrentapi.LoginFailed as exc:
+            raise LoginRefused(self.ration.failed("wrong username or password")) from exc
+        except qbittorrentapi.APIConnectionError:
+            self.ration.not_answered()  # no answer (a restart): not a failed login
+            raise
+        self.ration.succeeded()
+
+
+def _said(exc: Exception) -> str:
+    return str(exc).strip() or "no reason given"
+
+
+def _speaking_errors[T](method: Callable[..., T]) -> Callable[..., T]:
+    """qBittorrent's errors as DownloadErrors that say what happened (its LoginFailed and
+    some 403s carry no message at all)."""
+
+    @functools.wraps(method)
+    def call(self: QBittorrentClient, *args: Any, **kwargs: Any) -> T:
+        url = self.config.url
+        try:
+            return method(self, *args, **kwargs)
+        except DownloadError:
+            raise
+        except qbittorrentapi.HTTP403Error as exc:
+            raise DownloadError(
+                f"qBittorrent at {url} answered 403 Forbidden ({_said(exc)})"
+            ) from exc
+        except qbittorrentapi.LoginFailed as exc:
+            raise DownloadError(f"qBittorrent at {url} refused UMT's login ({_said(exc)})") from exc
+        except qbittorrentapi.APIConnectionError as exc:
+            raise DownloadError(f"cannot reach qBittorrent at {url}: {_said(exc)}") from exc
+        except qbittorrentapi.APIError as exc:
+            raise DownloadError(
+                f"qBittorrent at {url}: {type(exc).__name__} ({_said(exc)})"
+            ) from exc
+
+    return call
+
+
 class QBittorrentClient:
     kind = "qbittorrent"
 
     def __init__(self, config: QBittorrentSettings) -> None:
         self.config = config
-        self.api = qbittorrentapi.Client(
+        self.api = _RationedApi(
             host=config.url,
             username=config.username or None,
             password=config.password or None,
             REQUESTS_ARGS={"timeout": TIMEOUT},
             DISABLE_LOGGING_DEBUG_OUTPUT=True,
+        )
+        self.api.ration = LoginRation(
+            config.url,
+            config.username,
+            config.password,
+            config.login_attempts,
+            config.login_backoff_seconds,
         )
 
     def identify(self, plan: AcquisitionPlan) -> Download:
@@ -58,6 +121,7 @@ class QBittorrentClient:
             raise BadSource(f"plan #{plan.pk}: cannot read {source!r}: {exc}") from exc
         return Download(tid.ref, tid.forms)
 
+    @_speaking_errors
     def submit(self, plan: AcquisitionPlan, download: Download) -> bool:
         found = self.find(download, plan.pk)
         if found is not None:
@@ -85,6 +149,7 @@ class QBittorrentClient:
         if self.config.peers:
             self.api.torrents_add_peers(peers=list(self.config.peers), torrent_hashes=torrent_id)
 
+    @_speaking_errors
     def poll(self, plan_id: int, download: Download) -> dict[str, Any] | None:
         info = self.find(download, plan_id)
         if info is None:
@@ -104,6 +169,7 @@ class QBittorrentClient:
         names = [str(f.name) for f in self.api.torrents_files(torrent_hash=info.hash)]
         return not any(n.endswith(INCOMPLETE_SUFFIX) for n in names)
 
+    @_speaking_errors
     def remove(self, download: Download, owners: Iterable[int]) -> bool:
         info = self.find(download, None)
         if info is None:
