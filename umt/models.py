@@ -56,6 +56,12 @@ class AcquisitionPlan(models.Model):
         max_length=300, blank=True, help_text="Every hash form the client may list it under."
     )
     download_ref = models.CharField(max_length=2000, blank=True, help_text="The client's handle.")
+    download_dir = models.CharField(
+        max_length=2000,
+        blank=True,
+        help_text="The folder UMT chose for this plan's download (it did not exist before): "
+        "cleanup deletes only files of a torrent UMT added there.",
+    )
     retries = models.PositiveIntegerField(
         default=0, help_text="How often the failed plan was retried (its run's fresh passes)."
     )

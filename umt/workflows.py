@@ -1,9 +1,10 @@
 """UMT's acquisition workflow: submit a download, wait for it, copy it into the library,
 register it, keep the source for the retention period, clean up.
 
-    submit-download   fenced op `submit:<plan>`: the plan records the download's hashes, then
-                      the client adds it, or adopts it when it already has it; the ledger keeps
-                      which (only what UMT added is ever removed). An adopted download that is
+    submit-download   fenced op `submit:<plan>`: the plan records a folder of its own (one that
+                      did not exist) and the download's hashes, then the client adds it into
+                      that folder, or adopts it when it already has it; the ledger keeps which
+                      (only what UMT added is ever removed). An adopted download that is
                       already complete ends the wait at once
     download-done     a fact: the client's completion hook (`manage.py umt_download_done`)
                       signals every plan waiting on the torrent; the client is also asked every
@@ -11,8 +12,8 @@ register it, keep the source for the retention period, clean up.
     copy-file         chunked, verified copy of each wanted file; one LibraryItem per file
     register          atomic step: the items are registered with the step's checkpoint
     retention         durable sleep: no worker is held while the source is kept (seeding)
-    cleanup           the client forgets the download and deletes it, if UMT added it and no
-                      other plan still needs it
+    cleanup           the client forgets the download and deletes it, if UMT added it into a
+                      plan's own folder and no other plan still needs it
     fail-plan,        when the run fails: the plan shows `failed` and why, and what UMT added
     compensate        is removed (no orphan in the client)
 """
@@ -39,7 +40,15 @@ from tasks_engine.models import OpLedger
 
 from .acquisition import DOWNLOAD_DONE
 from .conf import umt_settings
-from .downloads import BadSource, Download, DownloadError, DownloadMissing, client_for, wanted_files
+from .downloads import (
+    BadSource,
+    Download,
+    DownloadClient,
+    DownloadError,
+    DownloadMissing,
+    client_for,
+    wanted_files,
+)
 from .library import copy_into_library
 from .models import ACTIVE_STATUSES, AcquisitionPlan, LibraryItem
 
@@ -151,6 +160,7 @@ def submit_download(ctx: TaskContext, plan_id: int, n: int) -> dict[str, Any]:
     plan = AcquisitionPlan.objects.get(pk=plan_id)
     client = client_for(plan.client)
     download = client.identify(plan)
+    _record_own_folder(plan, client)
 
     def hand_over(_info: Any) -> dict[str, Any]:
         # Recorded first: the completion hook finds the plan by its hash.
@@ -182,6 +192,17 @@ def submit_download(ctx: TaskContext, plan_id: int, n: int) -> dict[str, Any]:
         "check_seconds": s.download_check_seconds if client.kind == "qbittorrent" else 0,
         "presence_seconds": s.presence_check_seconds,
     }
+
+
+def _record_own_folder(plan: AcquisitionPlan, client: DownloadClient) -> None:
+    """The plan's own download folder, chosen once (the first attempt that records it wins) and
+    kept for every later submission and pass: cleanup deletes files only in it."""
+    if plan.download_dir:
+        return
+    folder = client.own_folder(plan)
+    if folder:
+        AcquisitionPlan.objects.filter(pk=plan.pk, download_dir="").update(download_dir=folder)
+        plan.refresh_from_db(fields=["download_dir"])
 
 
 def submit_op(plan: AcquisitionPlan, n: int) -> str:
@@ -245,9 +266,10 @@ def fail_plan(plan_id: int, reason: str) -> dict[str, Any]:
 
 
 def release(plan_id: int, *, failed: bool = False) -> bool:
-    """Remove the plan's download from its client, if UMT added it and no other plan still
-    needs it. The caller has already committed this plan's own end (done or failed), so of two
-    plans releasing one download at the same time at least one sees the other finished."""
+    """Remove the plan's download from its client, if UMT added it into a plan's own folder and
+    no other plan still needs it. The caller has already committed this plan's own end (done or
+    failed), so of two plans releasing one download at the same time at least one sees the
+    other finished."""
     plan = AcquisitionPlan.objects.get(pk=plan_id)
     if not plan.download_ref:
         return False  # never submitted
@@ -256,7 +278,7 @@ def release(plan_id: int, *, failed: bool = False) -> bool:
     sharing = AcquisitionPlan.objects.filter(download_ref=plan.download_ref, client=plan.client)
     if sharing.exclude(pk=plan_id).filter(status__in=ACTIVE_STATUSES).exists():
         return False  # another plan still needs the files
-    owners = [pk for pk in sharing.values_list("pk", flat=True) if _added(pk)]
+    owners = {pk: folder for pk, folder in sharing.values_list("pk", "download_dir") if _added(pk)}
     if not owners:
         return False  # adopted: the user's own download stays
     return client_for(plan.client).remove(_download(plan), owners)

@@ -86,8 +86,11 @@ def test_acquire_through_qbittorrent_and_its_completion_hook(
     run = tasks_engine.get_run(run_id)
     assert run is not None and run.status == "completed", w.log() + leecher.log()
     fact = Fact.objects.get(run_id=run_id, name="download-done")
+    plan.refresh_from_db()
+    folder = Path(plan.download_dir)  # the plan's own, inside the save path
+    assert folder.parent == leecher.downloads and folder.name.startswith(f"umt-plan-{plan.pk}-")
     assert fact.payload == {
-        "content_path": str(leecher.downloads / "Sintel.2010.mkv"),
+        "content_path": str(folder / "Sintel.2010.mkv"),
         "ref": shared.info_hash,
         "name": "Sintel.2010.mkv",
         "plan_retries": 0,
@@ -97,10 +100,9 @@ def test_acquire_through_qbittorrent_and_its_completion_hook(
     dest = library / "Sintel (2010)" / "Sintel (2010).mkv"
     assert (item.path, item.size, item.sha256) == (str(dest), SIZE, shared.sha256)
     assert dest.read_bytes() == shared.path.read_bytes()
-    plan.refresh_from_db()
     assert (plan.info_hash, plan.status) == (shared.info_hash, AcquisitionPlan.Status.DONE)
     assert leecher.api().torrents_info() == []  # cleanup removed the torrent ...
-    wait_for(lambda: not (leecher.downloads / "Sintel.2010.mkv").exists(), 10, "its files")
+    assert not folder.exists()  # ... its files, and the plan's emptied folder
     assert [t.hash for t in seeder.api().torrents_info()] == [shared.info_hash]  # still seeding
 
 
@@ -218,9 +220,10 @@ def test_two_plans_for_one_torrent_share_it_and_each_completes(
     wait_for(lambda: waiting(first) and waiting(second), 30, "both plans to wait")
     [torrent] = api.torrents_info()
     assert float(torrent.progress) < 1  # both plans are waiting on an unfinished download
+    content = Path(torrent.content_path)  # in the folder of the plan that added it
     unthrottle(leecher)
     assert finish(first) == "completed", w.log() + leecher.log()
-    assert (leecher.downloads / "Shared.mkv").exists()  # plan B still needs it
+    assert content.exists()  # plan B still needs it
     assert len(leecher.api().torrents_info()) == 1
     assert finish(second, 90) == "completed", w.log()
     for plan in (first, second):
@@ -228,7 +231,7 @@ def test_two_plans_for_one_torrent_share_it_and_each_completes(
         assert item.sha256 == shared.sha256
         assert plan.status == AcquisitionPlan.Status.DONE
     assert leecher.api().torrents_info() == []  # UMT added it; the last plan removed it
-    wait_for(lambda: not (leecher.downloads / "Shared.mkv").exists(), 10, "its files")
+    assert not content.parent.exists()
     assert partials(library) == []
 
 

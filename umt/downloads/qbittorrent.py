@@ -1,25 +1,31 @@
 """The qBittorrent client, through its Web API (`qbittorrent-api`).
 
 A torrent is found by every hash form qBittorrent may list it under (`hashes.py`) or by the
-plan's tag. UMT tags what it adds `umt` and `umt-plan-<id>`, and never tags, removes or deletes
-a torrent it found already there (the user's own, or another plan's): `submit` says which it
-was, the workflow records that in the op ledger, and `remove` deletes only a torrent carrying
-the tag of a plan that added it.
+plan's tag. UMT adds a torrent into a folder of the plan's own, `<save path>/umt-plan-<id>-<random>`
+(one that did not exist: qBittorrent never writes over a file UMT did not create), tags it `umt`
+and `umt-plan-<id>`, and never tags, removes or deletes a torrent it found already there (the
+user's own, or another plan's): `submit` says which it was, the workflow records that in the op
+ledger, and `remove` deletes only a torrent carrying the tag of a plan that added it whose files
+all lie in that plan's folder (a torrent someone moved elsewhere is left as it is).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import posixpath
+import secrets
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import qbittorrentapi
 
-from . import BadSource, Download, DownloadMissing
+from . import BadSource, Download, DownloadError, DownloadMissing
 from .hashes import NotATorrent, TorrentId, from_magnet, from_torrent_file
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Mapping
 
     from ..conf import QBittorrentSettings
     from ..models import AcquisitionPlan
@@ -31,6 +37,7 @@ INCOMPLETE_SUFFIX = ".!qB"  # qBittorrent's "append .!qB to incomplete files"
 UNSETTLED = frozenset(
     {"moving", "checkingUP", "checkingDL", "checkingResumeData", "allocating", "metaDL"}
 )
+FILES_GONE_SECONDS = 10.0  # how long `remove` waits for qBittorrent to delete the files
 
 
 def plan_tag(plan_id: int) -> str:
@@ -58,19 +65,36 @@ class QBittorrentClient:
             raise BadSource(f"plan #{plan.pk}: cannot read {source!r}: {exc}") from exc
         return Download(tid.ref, tid.forms)
 
+    def own_folder(self, plan: AcquisitionPlan) -> str:
+        """A folder nobody has used: `<save path>/umt-plan-<id>-<random>` (qBittorrent's default
+        save path when none is configured)."""
+        root = self.config.save_path or str(self.api.app_default_save_path())
+        while True:
+            folder = posixpath.join(root, f"{plan_tag(plan.pk)}-{secrets.token_hex(4)}")
+            if not os.path.lexists(folder):  # the workers see the save path (they copy from it)
+                return folder
+
     def submit(self, plan: AcquisitionPlan, download: Download) -> bool:
         found = self.find(download, plan.pk)
         if found is not None:
             self.add_peers(found.hash)
             return plan_tag(plan.pk) in _tags(found)  # an earlier attempt of this plan added it
+        if not plan.download_dir:
+            raise DownloadError(f"plan #{plan.pk} has no folder of its own to download into")
         source = plan.source.strip()
         what: dict[str, Any] = (
             {"urls": source}
             if source.startswith("magnet:")
             else {"torrent_files": Path(source).read_bytes()}
         )
+        # Explicitly manual, and no separate folder for incomplete files: every file the
+        # torrent writes is in the plan's folder, whatever the client's defaults say.
         self.api.torrents_add(
-            **what, save_path=self.config.save_path or None, tags=["umt", plan_tag(plan.pk)]
+            **what,
+            save_path=plan.download_dir,
+            use_auto_torrent_management=False,
+            use_download_path=False,
+            tags=["umt", plan_tag(plan.pk)],
         )
         end = time.monotonic() + APPEAR_SECONDS
         while (found := self.find(download, plan.pk)) is None:  # add returns before it is listed
@@ -104,14 +128,25 @@ class QBittorrentClient:
         names = [str(f.name) for f in self.api.torrents_files(torrent_hash=info.hash)]
         return not any(n.endswith(INCOMPLETE_SUFFIX) for n in names)
 
-    def remove(self, download: Download, owners: Iterable[int]) -> bool:
+    def remove(self, download: Download, owners: Mapping[int, str]) -> bool:
         info = self.find(download, None)
         if info is None:
             return False
-        if not _tags(info) & {plan_tag(pk) for pk in owners}:
-            return False  # not added by UMT: the user's own torrent stays
+        tags = _tags(info)
+        folders = [f for pk, f in owners.items() if f and plan_tag(pk) in tags]
+        folder = next((f for f in folders if self._all_files_in(info, f)), None)
+        if folder is None:
+            return False  # not added by UMT, or its files are not (all) in UMT's own folder
         self.api.torrents_delete(delete_files=True, torrent_hashes=info.hash)
+        _remove_empty_folder(folder)
         return True
+
+    def _all_files_in(self, info: Any, folder: str) -> bool:
+        places = [str(info.get(k) or "") for k in ("save_path", "content_path", "download_path")]
+        if not all(_within(p, folder) for p in places if p):
+            return False
+        names = [str(f.name) for f in self.api.torrents_files(torrent_hash=info.hash)]
+        return all(not posixpath.isabs(n) and not _escapes(n) for n in names)
 
     def find(self, download: Download, plan_id: int | None) -> Any:
         """The torrent, by any of its hash forms or (when given) the plan's tag."""
@@ -123,6 +158,32 @@ class QBittorrentClient:
             if listed & forms or (tag is not None and tag in _tags(info)):
                 return info
         return None
+
+
+def _within(path: str, folder: str) -> bool:
+    path, folder = posixpath.normpath(path), posixpath.normpath(folder)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _escapes(name: str) -> bool:
+    return posixpath.normpath(name).split("/")[0] == ".."
+
+
+def _remove_empty_folder(folder: str) -> None:
+    """Once qBittorrent has deleted the files (it does so after answering), remove the plan's
+    folder if it is empty; anything still in it stays (only empty directories are removed)."""
+    if not os.path.isdir(folder):
+        return  # not visible from here, or already gone
+    end = time.monotonic() + FILES_GONE_SECONDS
+    while _holds_files(folder) and time.monotonic() < end:
+        time.sleep(0.1)
+    for here, _dirs, _files in os.walk(folder, topdown=False):
+        with contextlib.suppress(OSError):  # not empty: something is still in it
+            os.rmdir(here)
+
+
+def _holds_files(folder: str) -> bool:
+    return any(files for _here, _dirs, files in os.walk(folder))
 
 
 def _tags(info: Any) -> set[str]:

@@ -1,0 +1,139 @@
+"""What UMT owns, against a real qbittorrent-nox (issue 40): UMT adds a torrent into a folder of
+the plan's own and deletes only what it added there. After every outcome the user's own
+torrent, holding a file of the same name in the same save path, is listed with its tag and its
+file is byte for byte what it was."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+from umt.models import AcquisitionPlan, LibraryItem
+
+from .instance import Instance, Shared, make_torrent, needs_qbittorrent, seed
+from .test_acquire_qbittorrent import SIZE, finish, partials, start_plan, umt_env
+
+pytestmark = [needs_qbittorrent, pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+Status = AcquisitionPlan.Status
+NAME = "Same.Name.mkv"  # the user's file and UMT's download share this name and save path
+
+
+@pytest.fixture(scope="module")
+def own(seeder: Instance, leecher: Instance) -> Shared:
+    """The user's own torrent, complete in the client UMT drives, with the user's tag."""
+    shared = make_torrent(seeder.downloads / "users" / "files", NAME, SIZE, salt="user")
+    seed(seeder, shared)
+    api = leecher.api()
+    api.torrents_add(
+        torrent_files=shared.torrent.read_bytes(), save_path=str(leecher.downloads), tags="mine"
+    )
+    wait_for(lambda: api.torrents_info(torrent_hashes=shared.info_hash), 10, "the user's add")
+    api.torrents_add_peers(peers=seeder.peer, torrent_hashes=shared.info_hash)
+    leecher.wait_complete(shared.info_hash)
+    return shared
+
+
+@pytest.fixture(autouse=True)
+def only_the_users_torrent(leecher: Instance, own: Shared) -> None:
+    api = leecher.api()
+    api.app_set_preferences({"dl_limit": 0, "autorun_enabled": False})
+    others = [t.hash for t in api.torrents_info() if t.hash != own.info_hash]
+    if others:
+        api.torrents_delete(delete_files=True, torrent_hashes=others)
+        wait_for(lambda: len(api.torrents_info()) == 1, 10, "the leftover torrents to go")
+
+
+def assert_users_untouched(leecher: Instance, own: Shared) -> None:
+    [mine] = leecher.api().torrents_info(torrent_hashes=own.info_hash)
+    assert (mine.tags, float(mine.progress)) == ("mine", 1.0)
+    assert hashlib.sha256((leecher.downloads / NAME).read_bytes()).hexdigest() == own.sha256
+
+
+def umt_torrents(leecher: Instance, own: Shared) -> list[str]:
+    return [t.hash for t in leecher.api().torrents_info() if t.hash != own.info_hash]
+
+
+def test_a_download_named_like_the_users_file_never_touches_it(
+    workers, seeder: Instance, leecher: Instance, own: Shared, tmp_path: Path
+) -> None:
+    """Item 1: UMT's torrent holds a file named as the user's (other bytes): it downloads into
+    the plan's own folder, and the cleanup deletes that folder's files only."""
+    theirs = make_torrent(seeder.downloads / "umt-same" / "files", NAME, SIZE, salt="umt")
+    seed(seeder, theirs)
+    library = tmp_path / "library"
+    w = workers(
+        "--poll-interval",
+        "0.2",
+        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
+    )
+    plan = start_plan("Same Name", str(theirs.torrent), retention_seconds=0)
+    assert finish(plan) == "completed", plan.failure + w.log()
+    [item] = LibraryItem.objects.filter(plan=plan)
+    assert (item.sha256, Path(item.path).read_bytes()) == (theirs.sha256, theirs.path.read_bytes())
+    assert_users_untouched(leecher, own)
+    assert umt_torrents(leecher, own) == []
+    folder = Path(plan.download_dir)
+    assert folder.parent == leecher.downloads and not folder.exists()  # used, then removed
+    assert partials(library) == []
+
+
+def test_a_failed_download_named_like_the_users_file_never_touches_it(
+    workers, leecher: Instance, seeder: Instance, own: Shared, tmp_path: Path
+) -> None:
+    """Item 1, the compensation: nobody seeds UMT's torrent, the wait times out, and what UMT
+    added goes, with nothing of the user's."""
+    nobody = make_torrent(tmp_path / "nobody" / "files", NAME, SIZE, salt="nobody")
+    library = tmp_path / "library"
+    w = workers(
+        "--poll-interval",
+        "0.2",
+        env=umt_env(
+            seeder,
+            leecher,
+            library,
+            UMT_DOWNLOAD_CHECK_SECONDS="0.5",
+            UMT_DOWNLOAD_TIMEOUT_SECONDS="3",
+        ),
+    )
+    plan = start_plan("Nobody", str(nobody.torrent), retention_seconds=0)
+    assert finish(plan) == "failed", w.log()
+    assert plan.failure.startswith("FactTimeoutError"), plan.failure
+    assert_users_untouched(leecher, own)  # nothing of the user's is touched ...
+    assert umt_torrents(leecher, own) == []  # ... and what UMT added is gone
+    assert plan.download_dir and not Path(plan.download_dir).exists()
+
+
+def test_a_torrent_moved_out_of_the_plans_folder_is_left_with_its_files(
+    workers, seeder: Instance, leecher: Instance, own: Shared, tmp_path: Path
+) -> None:
+    """Item 1: the user moves UMT's torrent to a folder of theirs while it seeds: its files no
+    longer lie in UMT's folder, so the cleanup neither deletes them nor forgets the torrent."""
+    shared = make_torrent(seeder.downloads / "moved" / "files", "Moved.mkv", SIZE)
+    seed(seeder, shared)
+    library = tmp_path / "library"
+    w = workers(
+        "--poll-interval",
+        "0.2",
+        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
+    )
+    plan = start_plan("Moved", str(shared.torrent), retention_seconds=3)
+    wait_for(lambda: refreshed(plan).status == Status.REGISTERED, 60, "the plan to register")
+    theirs = leecher.downloads / "kept-by-the-user"
+    theirs.mkdir()
+    api = leecher.api()
+    api.torrents_set_location(location=str(theirs), torrent_hashes=shared.info_hash)
+    wait_for(lambda: (theirs / "Moved.mkv").exists(), 10, "qBittorrent to move the files")
+    assert finish(plan) == "completed", w.log()
+    [torrent] = api.torrents_info(torrent_hashes=shared.info_hash)
+    assert Path(torrent.content_path) == theirs / "Moved.mkv"
+    assert (theirs / "Moved.mkv").read_bytes() == shared.path.read_bytes()
+    assert_users_untouched(leecher, own)
+
+
+def refreshed(plan: AcquisitionPlan) -> AcquisitionPlan:
+    plan.refresh_from_db()
+    return plan
