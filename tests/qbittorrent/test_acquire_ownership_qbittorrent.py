@@ -1,7 +1,8 @@
 """What UMT owns, against a real qbittorrent-nox (issue 40): UMT adds a torrent into a folder of
-the plan's own and deletes only what it added there. After every outcome the user's own
-torrent, holding a file of the same name in the same save path, is listed with its tag and its
-file is byte for byte what it was."""
+the plan's own and deletes only what it added there; two pack files whose names clean up alike
+both land in the library. After every outcome the user's own torrent, holding a file of the
+same name in the same save path, is listed with its tag and its file is byte for byte what it
+was."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import hashlib
 from pathlib import Path
 
 import pytest
+import torf
 
 from tests.helpers import wait_for
 from umt.models import AcquisitionPlan, LibraryItem
 
-from .instance import Instance, Shared, make_torrent, needs_qbittorrent, seed
+from .instance import Instance, Shared, make_torrent, needs_qbittorrent, pseudo_random, seed
 from .test_acquire_qbittorrent import SIZE, finish, partials, start_plan, umt_env
 
 pytestmark = [needs_qbittorrent, pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -137,3 +139,49 @@ def test_a_torrent_moved_out_of_the_plans_folder_is_left_with_its_files(
 def refreshed(plan: AcquisitionPlan) -> AcquisitionPlan:
     plan.refresh_from_db()
     return plan
+
+
+def make_pack(folder: Path, names: list[str], size: int) -> tuple[Path, str, dict[str, bytes]]:
+    """A folder torrent holding `names` (different bytes each): its .torrent and its files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = {name: pseudo_random(name, size) for name in names}
+    for name, content in data.items():
+        (folder / name).write_bytes(content)
+    t = torf.Torrent(path=folder, trackers=[], private=False, piece_size=256 * 1024)
+    t.generate()
+    torrent = folder.parent / f"{folder.name}.torrent"
+    t.write(torrent, overwrite=True)
+    return torrent, str(t.infohash).lower(), data
+
+
+def test_pack_files_whose_names_clean_up_alike_both_land_in_the_library(
+    workers, seeder: Instance, leecher: Instance, own: Shared, tmp_path: Path
+) -> None:
+    """Item 5: "Tom & Jerry.mkv" and "Tom + Jerry.mkv" both clean up to "Tom _ Jerry.mkv": the
+    first (by its path in the download) keeps the name, the second is "Tom _ Jerry (2).mkv"."""
+    torrent, info_hash, data = make_pack(
+        seeder.downloads / "pack" / "Cartoons", ["Tom & Jerry.mkv", "Tom + Jerry.mkv"], SIZE
+    )
+    seeder.api().torrents_add(torrent_files=torrent.read_bytes(), save_path=str(torrent.parent))
+    seeder.wait_complete(info_hash)
+    library = tmp_path / "library"
+    w = workers(
+        "--poll-interval",
+        "0.2",
+        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
+    )
+    plan = start_plan("Cartoons", str(torrent), retention_seconds=0)
+    assert finish(plan) == "completed", plan.failure + w.log()
+    items = {Path(i.path).name: i for i in LibraryItem.objects.filter(plan=plan)}
+    assert sorted(items) == ["Tom _ Jerry (2).mkv", "Tom _ Jerry.mkv"]
+    for name, source in (
+        ("Tom _ Jerry.mkv", "Tom & Jerry.mkv"),
+        ("Tom _ Jerry (2).mkv", "Tom + Jerry.mkv"),
+    ):
+        item = items[name]
+        assert Path(item.path).read_bytes() == data[source]
+        assert item.registered_at is not None
+    assert Path(items["Tom _ Jerry.mkv"].path).parent == library / "Cartoons"
+    assert umt_torrents(leecher, own) == [] and not Path(plan.download_dir).exists()
+    assert partials(library) == []
+    assert_users_untouched(leecher, own)
