@@ -23,7 +23,7 @@ class AcquisitionPlan(models.Model):
         COPIED = "copied"  # the library holds the file (a LibraryItem exists)
         REGISTERED = "registered"  # the item is registered; the source is kept for retention
         DONE = "done"  # the source was cleaned up
-        FAILED = "failed"  # the run failed (`failure` says why); what UMT added was removed
+        FAILED = "failed"  # the run failed (`failure` says why and whether the download is kept)
 
     title = models.CharField(max_length=300)
     client = models.CharField(max_length=20, choices=Client.choices, default=Client.FOLDER)

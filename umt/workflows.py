@@ -15,11 +15,14 @@ register it, keep the source for the retention period, clean up.
     cleanup           the client forgets the download and deletes it, if UMT added it into a
                       plan's own folder and no other plan still needs it
     fail-plan,        when the run fails: the plan shows `failed` and why, and what UMT added
-    compensate        is removed (no orphan in the client)
+    compensate        is removed (no orphan in the client), unless it is worth keeping: a
+                      complete download whose copy or registration failed (the library's
+                      fault: a retry of the plan copies it)
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -81,6 +84,13 @@ def file_retry() -> RetryPolicy:
     )
 
 
+@dataclass
+class Stage:
+    """Where the run is, for its compensation (set as the workflow replays, so always true)."""
+
+    in_library: bool = False  # the download is complete; copying or registering it
+
+
 @workflow(
     name="acquire",
     version=1,
@@ -92,19 +102,26 @@ def file_retry() -> RetryPolicy:
 )
 def acquire(ctx: TaskContext) -> dict[str, Any]:
     plan_id = ctx.input.plan_id
+    stage = Stage()
     try:
-        return _acquire(ctx, plan_id)
+        return _acquire(ctx, plan_id, stage)
     except (LeaseLostError, TaskCanceledError, NonDeterminismError):
         raise
     except Exception as exc:
         reason = redact_text(f"{type(exc).__name__}: {exc}")
+        # The download's own fault (no content, no wanted file) is not the library's.
+        library_side = stage.in_library and not isinstance(exc, DownloadError)
         ctx.step.run("fail-plan", lambda: fail_plan(plan_id, reason), atomic=True)
-        ctx.step.run("compensate", lambda: release(plan_id, failed=True), retry=network_retry())
+        ctx.step.run(
+            "compensate",
+            lambda: compensate(plan_id, library_side=library_side),
+            retry=network_retry(),
+        )
         ctx.progress(0, None, f"failed: {reason}"[:300])
         raise
 
 
-def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
+def _acquire(ctx: TaskContext, plan_id: int, stage: Stage) -> dict[str, Any]:
     net = network_retry()
     sub = ctx.step.run("submit-download", lambda: submit_download(ctx, plan_id, 1), retry=net)
     deadline = datetime.fromisoformat(sub["deadline"])
@@ -131,8 +148,10 @@ def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
                 retry=net,
             )
             done = again.get("done")
+    stage.in_library = True
     items = ctx.step.run("copy-file", lambda: copy_files(ctx, plan_id, done), retry=file_retry())
     ctx.step.run("register", lambda: register(plan_id), atomic=True)
+    stage.in_library = False
     ctx.step.sleep("retention", timedelta(seconds=sub["retention_seconds"]))
     cleaned = ctx.step.run("cleanup", lambda: cleanup(plan_id), retry=net)
     size = sum(i["size"] for i in items)
@@ -207,8 +226,9 @@ def _record_own_folder(plan: AcquisitionPlan, client: DownloadClient) -> None:
 
 def submit_op(plan: AcquisitionPlan, n: int) -> str:
     """The fenced op of a plan's n-th submission: `submit:<plan>[:<n>]`, and for a retried
-    plan `submit:<plan>:r<retries>[:<n>]`, a new op (the failed pass's compensation removed
-    what the old one added, so the retry must submit again)."""
+    plan `submit:<plan>:r<retries>[:<n>]`, a new op (the failed pass's compensation may have
+    removed what the old one added, so the retry must submit again; a kept download is found,
+    still tagged as the plan's own)."""
     op = f"submit:{plan.pk}" + (f":r{plan.retries}" if plan.retries else "")
     return op if n == 1 else f"{op}:{n}"
 
@@ -263,6 +283,32 @@ def fail_plan(plan_id: int, reason: str) -> dict[str, Any]:
         status=Status.FAILED, failure=reason, updated_at=timezone.now()
     )
     return {"failure": reason}
+
+
+def compensate(plan_id: int, *, library_side: bool) -> dict[str, Any]:
+    """After a failure: remove what UMT added, unless the download is worth keeping (then the
+    plan's failure says so and why)."""
+    plan = AcquisitionPlan.objects.get(pk=plan_id)
+    kept = _worth_keeping(plan, library_side)
+    if not kept:
+        return {"source_removed": release(plan_id, failed=True)}
+    note = f"; the download is kept: {kept}"
+    if note not in plan.failure:  # the step may run again
+        AcquisitionPlan.objects.filter(pk=plan_id).update(
+            failure=plan.failure + note, updated_at=timezone.now()
+        )
+    return {"source_removed": False, "kept": kept}
+
+
+def _worth_keeping(plan: AcquisitionPlan, library_side: bool) -> str:
+    """Why the failed plan's download stays ('' when it goes): complete, with the library at
+    fault (read-only, full, no permission, a name taken), so a retry copies it without
+    downloading it again."""
+    if not plan.download_ref:
+        return ""
+    if library_side:
+        return "it is complete and the library side failed; retrying the plan copies it"
+    return ""
 
 
 def release(plan_id: int, *, failed: bool = False) -> bool:

@@ -1,18 +1,21 @@
 """What UMT owns, against a real qbittorrent-nox (issue 40): UMT adds a torrent into a folder of
-the plan's own and deletes only what it added there; two pack files whose names clean up alike
-both land in the library. After every outcome the user's own torrent, holding a file of the
-same name in the same save path, is listed with its tag and its file is byte for byte what it
-was."""
+the plan's own and deletes only what it added there; a failure on the library side keeps the
+complete download for the plan's retry; two pack files whose names clean up alike both land in
+the library. After every outcome the user's own torrent, holding a file of the same name in the
+same save path, is listed with its tag and its file is byte for byte what it was."""
 
 from __future__ import annotations
 
 import hashlib
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torf
 
 from tests.helpers import wait_for
+from umt.acquisition import retry_plan
 from umt.models import AcquisitionPlan, LibraryItem
 
 from .instance import Instance, Shared, make_torrent, needs_qbittorrent, pseudo_random, seed
@@ -139,6 +142,56 @@ def test_a_torrent_moved_out_of_the_plans_folder_is_left_with_its_files(
 def refreshed(plan: AcquisitionPlan) -> AcquisitionPlan:
     plan.refresh_from_db()
     return plan
+
+
+@pytest.fixture
+def read_only_library(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of its own as the library, mounted read-only (the machine's disks untouched)."""
+    lib = tmp_path / "read-only-library"
+    lib.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,ro", "tmpfs", str(lib)], check=True)
+    try:
+        yield lib
+    finally:
+        subprocess.run(["umount", "-l", str(lib)], check=True)
+
+
+def test_a_read_only_library_keeps_the_download_and_the_retry_copies_it(
+    workers, seeder: Instance, leecher: Instance, own: Shared, read_only_library: Path
+) -> None:
+    """Item 2: the copy fails on the library side; the complete download stays, so the plan's
+    retry copies it although the seeder no longer has the torrent."""
+    shared = make_torrent(seeder.downloads / "ro" / "files", "Read.Only.mkv", SIZE)
+    seed(seeder, shared)
+    library = read_only_library
+    w = workers(
+        "--poll-interval",
+        "0.2",
+        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
+    )
+    plan = start_plan("Read Only", str(shared.torrent), retention_seconds=0)
+    assert finish(plan) == "failed", w.log()
+    assert "Read-only file system" in plan.failure, plan.failure
+    assert plan.failure.endswith(
+        "; the download is kept: it is complete and the library side failed; "
+        "retrying the plan copies it"
+    ), plan.failure
+    [torrent] = leecher.api().torrents_info(torrent_hashes=shared.info_hash)
+    assert float(torrent.progress) == 1.0
+    assert (Path(plan.download_dir) / "Read.Only.mkv").read_bytes() == shared.path.read_bytes()
+    assert not LibraryItem.objects.filter(plan=plan).exists()
+    assert_users_untouched(leecher, own)
+
+    seeder.api().torrents_delete(delete_files=False, torrent_hashes=shared.info_hash)  # gone
+    subprocess.run(["mount", "-o", "remount,rw", str(library)], check=True)
+    assert retry_plan(plan.pk, reason="library writable again", by="test")
+    assert finish(plan) == "completed", w.log()
+    [item] = LibraryItem.objects.filter(plan=plan)
+    assert Path(item.path).read_bytes() == shared.path.read_bytes()
+    assert (plan.status, plan.failure, plan.retries) == (Status.DONE, "", 1)
+    assert umt_torrents(leecher, own) == [] and not Path(plan.download_dir).exists()
+    assert partials(library) == []
+    assert_users_untouched(leecher, own)
 
 
 def make_pack(folder: Path, names: list[str], size: int) -> tuple[Path, str, dict[str, bytes]]:
