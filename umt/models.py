@@ -19,6 +19,7 @@ class AcquisitionPlan(models.Model):
     class Status(models.TextChoices):
         PLANNED = "planned"  # created; the workflow has not submitted it yet
         DOWNLOADING = "downloading"  # handed to the download client
+        PAUSED = "paused"  # the client holds the unfinished download paused (the user paused it)
         COPYING = "copying"  # download done; copying into the library
         COPIED = "copied"  # the library holds the file (a LibraryItem exists)
         REGISTERED = "registered"  # the item is registered; the source is kept for retention
@@ -99,6 +100,7 @@ class LibraryItem(models.Model):
 ACTIVE_STATUSES = (
     AcquisitionPlan.Status.PLANNED,
     AcquisitionPlan.Status.DOWNLOADING,
+    AcquisitionPlan.Status.PAUSED,
     AcquisitionPlan.Status.COPYING,
     AcquisitionPlan.Status.COPIED,
     AcquisitionPlan.Status.REGISTERED,

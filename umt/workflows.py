@@ -8,7 +8,8 @@ register it, keep the source for the retention period, clean up.
                       already complete ends the wait at once
     download-done     a fact: the client's completion hook (`manage.py umt_download_done`)
                       signals every plan waiting on the torrent; the client is also asked every
-                      DOWNLOAD_CHECK_SECONDS. A download the client lost is submitted again
+                      DOWNLOAD_CHECK_SECONDS. A download the client lost is submitted again;
+                      one the user paused shows the plan `paused` until it is resumed
     copy-file         chunked, verified copy of each wanted file; one LibraryItem per file
     register          atomic step: the items are registered with the step's checkpoint
     retention         durable sleep: no worker is held while the source is kept (seeding)
@@ -17,7 +18,8 @@ register it, keep the source for the retention period, clean up.
     fail-plan,        when the run fails: the plan shows `failed` and why, and what UMT added
     compensate        is removed (no orphan in the client), unless it is worth keeping: a
                       complete download whose copy or registration failed (the library's
-                      fault: a retry of the plan copies it)
+                      fault: a retry of the plan copies it) or a download the user paused
+                      (the timeout fails the plan, the paused download stays)
 """
 
 from __future__ import annotations
@@ -238,8 +240,11 @@ def _poller(ctx: TaskContext, plan_id: int, sub: dict[str, Any]) -> Any:
 
     def check() -> dict[str, Any] | None:
         plan = AcquisitionPlan.objects.get(pk=plan_id)
+        client = client_for(sub["client"])
         try:
-            done = client_for(sub["client"]).poll(plan_id, _download(plan))
+            done = client.poll(plan_id, _download(plan))
+            if done is None:
+                _show_paused(plan_id, client.paused(plan_id, _download(plan)))
         except DownloadMissing:
             return {"missing": True}
         except Exception as exc:  # noqa: BLE001 - an unreachable client must not fail the run
@@ -250,15 +255,25 @@ def _poller(ctx: TaskContext, plan_id: int, sub: dict[str, Any]) -> Any:
     return check
 
 
+def _show_paused(plan_id: int, paused: bool) -> None:
+    """The plan says `paused` while the client holds its unfinished download paused."""
+    was, now = (
+        (Status.DOWNLOADING, Status.PAUSED) if paused else (Status.PAUSED, Status.DOWNLOADING)
+    )
+    AcquisitionPlan.objects.filter(pk=plan_id, status=was).update(
+        status=now, updated_at=timezone.now()
+    )
+
+
 def copy_files(ctx: TaskContext, plan_id: int, done: Any) -> list[dict[str, Any]]:
     content_path = done.get("content_path") if isinstance(done, dict) else None
     if not content_path:
         raise BadSource(f"the download-done fact carries no content_path: {done!r}")
     plan = AcquisitionPlan.objects.get(pk=plan_id)
     files = wanted_files(content_path, plan.files)
-    AcquisitionPlan.objects.filter(pk=plan_id, status=Status.DOWNLOADING).update(
-        status=Status.COPYING, updated_at=timezone.now()
-    )
+    AcquisitionPlan.objects.filter(
+        pk=plan_id, status__in=(Status.DOWNLOADING, Status.PAUSED)
+    ).update(status=Status.COPYING, updated_at=timezone.now())
     return copy_into_library(ctx, plan, files, umt_settings())
 
 
@@ -303,11 +318,13 @@ def compensate(plan_id: int, *, library_side: bool) -> dict[str, Any]:
 def _worth_keeping(plan: AcquisitionPlan, library_side: bool) -> str:
     """Why the failed plan's download stays ('' when it goes): complete, with the library at
     fault (read-only, full, no permission, a name taken), so a retry copies it without
-    downloading it again."""
+    downloading it again; or paused by the user, who decides what becomes of it."""
     if not plan.download_ref:
         return ""
     if library_side:
         return "it is complete and the library side failed; retrying the plan copies it"
+    if client_for(plan.client).paused(plan.pk, _download(plan)):
+        return "it is paused in the download client; resume it, then retry the plan"
     return ""
 
 

@@ -1,8 +1,9 @@
 """What UMT owns, against a real qbittorrent-nox (issue 40): UMT adds a torrent into a folder of
 the plan's own and deletes only what it added there; a failure on the library side keeps the
 complete download for the plan's retry; two pack files whose names clean up alike both land in
-the library. After every outcome the user's own torrent, holding a file of the same name in the
-same save path, is listed with its tag and its file is byte for byte what it was."""
+the library; a download the user pauses shows `paused`, and the timeout keeps it. After every
+outcome the user's own torrent, holding a file of the same name in the same save path, is
+listed with its tag and its file is byte for byte what it was."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ from pathlib import Path
 
 import pytest
 import torf
+from django.contrib.auth.models import User
+from django.test import Client
 
 from tests.helpers import wait_for
 from umt.acquisition import retry_plan
 from umt.models import AcquisitionPlan, LibraryItem
 
 from .instance import Instance, Shared, make_torrent, needs_qbittorrent, pseudo_random, seed
-from .test_acquire_qbittorrent import SIZE, finish, partials, start_plan, umt_env
+from .test_acquire_qbittorrent import SIZE, finish, partials, start_plan, throttle, umt_env
 
 pytestmark = [needs_qbittorrent, pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -237,4 +240,89 @@ def test_pack_files_whose_names_clean_up_alike_both_land_in_the_library(
     assert Path(items["Tom _ Jerry.mkv"].path).parent == library / "Cartoons"
     assert umt_torrents(leecher, own) == [] and not Path(plan.download_dir).exists()
     assert partials(library) == []
+    assert_users_untouched(leecher, own)
+
+
+def admin_client() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    return client
+
+
+def test_a_download_the_user_pauses_shows_paused_and_finishes_once_resumed(
+    workers, seeder: Instance, leecher: Instance, own: Shared, tmp_path: Path
+) -> None:
+    """Item 6: the plan (and its admin pages) say `paused` while the user holds it paused."""
+    shared = make_torrent(seeder.downloads / "paused" / "files", "Paused.mkv", SIZE)
+    seed(seeder, shared)
+    throttle(leecher)
+    library = tmp_path / "library"
+    w = workers(
+        "--poll-interval",
+        "0.2",
+        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
+    )
+    plan = start_plan("Paused", str(shared.torrent), retention_seconds=0)
+    wait_for(lambda: refreshed(plan).status == Status.DOWNLOADING, 30, "the download to start")
+    api = leecher.api()
+    wait_for(lambda: api.torrents_info(torrent_hashes=shared.info_hash), 10, "the add")
+    api.torrents_pause(torrent_hashes=shared.info_hash)
+    wait_for(lambda: refreshed(plan).status == Status.PAUSED, 20, "the plan to show paused")
+    admin = admin_client()
+    listed = admin.get("/admin/umt/acquisitionplan/?status__exact=paused").content.decode()
+    assert f"/admin/umt/acquisitionplan/{plan.pk}/change/" in listed
+    page = admin.get(f"/admin/umt/acquisitionplan/{plan.pk}/change/").content.decode()
+    assert "Paused" in page and str(leecher.downloads) in page  # and its own folder
+
+    api.app_set_preferences({"dl_limit": 0})
+    api.torrents_resume(torrent_hashes=shared.info_hash)
+    assert finish(plan) == "completed", w.log()
+    [item] = LibraryItem.objects.filter(plan=plan)
+    assert item.sha256 == shared.sha256
+    assert umt_torrents(leecher, own) == []
+    assert_users_untouched(leecher, own)
+
+
+def test_a_download_paused_at_the_timeout_fails_the_plan_and_is_kept(
+    workers, seeder: Instance, leecher: Instance, own: Shared, tmp_path: Path
+) -> None:
+    """Item 6: the timeout still ends the wait, but the download the user paused stays (the
+    user decides about it); resumed, the plan's retry finishes it."""
+    shared = make_torrent(seeder.downloads / "paused-out" / "files", "Paused.Out.mkv", SIZE)
+    seed(seeder, shared)
+    throttle(leecher)
+    library = tmp_path / "library"
+    w = workers(
+        "--poll-interval",
+        "0.2",
+        env=umt_env(
+            seeder,
+            leecher,
+            library,
+            UMT_DOWNLOAD_CHECK_SECONDS="0.5",
+            UMT_DOWNLOAD_TIMEOUT_SECONDS="8",
+        ),
+    )
+    plan = start_plan("Paused Out", str(shared.torrent), retention_seconds=0)
+    api = leecher.api()
+    wait_for(lambda: api.torrents_info(torrent_hashes=shared.info_hash), 30, "the add")
+    api.torrents_pause(torrent_hashes=shared.info_hash)
+    assert finish(plan) == "failed", w.log()
+    assert plan.failure.startswith("FactTimeoutError"), plan.failure
+    assert plan.failure.endswith(
+        "; the download is kept: it is paused in the download client; "
+        "resume it, then retry the plan"
+    ), plan.failure
+    [torrent] = api.torrents_info(torrent_hashes=shared.info_hash)
+    assert torrent.state in {"pausedDL", "stoppedDL"} and float(torrent.progress) < 1
+    assert Path(torrent.save_path) == Path(plan.download_dir)
+    assert_users_untouched(leecher, own)
+
+    api.app_set_preferences({"dl_limit": 0})
+    api.torrents_resume(torrent_hashes=shared.info_hash)
+    assert retry_plan(plan.pk, reason="resumed", by="test")
+    assert finish(plan) == "completed", w.log()
+    [item] = LibraryItem.objects.filter(plan=plan)
+    assert item.sha256 == shared.sha256
+    assert umt_torrents(leecher, own) == [] and not Path(plan.download_dir).exists()
     assert_users_untouched(leecher, own)

@@ -6,9 +6,9 @@ not exist yet, for the plan's download alone (the plan records it before `submit
 hands the download over, saved in that folder, or adopts it when the client already has it, and
 says which (True: UMT added it); `poll` tells whether it finished (None while it is not, or when
 only the completion hook can tell) and raises DownloadMissing when the client no longer has it;
-`remove` forgets the download and deletes its files, but only when one of the `owners` (plans
-that added it, with the folder each recorded) put it there and its files are all inside that
-plan's own folder.
+`paused` tells whether someone paused the unfinished download; `remove` forgets the download and
+deletes its files, but only when one of the `owners` (plans that added it, with the folder each
+recorded) put it there and its files are all inside that plan's own folder.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class DownloadClient(Protocol):
     def submit(self, plan: AcquisitionPlan, download: Download) -> bool: ...
 
     def poll(self, plan_id: int, download: Download) -> dict[str, Any] | None: ...
+
+    def paused(self, plan_id: int, download: Download) -> bool: ...
 
     def remove(self, download: Download, owners: Mapping[int, str]) -> bool: ...
 

@@ -36,6 +36,9 @@ class FolderClient:
     def poll(self, plan_id: int, download: Download) -> dict[str, Any] | None:
         return None  # a file that exists may still be being written: only its writer knows
 
+    def paused(self, plan_id: int, download: Download) -> bool:
+        return False
+
     def remove(self, download: Download, owners: Mapping[int, str]) -> bool:
         path = Path(download.ref)
         if path.resolve().parent != self.root.resolve():

@@ -37,6 +37,7 @@ INCOMPLETE_SUFFIX = ".!qB"  # qBittorrent's "append .!qB to incomplete files"
 UNSETTLED = frozenset(
     {"moving", "checkingUP", "checkingDL", "checkingResumeData", "allocating", "metaDL"}
 )
+PAUSED_DOWNLOADING = frozenset({"pausedDL", "stoppedDL"})  # 5.x renamed paused to stopped
 FILES_GONE_SECONDS = 10.0  # how long `remove` waits for qBittorrent to delete the files
 
 
@@ -127,6 +128,10 @@ class QBittorrentClient:
             return False
         names = [str(f.name) for f in self.api.torrents_files(torrent_hash=info.hash)]
         return not any(n.endswith(INCOMPLETE_SUFFIX) for n in names)
+
+    def paused(self, plan_id: int, download: Download) -> bool:
+        info = self.find(download, plan_id)
+        return info is not None and info.state in PAUSED_DOWNLOADING and float(info.progress) < 1
 
     def remove(self, download: Download, owners: Mapping[int, str]) -> bool:
         info = self.find(download, None)
