@@ -1,12 +1,13 @@
 """The qBittorrent client, through its Web API (`qbittorrent-api`).
 
 A torrent is found by every hash form qBittorrent may list it under (`hashes.py`) or by the
-plan's tag. UMT adds a torrent into a folder of the plan's own, `<save path>/umt-plan-<id>-<random>`
-(one that did not exist: qBittorrent never writes over a file UMT did not create), tags it `umt`
-and `umt-plan-<id>`, and never tags, removes or deletes a torrent it found already there (the
-user's own, or another plan's): `submit` says which it was, the workflow records that in the op
-ledger, and `remove` deletes only a torrent carrying the tag of a plan that added it whose files
-all lie in that plan's folder (a torrent someone moved elsewhere is left as it is).
+plan's tag. UMT adds a torrent into a folder of the plan's own,
+`<save path>/umt-plan-<id>-<random>` (one that did not exist: qBittorrent never writes over a
+file UMT did not create), tags it `umt` and `umt-plan-<id>`, and never tags, removes or deletes
+a torrent it found already there (the user's own, or another plan's): `submit` says which it
+was, the workflow records that in the op ledger, and `remove` deletes only a torrent carrying
+the tag of a plan that added it whose files all lie in that plan's folder (a torrent someone
+moved elsewhere is left as it is).
 """
 
 from __future__ import annotations
