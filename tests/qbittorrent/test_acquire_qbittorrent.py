@@ -15,6 +15,7 @@ from outbox.relay import relay_once
 from tasks_engine.models import Fact, OpLedger
 from tests.helpers import ROOT, database_url, wait_for
 from umt.acquisition import plan_acquisition
+from umt.downloads.qbittorrent import plan_tag
 from umt.models import AcquisitionPlan, LibraryItem
 
 from .instance import Instance, make_torrent, needs_qbittorrent, seed
@@ -220,7 +221,9 @@ def test_two_plans_for_one_torrent_share_it_and_each_completes(
     wait_for(lambda: waiting(first) and waiting(second), 30, "both plans to wait")
     [torrent] = api.torrents_info()
     assert float(torrent.progress) < 1  # both plans are waiting on an unfinished download
-    content = Path(torrent.content_path)  # in the folder of the plan that added it
+    adder = first if plan_tag(first.pk) in str(torrent.tags) else second
+    adder.refresh_from_db()
+    content = Path(adder.download_dir) / "Shared.mkv"  # in the folder of the plan that added it
     unthrottle(leecher)
     assert finish(first) == "completed", w.log() + leecher.log()
     assert content.exists()  # plan B still needs it

@@ -148,8 +148,11 @@ class QBittorrentClient:
         return True
 
     def _all_files_in(self, info: Any, folder: str) -> bool:
-        places = [str(info.get(k) or "") for k in ("save_path", "content_path", "download_path")]
-        if not all(_within(p, folder) for p in places if p):
+        if not _within(str(info.get("save_path") or ""), folder):
+            return False
+        # Just after an add qBittorrent may list the content path relative (the bare name).
+        places = [str(info.get(k) or "") for k in ("content_path", "download_path")]
+        if not all(_within(p, folder) for p in places if posixpath.isabs(p)):
             return False
         names = [str(f.name) for f in self.api.torrents_files(torrent_hash=info.hash)]
         return all(not posixpath.isabs(n) and not _escapes(n) for n in names)
@@ -167,6 +170,8 @@ class QBittorrentClient:
 
 
 def _within(path: str, folder: str) -> bool:
+    if not posixpath.isabs(path):
+        return False
     path, folder = posixpath.normpath(path), posixpath.normpath(folder)
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
