@@ -173,6 +173,28 @@ def test_a_season_pack_copies_every_video_file(media: Path, fake_clock: FakeCloc
     ]
 
 
+def test_pack_files_whose_names_clean_up_alike_get_numbered_names(
+    media: Path, fake_clock: FakeClock
+) -> None:
+    """In the order of their paths: the first keeps the cleaned name, the others are numbered,
+    and a number never takes the name another file of the pack has of its own."""
+    plan = started("Cartoons")
+    folder = media / "downloads" / "Cartoons"
+    amp = write(folder / "Tom & Jerry.mkv", 500, seed=1)
+    plus = write(folder / "Tom + Jerry.mkv", 600, seed=2)
+    own = write(folder / "Tom _ Jerry (2).mkv", 700, seed=3)
+    tasks_engine.signal(rid(plan), "download-done", {"content_path": str(folder)})
+    assert drain(fake_clock) == ["suspended"]  # registered, keeping the source
+    lib = media / "library" / "Cartoons"
+    items = sorted((i.path, i.sha256) for i in LibraryItem.objects.filter(plan=plan))
+    assert items == [
+        (str(lib / "Tom _ Jerry (2).mkv"), own),
+        (str(lib / "Tom _ Jerry (3).mkv"), plus),
+        (str(lib / "Tom _ Jerry.mkv"), amp),
+    ]
+    assert not LibraryItem.objects.filter(registered_at=None).exists()
+
+
 def test_a_plan_takes_the_files_its_pattern_names(media: Path, fake_clock: FakeClock) -> None:
     plan = plan_acquisition(title="Pack", source="Pack", files="*.srt")
     relay_once()

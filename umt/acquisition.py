@@ -123,7 +123,8 @@ class _NotRetried(Exception):
 def retry_plan(plan_id: int, *, reason: str = "", by: str = "") -> bool:
     """Retry a failed plan: its run gets a fresh pass (`retry_run`) from `submit-download`,
     so the download is submitted again (the failed pass's compensation removed what UMT
-    added); a copy that was verified and committed is not redone. False, and nothing changes,
+    added), or found where a failure on the library side kept it; a copy that was verified
+    and committed is not redone. False, and nothing changes,
     unless the plan is `failed` and its run can be retried."""
     try:
         with transaction.atomic():

@@ -71,6 +71,37 @@ def library_path(plan: AcquisitionPlan, source: Path, s: UmtSettings, rel: str =
     return s.library_dir / title / f"{safe_name(title, NAME_MAX - len(suffix.encode()))}{suffix}"
 
 
+def library_paths(
+    plan: AcquisitionPlan, files: list[tuple[Path, str]], s: UmtSettings
+) -> list[Path]:
+    """Each file's `library_path`, made unique: files whose names clean up to the same name
+    ("Tom & Jerry.mkv", "Tom + Jerry.mkv") keep it in the order of their paths in the download
+    (the first keeps it, the next get " (2)", " (3)" before the suffix), so a retry or a
+    resumed copy names them alike."""
+    single = len(files) == 1
+    wanted = {rel: library_path(plan, p, s, "" if single else rel) for p, rel in files}
+    taken = set(wanted.values())  # a number never takes another file's own name
+    given: dict[str, Path] = {}
+    for rel in sorted(wanted):
+        dest = wanted[rel]
+        if dest in given.values():
+            dest = _numbered(dest, taken)
+            taken.add(dest)
+        given[rel] = dest
+    return [given[rel] for _p, rel in files]
+
+
+def _numbered(dest: Path, taken: set[Path]) -> Path:
+    n = 2
+    while True:
+        mark = f" ({n})"
+        stem = dest.stem.encode()[: NAME_MAX - len(mark) - len(dest.suffix.encode())]
+        name = stem.decode("utf-8", "ignore").rstrip(" .") + mark + dest.suffix
+        if (candidate := dest.with_name(name)) not in taken:
+            return candidate
+        n += 1
+
+
 def partial_path(plan: AcquisitionPlan, dest: Path, s: UmtSettings) -> Path:
     """A copy in progress: a short name of its own, whatever the destination's length."""
     key = hashlib.sha256(str(dest).encode()).hexdigest()[:16]
@@ -85,8 +116,7 @@ def copy_into_library(
     grand = sum(p.stat().st_size for p, _ in files)
     single = len(files) == 1
     results, base = [], 0
-    for source, rel in files:
-        dest = library_path(plan, source, s, "" if single else rel)
+    for (source, rel), dest in zip(files, library_paths(plan, files, s), strict=True):
         copier = Copier(ctx, source, dest, partial_path(plan, dest, s), s, base, grand)
         key = hashlib.sha256(rel.encode()).hexdigest()[:16]
         op = f"umt:copy:plan:{plan.pk}" if single else f"umt:copy:plan:{plan.pk}:{key}"

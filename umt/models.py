@@ -19,11 +19,12 @@ class AcquisitionPlan(models.Model):
     class Status(models.TextChoices):
         PLANNED = "planned"  # created; the workflow has not submitted it yet
         DOWNLOADING = "downloading"  # handed to the download client
+        PAUSED = "paused"  # the client holds the unfinished download paused (the user paused it)
         COPYING = "copying"  # download done; copying into the library
         COPIED = "copied"  # the library holds the file (a LibraryItem exists)
         REGISTERED = "registered"  # the item is registered; the source is kept for retention
         DONE = "done"  # the source was cleaned up
-        FAILED = "failed"  # the run failed (`failure` says why); what UMT added was removed
+        FAILED = "failed"  # the run failed (`failure` says why and whether the download is kept)
 
     title = models.CharField(max_length=300)
     client = models.CharField(max_length=20, choices=Client.choices, default=Client.FOLDER)
@@ -56,6 +57,12 @@ class AcquisitionPlan(models.Model):
         max_length=300, blank=True, help_text="Every hash form the client may list it under."
     )
     download_ref = models.CharField(max_length=2000, blank=True, help_text="The client's handle.")
+    download_dir = models.CharField(
+        max_length=2000,
+        blank=True,
+        help_text="The folder UMT chose for this plan's download (it did not exist before): "
+        "cleanup deletes only files of a torrent UMT added there.",
+    )
     retries = models.PositiveIntegerField(
         default=0, help_text="How often the failed plan was retried (its run's fresh passes)."
     )
@@ -93,6 +100,7 @@ class LibraryItem(models.Model):
 ACTIVE_STATUSES = (
     AcquisitionPlan.Status.PLANNED,
     AcquisitionPlan.Status.DOWNLOADING,
+    AcquisitionPlan.Status.PAUSED,
     AcquisitionPlan.Status.COPYING,
     AcquisitionPlan.Status.COPIED,
     AcquisitionPlan.Status.REGISTERED,

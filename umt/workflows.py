@@ -1,20 +1,25 @@
 """UMT's acquisition workflow: submit a download, wait for it, copy it into the library,
 register it, keep the source for the retention period, clean up.
 
-    submit-download   fenced op `submit:<plan>`: the plan records the download's hashes, then
-                      the client adds it, or adopts it when it already has it; the ledger keeps
-                      which (only what UMT added is ever removed). An adopted download that is
+    submit-download   fenced op `submit:<plan>`: the plan records a folder of its own (one that
+                      did not exist) and the download's hashes, then the client adds it into
+                      that folder, or adopts it when it already has it; the ledger keeps which
+                      (only what UMT added is ever removed). An adopted download that is
                       already complete ends the wait at once
     download-done     a fact: the client's completion hook (`manage.py umt_download_done`)
                       signals every plan waiting on the torrent; the client is also asked every
-                      DOWNLOAD_CHECK_SECONDS. A download the client lost is submitted again
+                      DOWNLOAD_CHECK_SECONDS. A download the client lost is submitted again;
+                      one the user paused shows the plan `paused` until it is resumed
     copy-file         chunked, verified copy of each wanted file; one LibraryItem per file
     register          atomic step: the items are registered with the step's checkpoint
     retention         durable sleep: no worker is held while the source is kept (seeding)
-    cleanup           the client forgets the download and deletes it, if UMT added it and no
-                      other plan still needs it
+    cleanup           the client forgets the download and deletes it, if UMT added it into a
+                      plan's own folder and no other plan still needs it
     fail-plan,        when the run fails: the plan shows `failed` and why, and what UMT added
-    compensate        is removed (no orphan in the client)
+    compensate        is removed (no orphan in the client), unless it is worth keeping: a
+                      complete download whose copy or registration failed (the library's
+                      fault: a retry of the plan copies it) or a download the user paused
+                      (the timeout fails the plan, the paused download stays)
     cleanup-later     a cleanup or compensation that cannot reach the client (an outage, a login
                       it refuses) never fails the plan: a `release-download` run of its own
                       tries again later, for days, waiting longer after each attempt
@@ -22,6 +27,7 @@ register it, keep the source for the retention period, clean up.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,7 +49,15 @@ from tasks_engine.models import OpLedger
 
 from .acquisition import DOWNLOAD_DONE
 from .conf import umt_settings
-from .downloads import BadSource, Download, DownloadError, DownloadMissing, client_for, wanted_files
+from .downloads import (
+    BadSource,
+    Download,
+    DownloadClient,
+    DownloadError,
+    DownloadMissing,
+    client_for,
+    wanted_files,
+)
 from .library import copy_into_library
 from .models import ACTIVE_STATUSES, AcquisitionPlan, LibraryItem
 
@@ -76,6 +90,13 @@ def file_retry() -> RetryPolicy:
     )
 
 
+@dataclass
+class Stage:
+    """Where the run is, for its compensation (set as the workflow replays, so always true)."""
+
+    in_library: bool = False  # the download is complete; copying or registering it
+
+
 @workflow(
     name="acquire",
     version=1,
@@ -87,19 +108,22 @@ def file_retry() -> RetryPolicy:
 )
 def acquire(ctx: TaskContext) -> dict[str, Any]:
     plan_id = ctx.input.plan_id
+    stage = Stage()
     try:
-        return _acquire(ctx, plan_id)
+        return _acquire(ctx, plan_id, stage)
     except (LeaseLostError, TaskCanceledError, NonDeterminismError):
         raise
     except Exception as exc:
         reason = redact_text(describe(exc))
+        # The download's own fault (no content, no wanted file) is not the library's.
+        library_side = stage.in_library and not isinstance(exc, DownloadError)
         ctx.step.run("fail-plan", lambda: fail_plan(plan_id, reason), atomic=True)
-        _release_or_later(ctx, "compensate", plan_id, failed=True)
+        _release_or_later(ctx, "compensate", plan_id, failed=True, library_side=library_side)
         ctx.progress(0, None, f"failed: {reason}"[:300])
         raise
 
 
-def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
+def _acquire(ctx: TaskContext, plan_id: int, stage: Stage) -> dict[str, Any]:
     net = network_retry()
     sub = ctx.step.run("submit-download", lambda: submit_download(ctx, plan_id, 1), retry=net)
     deadline = datetime.fromisoformat(sub["deadline"])
@@ -126,8 +150,10 @@ def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
                 retry=net,
             )
             done = again.get("done")
+    stage.in_library = True
     items = ctx.step.run("copy-file", lambda: copy_files(ctx, plan_id, done), retry=file_retry())
     ctx.step.run("register", lambda: register(plan_id), atomic=True)
+    stage.in_library = False
     ctx.step.sleep("retention", timedelta(seconds=sub["retention_seconds"]))
     cleaned = _release_or_later(ctx, "cleanup", plan_id, failed=False)
     size = sum(i["size"] for i in items)
@@ -145,15 +171,18 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {said}"
 
 
-def _release_or_later(ctx: TaskContext, step: str, plan_id: int, *, failed: bool) -> Any:
+def _release_or_later(
+    ctx: TaskContext, step: str, plan_id: int, *, failed: bool, library_side: bool = False
+) -> Any:
     """The cleanup (or compensation) step; when it cannot reach the client after its retries,
     a `release-download` run takes it over and this run goes on as if it had not failed."""
     try:
         if failed:
-            removed = ctx.step.run(
-                step, lambda: release(plan_id, failed=True), retry=network_retry()
+            return ctx.step.run(
+                step,
+                lambda: compensate(plan_id, library_side=library_side),
+                retry=network_retry(),
             )
-            return {"source_removed": removed}
         return ctx.step.run(step, lambda: cleanup(plan_id), retry=network_retry())
     except (LeaseLostError, TaskCanceledError, NonDeterminismError):
         raise
@@ -195,6 +224,7 @@ def submit_download(ctx: TaskContext, plan_id: int, n: int) -> dict[str, Any]:
     plan = AcquisitionPlan.objects.get(pk=plan_id)
     client = client_for(plan.client)
     download = client.identify(plan)
+    _record_own_folder(plan, client)
 
     def hand_over(_info: Any) -> dict[str, Any]:
         # Recorded first: the completion hook finds the plan by its hash.
@@ -228,10 +258,22 @@ def submit_download(ctx: TaskContext, plan_id: int, n: int) -> dict[str, Any]:
     }
 
 
+def _record_own_folder(plan: AcquisitionPlan, client: DownloadClient) -> None:
+    """The plan's own download folder, chosen once (the first attempt that records it wins) and
+    kept for every later submission and pass: cleanup deletes files only in it."""
+    if plan.download_dir:
+        return
+    folder = client.own_folder(plan)
+    if folder:
+        AcquisitionPlan.objects.filter(pk=plan.pk, download_dir="").update(download_dir=folder)
+        plan.refresh_from_db(fields=["download_dir"])
+
+
 def submit_op(plan: AcquisitionPlan, n: int) -> str:
     """The fenced op of a plan's n-th submission: `submit:<plan>[:<n>]`, and for a retried
-    plan `submit:<plan>:r<retries>[:<n>]`, a new op (the failed pass's compensation removed
-    what the old one added, so the retry must submit again)."""
+    plan `submit:<plan>:r<retries>[:<n>]`, a new op (the failed pass's compensation may have
+    removed what the old one added, so the retry must submit again; a kept download is found,
+    still tagged as the plan's own)."""
     op = f"submit:{plan.pk}" + (f":r{plan.retries}" if plan.retries else "")
     return op if n == 1 else f"{op}:{n}"
 
@@ -241,8 +283,11 @@ def _poller(ctx: TaskContext, plan_id: int, sub: dict[str, Any]) -> Any:
 
     def check() -> dict[str, Any] | None:
         plan = AcquisitionPlan.objects.get(pk=plan_id)
+        client = client_for(sub["client"])
         try:
-            done = client_for(sub["client"]).poll(plan_id, _download(plan))
+            done = client.poll(plan_id, _download(plan))
+            if done is None:
+                _show_paused(plan_id, client.paused(plan_id, _download(plan)))
         except DownloadMissing:
             return {"missing": True}
         except Exception as exc:  # noqa: BLE001 - an unreachable client must not fail the run
@@ -253,15 +298,25 @@ def _poller(ctx: TaskContext, plan_id: int, sub: dict[str, Any]) -> Any:
     return check
 
 
+def _show_paused(plan_id: int, paused: bool) -> None:
+    """The plan says `paused` while the client holds its unfinished download paused."""
+    was, now = (
+        (Status.DOWNLOADING, Status.PAUSED) if paused else (Status.PAUSED, Status.DOWNLOADING)
+    )
+    AcquisitionPlan.objects.filter(pk=plan_id, status=was).update(
+        status=now, updated_at=timezone.now()
+    )
+
+
 def copy_files(ctx: TaskContext, plan_id: int, done: Any) -> list[dict[str, Any]]:
     content_path = done.get("content_path") if isinstance(done, dict) else None
     if not content_path:
         raise BadSource(f"the download-done fact carries no content_path: {done!r}")
     plan = AcquisitionPlan.objects.get(pk=plan_id)
     files = wanted_files(content_path, plan.files)
-    AcquisitionPlan.objects.filter(pk=plan_id, status=Status.DOWNLOADING).update(
-        status=Status.COPYING, updated_at=timezone.now()
-    )
+    AcquisitionPlan.objects.filter(
+        pk=plan_id, status__in=(Status.DOWNLOADING, Status.PAUSED)
+    ).update(status=Status.COPYING, updated_at=timezone.now())
     return copy_into_library(ctx, plan, files, umt_settings())
 
 
@@ -288,10 +343,39 @@ def fail_plan(plan_id: int, reason: str) -> dict[str, Any]:
     return {"failure": reason}
 
 
+def compensate(plan_id: int, *, library_side: bool) -> dict[str, Any]:
+    """After a failure: remove what UMT added, unless the download is worth keeping (then the
+    plan's failure says so and why)."""
+    plan = AcquisitionPlan.objects.get(pk=plan_id)
+    kept = _worth_keeping(plan, library_side)
+    if not kept:
+        return {"source_removed": release(plan_id, failed=True)}
+    note = f"; the download is kept: {kept}"
+    if note not in plan.failure:  # the step may run again
+        AcquisitionPlan.objects.filter(pk=plan_id).update(
+            failure=plan.failure + note, updated_at=timezone.now()
+        )
+    return {"source_removed": False, "kept": kept}
+
+
+def _worth_keeping(plan: AcquisitionPlan, library_side: bool) -> str:
+    """Why the failed plan's download stays ('' when it goes): complete, with the library at
+    fault (read-only, full, no permission, a name taken), so a retry copies it without
+    downloading it again; or paused by the user, who decides what becomes of it."""
+    if not plan.download_ref:
+        return ""
+    if library_side:
+        return "it is complete and the library side failed; retrying the plan copies it"
+    if client_for(plan.client).paused(plan.pk, _download(plan)):
+        return "it is paused in the download client; resume it, then retry the plan"
+    return ""
+
+
 def release(plan_id: int, *, failed: bool = False) -> bool:
-    """Remove the plan's download from its client, if UMT added it and no other plan still
-    needs it. The caller has already committed this plan's own end (done or failed), so of two
-    plans releasing one download at the same time at least one sees the other finished."""
+    """Remove the plan's download from its client, if UMT added it into a plan's own folder and
+    no other plan still needs it. The caller has already committed this plan's own end (done or
+    failed), so of two plans releasing one download at the same time at least one sees the
+    other finished."""
     plan = AcquisitionPlan.objects.get(pk=plan_id)
     if not plan.download_ref:
         return False  # never submitted
@@ -300,7 +384,7 @@ def release(plan_id: int, *, failed: bool = False) -> bool:
     sharing = AcquisitionPlan.objects.filter(download_ref=plan.download_ref, client=plan.client)
     if sharing.exclude(pk=plan_id).filter(status__in=ACTIVE_STATUSES).exists():
         return False  # another plan still needs the files
-    owners = [pk for pk in sharing.values_list("pk", flat=True) if _added(pk)]
+    owners = {pk: folder for pk, folder in sharing.values_list("pk", "download_dir") if _added(pk)}
     if not owners:
         return False  # adopted: the user's own download stays
     return client_for(plan.client).remove(_download(plan), owners)
@@ -342,4 +426,6 @@ def _release_if_still_due(inp: ReleaseInput) -> dict[str, Any]:
     due = Status.FAILED if inp.failed else Status.DONE
     if plan.status != due or plan.retries != inp.retries:
         return {"source_removed": False, "skipped": f"the plan is {plan.status} again"}
-    return {"source_removed": release(inp.plan_id, failed=inp.failed)}
+    if inp.failed:  # a download the user paused meanwhile is kept, as at the plan's end
+        return compensate(inp.plan_id, library_side=False)
+    return {"source_removed": release(inp.plan_id)}

@@ -137,18 +137,23 @@ class Shared:
     size: int
 
 
-def make_torrent(folder: Path, name: str, size: int) -> Shared:
-    """A file of `size` pseudo-random bytes in `folder` and a trackerless .torrent for it."""
+def make_torrent(folder: Path, name: str, size: int, salt: str = "") -> Shared:
+    """A file of `size` pseudo-random bytes in `folder` and a trackerless .torrent for it (a
+    different `salt`: other bytes under the same name)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    block = b"".join(hashlib.sha256(f"{name}:{i}".encode()).digest() for i in range(2048))
-    data = (block * (size // len(block) + 1))[:size]
+    data = pseudo_random(f"{salt}{name}", size)
     path.write_bytes(data)
     t = torf.Torrent(path=path, trackers=[], private=False, piece_size=256 * 1024)
     t.generate()
     torrent = folder.parent / f"{name}.torrent"
     t.write(torrent, overwrite=True)
     return Shared(path, torrent, str(t.infohash).lower(), hashlib.sha256(data).hexdigest(), size)
+
+
+def pseudo_random(key: str, size: int) -> bytes:
+    block = b"".join(hashlib.sha256(f"{key}:{i}".encode()).digest() for i in range(2048))
+    return (block * (size // len(block) + 1))[:size]
 
 
 def seed(seeder: Instance, shared: Shared) -> None:

@@ -88,8 +88,27 @@ def assert_outcome(
     assert (torrent.hash, torrent.tags, float(torrent.progress)) == (own.info_hash, "mine", 1.0)
     assert (leecher.downloads / own.path.name).read_bytes() == own.path.read_bytes()
     if acquired is not None:
-        gone = leecher.downloads / acquired.path.name
-        wait_for(lambda: not gone.exists(), 10, "the download's files to be deleted")
+        assert not Path(plan.download_dir).exists()  # the download's files and folder
+
+
+def assert_kept_for_a_retry(
+    plan: AcquisitionPlan, library: Path, leecher: Instance, own: Shared, shared: Shared
+) -> None:
+    """A failure on the library side: the plan failed, and says so; nothing is in the library;
+    the complete download stays in the client, in the plan's folder, for a retry to copy."""
+    assert plan.status == AcquisitionPlan.Status.FAILED
+    assert plan.failure.endswith(
+        "; the download is kept: it is complete and the library side failed; "
+        "retrying the plan copies it"
+    ), plan.failure
+    assert not LibraryItem.objects.filter(plan=plan).exists() and partials(library) == []
+    torrents = {t.hash: t for t in leecher.api().torrents_info()}
+    assert set(torrents) == {own.info_hash, shared.info_hash}
+    assert float(torrents[shared.info_hash].progress) == 1.0
+    assert (Path(plan.download_dir) / shared.path.name).read_bytes() == shared.path.read_bytes()
+    mine = torrents[own.info_hash]
+    assert (mine.tags, float(mine.progress)) == ("mine", 1.0)
+    assert (leecher.downloads / own.path.name).read_bytes() == own.path.read_bytes()
 
 
 def one_torrent_for(leecher: Instance, shared: Shared) -> None:
@@ -171,7 +190,7 @@ def test_the_seeder_gone_for_good_fails_the_run_and_leaves_no_orphan(
     assert finish(plan) == "failed", w.log()
     assert "FactTimeoutError" in plan.failure
     assert_outcome(plan, AcquisitionPlan.Status.FAILED, library, leecher, own, None)
-    wait_for(lambda: not (leecher.downloads / "Gone.mkv").exists(), 10, "the partial download")
+    assert not Path(plan.download_dir).exists()  # the partial download and its folder
 
 
 @pytest.fixture
@@ -199,7 +218,7 @@ def test_a_full_library_disk_fails_the_plan_and_a_retry_then_completes_it(
     plan = start_plan("Full Disk", str(shared.torrent), retention_seconds=0)
     assert finish(plan) == "failed", w.log()
     assert "No space left" in plan.failure
-    assert_outcome(plan, AcquisitionPlan.Status.FAILED, small_library, leecher, own, None)
+    assert_kept_for_a_retry(plan, small_library, leecher, own, shared)
     assert plan.run_id is not None
     run = tasks_engine.get_run(plan.run_id)
     assert run is not None

@@ -16,6 +16,7 @@ from outbox.relay import relay_once
 from tasks_engine.models import Fact, OpLedger
 from tests.helpers import ROOT, database_url, wait_for
 from umt.acquisition import plan_acquisition
+from umt.downloads.qbittorrent import plan_tag
 from umt.models import AcquisitionPlan, LibraryItem
 
 from .instance import Instance, make_torrent, needs_qbittorrent, seed
@@ -87,8 +88,11 @@ def test_acquire_through_qbittorrent_and_its_completion_hook(
     run = tasks_engine.get_run(run_id)
     assert run is not None and run.status == "completed", w.log() + leecher.log()
     fact = Fact.objects.get(run_id=run_id, name="download-done")
+    plan.refresh_from_db()
+    folder = Path(plan.download_dir)  # the plan's own, inside the save path
+    assert folder.parent == leecher.downloads and folder.name.startswith(f"umt-plan-{plan.pk}-")
     assert fact.payload == {
-        "content_path": str(leecher.downloads / "Sintel.2010.mkv"),
+        "content_path": str(folder / "Sintel.2010.mkv"),
         "ref": shared.info_hash,
         "name": "Sintel.2010.mkv",
         "plan_retries": 0,
@@ -98,10 +102,9 @@ def test_acquire_through_qbittorrent_and_its_completion_hook(
     dest = library / "Sintel (2010)" / "Sintel (2010).mkv"
     assert (item.path, item.size, item.sha256) == (str(dest), SIZE, shared.sha256)
     assert dest.read_bytes() == shared.path.read_bytes()
-    plan.refresh_from_db()
     assert (plan.info_hash, plan.status) == (shared.info_hash, AcquisitionPlan.Status.DONE)
     assert leecher.api().torrents_info() == []  # cleanup removed the torrent ...
-    wait_for(lambda: not (leecher.downloads / "Sintel.2010.mkv").exists(), 10, "its files")
+    assert not folder.exists()  # ... its files, and the plan's emptied folder
     assert [t.hash for t in seeder.api().torrents_info()] == [shared.info_hash]  # still seeding
 
 
@@ -219,9 +222,12 @@ def test_two_plans_for_one_torrent_share_it_and_each_completes(
     wait_for(lambda: waiting(first) and waiting(second), 30, "both plans to wait")
     [torrent] = api.torrents_info()
     assert float(torrent.progress) < 1  # both plans are waiting on an unfinished download
+    adder = first if plan_tag(first.pk) in str(torrent.tags) else second
+    adder.refresh_from_db()
+    content = Path(adder.download_dir) / "Shared.mkv"  # in the folder of the plan that added it
     unthrottle(leecher)
     assert finish(first) == "completed", w.log() + leecher.log()
-    assert (leecher.downloads / "Shared.mkv").exists()  # plan B still needs it
+    assert content.exists()  # plan B still needs it
     assert len(leecher.api().torrents_info()) == 1
     assert finish(second, 90) == "completed", w.log()
     for plan in (first, second):
@@ -229,7 +235,7 @@ def test_two_plans_for_one_torrent_share_it_and_each_completes(
         assert item.sha256 == shared.sha256
         assert plan.status == AcquisitionPlan.Status.DONE
     assert leecher.api().torrents_info() == []  # UMT added it; the last plan removed it
-    wait_for(lambda: not (leecher.downloads / "Shared.mkv").exists(), 10, "its files")
+    assert not content.parent.exists()
     assert partials(library) == []
 
 

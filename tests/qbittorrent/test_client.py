@@ -43,6 +43,9 @@ def test_add_poll_and_remove_a_real_download(
     seed(seeder, shared)
     client = client_of(leecher, peers=(seeder.peer,))
     plan = AcquisitionPlan(pk=41, title="Client test", source=str(shared.torrent))
+    plan.download_dir = client.own_folder(plan)
+    folder = Path(plan.download_dir)
+    assert folder.parent == leecher.downloads and not folder.exists()
     d = client.identify(plan)
     ref = d.ref
     assert client.submit(plan, d) is True
@@ -53,11 +56,13 @@ def test_add_poll_and_remove_a_real_download(
     done = client.poll(41, d)
     assert done is not None
     content = Path(done["content_path"])
-    assert content == leecher.downloads / "client.bin"
+    assert content == folder / "client.bin"
     assert content.read_bytes() == shared.path.read_bytes()
-    assert client.remove(d, [7]) is False  # not added by plan 7: kept
-    assert client.remove(d, [41]) is True
-    assert client.remove(d, [41]) is False
+    assert client.remove(d, {7: str(folder)}) is False  # not added by plan 7: kept
+    assert client.remove(d, {41: str(leecher.downloads / "other")}) is False  # not in its folder
+    assert client.remove(d, {41: str(folder)}) is True
+    assert client.remove(d, {41: str(folder)}) is False
     assert leecher.api().torrents_info() == []
+    assert not folder.exists()  # the files deleted, then the emptied folder
     with pytest.raises(DownloadError, match="no longer has"):
         client.poll(41, d)

@@ -1,11 +1,14 @@
 """Download clients: what the `acquire` workflow asks of one, and which one a plan uses.
 
 A client is idempotent in every call, because a step that was interrupted runs again:
-`identify` names the download without touching anything; `submit` hands it over, or adopts it
-when the client already has it, and says which (True: UMT added it); `poll` tells whether it
-finished (None while it is not, or when only the completion hook can tell) and raises
-DownloadMissing when the client no longer has it; `remove` forgets the download and deletes its
-files, but only when one of the `owners` (plans that added it) put it there.
+`identify` names the download without touching anything; `own_folder` names a folder that does
+not exist yet, for the plan's download alone (the plan records it before `submit`); `submit`
+hands the download over, saved in that folder, or adopts it when the client already has it, and
+says which (True: UMT added it); `poll` tells whether it finished (None while it is not, or when
+only the completion hook can tell) and raises DownloadMissing when the client no longer has it;
+`paused` tells whether someone paused the unfinished download; `remove` forgets the download and
+deletes its files, but only when one of the `owners` (plans that added it, with the folder each
+recorded) put it there and its files are all inside that plan's own folder.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tasks_engine import NonRetryableError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Mapping
 
     from ..models import AcquisitionPlan
 
@@ -38,11 +41,15 @@ class DownloadClient(Protocol):
 
     def identify(self, plan: AcquisitionPlan) -> Download: ...
 
+    def own_folder(self, plan: AcquisitionPlan) -> str: ...
+
     def submit(self, plan: AcquisitionPlan, download: Download) -> bool: ...
 
     def poll(self, plan_id: int, download: Download) -> dict[str, Any] | None: ...
 
-    def remove(self, download: Download, owners: Iterable[int]) -> bool: ...
+    def paused(self, plan_id: int, download: Download) -> bool: ...
+
+    def remove(self, download: Download, owners: Mapping[int, str]) -> bool: ...
 
 
 class DownloadError(Exception):

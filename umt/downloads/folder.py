@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from . import BadSource, Download, DownloadError
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Mapping
 
     from ..models import AcquisitionPlan
 
@@ -26,6 +26,9 @@ class FolderClient:
             raise BadSource(f"plan #{plan.pk}: {plan.source!r} is not a file name")
         return Download(str(self.root / name), ())
 
+    def own_folder(self, plan: AcquisitionPlan) -> str:
+        return ""  # the file is written by something else, into the downloads folder
+
     def submit(self, plan: AcquisitionPlan, download: Download) -> bool:
         self.root.mkdir(parents=True, exist_ok=True)
         return True  # the downloads folder is UMT's own drop box
@@ -33,7 +36,10 @@ class FolderClient:
     def poll(self, plan_id: int, download: Download) -> dict[str, Any] | None:
         return None  # a file that exists may still be being written: only its writer knows
 
-    def remove(self, download: Download, owners: Iterable[int]) -> bool:
+    def paused(self, plan_id: int, download: Download) -> bool:
+        return False
+
+    def remove(self, download: Download, owners: Mapping[int, str]) -> bool:
         path = Path(download.ref)
         if path.resolve().parent != self.root.resolve():
             raise DownloadError(f"refusing to delete {download.ref!r}: not in {self.root}")

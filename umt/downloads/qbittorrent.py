@@ -1,15 +1,22 @@
 """The qBittorrent client, through its Web API (`qbittorrent-api`).
 
 A torrent is found by every hash form qBittorrent may list it under (`hashes.py`) or by the
-plan's tag. UMT tags what it adds `umt` and `umt-plan-<id>`, and never tags, removes or deletes
+plan's tag. UMT adds a torrent into a folder of the plan's own,
+`<save path>/umt-plan-<id>-<random>` (one that did not exist: qBittorrent never writes over a
+file UMT did not create), tags it `umt` and `umt-plan-<id>`, and never tags, removes or deletes
 a torrent it found already there (the user's own, or another plan's): `submit` says which it
 was, the workflow records that in the op ledger, and `remove` deletes only a torrent carrying
-the tag of a plan that added it.
+the tag of a plan that added it whose files all lie in that plan's folder (a torrent someone
+moved elsewhere is left as it is).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import posixpath
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,7 +29,7 @@ from .hashes import NotATorrent, TorrentId, from_magnet, from_torrent_file
 from .logins import LoginRation, LoginRefused
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Mapping
 
     from ..conf import QBittorrentSettings
     from ..models import AcquisitionPlan
@@ -34,6 +41,8 @@ INCOMPLETE_SUFFIX = ".!qB"  # qBittorrent's "append .!qB to incomplete files"
 UNSETTLED = frozenset(
     {"moving", "checkingUP", "checkingDL", "checkingResumeData", "allocating", "metaDL"}
 )
+PAUSED_DOWNLOADING = frozenset({"pausedDL", "stoppedDL"})  # 5.x renamed paused to stopped
+FILES_GONE_SECONDS = 10.0  # how long `remove` waits for qBittorrent to delete the files
 
 
 def plan_tag(plan_id: int) -> str:
@@ -122,19 +131,37 @@ class QBittorrentClient:
         return Download(tid.ref, tid.forms)
 
     @_speaking_errors
+    def own_folder(self, plan: AcquisitionPlan) -> str:
+        """A folder nobody has used: `<save path>/umt-plan-<id>-<random>` (qBittorrent's default
+        save path when none is configured)."""
+        root = self.config.save_path or str(self.api.app_default_save_path())
+        while True:
+            folder = posixpath.join(root, f"{plan_tag(plan.pk)}-{secrets.token_hex(4)}")
+            if not os.path.lexists(folder):  # the workers see the save path (they copy from it)
+                return folder
+
+    @_speaking_errors
     def submit(self, plan: AcquisitionPlan, download: Download) -> bool:
         found = self.find(download, plan.pk)
         if found is not None:
             self.add_peers(found.hash)
             return plan_tag(plan.pk) in _tags(found)  # an earlier attempt of this plan added it
+        if not plan.download_dir:
+            raise DownloadError(f"plan #{plan.pk} has no folder of its own to download into")
         source = plan.source.strip()
         what: dict[str, Any] = (
             {"urls": source}
             if source.startswith("magnet:")
             else {"torrent_files": Path(source).read_bytes()}
         )
+        # Explicitly manual, and no separate folder for incomplete files: every file the
+        # torrent writes is in the plan's folder, whatever the client's defaults say.
         self.api.torrents_add(
-            **what, save_path=self.config.save_path or None, tags=["umt", plan_tag(plan.pk)]
+            **what,
+            save_path=plan.download_dir,
+            use_auto_torrent_management=False,
+            use_download_path=False,
+            tags=["umt", plan_tag(plan.pk)],
         )
         end = time.monotonic() + APPEAR_SECONDS
         while (found := self.find(download, plan.pk)) is None:  # add returns before it is listed
@@ -170,14 +197,33 @@ class QBittorrentClient:
         return not any(n.endswith(INCOMPLETE_SUFFIX) for n in names)
 
     @_speaking_errors
-    def remove(self, download: Download, owners: Iterable[int]) -> bool:
+    def paused(self, plan_id: int, download: Download) -> bool:
+        info = self.find(download, plan_id)
+        return info is not None and info.state in PAUSED_DOWNLOADING and float(info.progress) < 1
+
+    @_speaking_errors
+    def remove(self, download: Download, owners: Mapping[int, str]) -> bool:
         info = self.find(download, None)
         if info is None:
             return False
-        if not _tags(info) & {plan_tag(pk) for pk in owners}:
-            return False  # not added by UMT: the user's own torrent stays
+        tags = _tags(info)
+        folders = [f for pk, f in owners.items() if f and plan_tag(pk) in tags]
+        folder = next((f for f in folders if self._all_files_in(info, f)), None)
+        if folder is None:
+            return False  # not added by UMT, or its files are not (all) in UMT's own folder
         self.api.torrents_delete(delete_files=True, torrent_hashes=info.hash)
+        _remove_empty_folder(folder)
         return True
+
+    def _all_files_in(self, info: Any, folder: str) -> bool:
+        if not _within(str(info.get("save_path") or ""), folder):
+            return False
+        # Just after an add qBittorrent may list the content path relative (the bare name).
+        places = [str(info.get(k) or "") for k in ("content_path", "download_path")]
+        if not all(_within(p, folder) for p in places if posixpath.isabs(p)):
+            return False
+        names = [str(f.name) for f in self.api.torrents_files(torrent_hash=info.hash)]
+        return all(not posixpath.isabs(n) and not _escapes(n) for n in names)
 
     def find(self, download: Download, plan_id: int | None) -> Any:
         """The torrent, by any of its hash forms or (when given) the plan's tag."""
@@ -189,6 +235,34 @@ class QBittorrentClient:
             if listed & forms or (tag is not None and tag in _tags(info)):
                 return info
         return None
+
+
+def _within(path: str, folder: str) -> bool:
+    if not posixpath.isabs(path):
+        return False
+    path, folder = posixpath.normpath(path), posixpath.normpath(folder)
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _escapes(name: str) -> bool:
+    return posixpath.normpath(name).split("/")[0] == ".."
+
+
+def _remove_empty_folder(folder: str) -> None:
+    """Once qBittorrent has deleted the files (it does so after answering), remove the plan's
+    folder if it is empty; anything still in it stays (only empty directories are removed)."""
+    if not os.path.isdir(folder):
+        return  # not visible from here, or already gone
+    end = time.monotonic() + FILES_GONE_SECONDS
+    while _holds_files(folder) and time.monotonic() < end:
+        time.sleep(0.1)
+    for here, _dirs, _files in os.walk(folder, topdown=False):
+        with contextlib.suppress(OSError):  # not empty: something is still in it
+            os.rmdir(here)
+
+
+def _holds_files(folder: str) -> bool:
+    return any(files for _here, _dirs, files in os.walk(folder))
 
 
 def _tags(info: Any) -> set[str]:
