@@ -95,7 +95,8 @@ def assert_done_with_the_source_kept(
     [item] = LibraryItem.objects.filter(plan=plan)
     assert item.registered_at is not None and item.sha256 == shared.sha256
     assert [t.hash for t in logged_in(leecher).torrents_info()] == [shared.info_hash]
-    assert (leecher.downloads / shared.path.name).exists()  # not cleaned up yet
+    assert plan.download_dir and Path(plan.download_dir).parent == leecher.downloads
+    assert (Path(plan.download_dir) / shared.path.name).exists()  # not cleaned up yet
     assert plan.run_id is not None
     output = tasks_engine.get_run(plan.run_id).output  # type: ignore[union-attr]
     assert output["source_removed"] is False and output["release_run"]
@@ -143,7 +144,7 @@ def test_a_password_turned_on_after_registration_leaves_the_plan_done_and_cleanu
         "source_removed": True,
     }
     assert leecher.api().torrents_info() == []
-    wait_for(lambda: not (leecher.downloads / shared.path.name).exists(), 10, "its files")
+    wait_for(lambda: not (Path(plan.download_dir) / shared.path.name).exists(), 10, "its files")
     plan.refresh_from_db()
     assert (plan.status, plan.failure) == (AcquisitionPlan.Status.DONE, ""), w.log()
 
