@@ -32,11 +32,6 @@ class UmtSettings:
     retry_max_seconds: float = 60.0  # ... growing 4x per attempt up to this
     qbittorrent: QBittorrentSettings = field(default_factory=QBittorrentSettings)
 
-    @property
-    def partial_dir(self) -> Path:
-        """Copies in progress: inside the library (so the final rename is atomic), hidden."""
-        return self.library_dir / ".partial"
-
 
 def umt_settings() -> UmtSettings:
     raw: dict[str, Any] = getattr(settings, "UMT", {}) or {}

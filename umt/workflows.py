@@ -40,7 +40,7 @@ from tasks_engine.models import OpLedger
 from .acquisition import DOWNLOAD_DONE
 from .conf import umt_settings
 from .downloads import BadSource, Download, DownloadError, DownloadMissing, client_for, wanted_files
-from .library import copy_into_library
+from .library import copy_into_library, recorded_hash
 from .models import ACTIVE_STATUSES, AcquisitionPlan, LibraryItem
 
 Status = AcquisitionPlan.Status
@@ -129,7 +129,14 @@ def _acquire(ctx: TaskContext, plan_id: int) -> dict[str, Any]:
     size = sum(i["size"] for i in items)
     ctx.progress(size, size, f"done: {len(items)} file(s) in the library")
     first = items[0]
-    return {"plan_id": plan_id, "path": first["path"], "sha256": first["sha256"], **cleaned}
+    algorithm, digest = recorded_hash(first)  # a copy made before the upgrade: SHA-256
+    return {
+        "plan_id": plan_id,
+        "path": first["path"],
+        "hash_algorithm": algorithm,
+        "content_hash": digest,
+        **cleaned,
+    }
 
 
 def _stale(done: Any, retries: int) -> bool:
