@@ -8,9 +8,10 @@ temporary file (and the folders this attempt created) are removed.
 
 Speed (bench/copy_speed.py): the bytes move inside the kernel (copy_file_range, else sendfile,
 else read/write through one bounded buffer), while a helper thread hashes chunk i of the source
-and chunk i-1 of the copy with XXH3-128 (xxhash releases the GIL) and starts the copy's
-writeback, so the final fsync has little left to do. Memory stays bounded whatever the chunk
-size: the hasher reads or maps at most HASH_WINDOW bytes at a time.
+and chunk i-1 of the copy with XXH3-128 (xxhash releases the GIL) and another starts writing
+each copied chunk to the disk, so the final fsync has little left to do. With the page cache
+warm the disk is the wall: the copy and both hashes alone take about what `cp` takes. Memory
+stays bounded whatever the chunk size: the hasher reads or maps at most HASH_WINDOW bytes.
 
 What "verified against the source" means: both hashes are taken from the files themselves,
 the source as its filesystem returns it and the copy as the library's filesystem returns it
@@ -209,7 +210,8 @@ class Copier:
         with (
             self.source.open("rb", buffering=0) as src,
             open(self.partial, "r+b", buffering=0, opener=_create_or_open) as out,
-            ThreadPoolExecutor(1, thread_name_prefix="umt-hash") as helper,
+            ThreadPoolExecutor(1, thread_name_prefix="umt-hash") as hasher,
+            ThreadPoolExecutor(1, thread_name_prefix="umt-writeback") as writeback,
         ):
             check = _PairHash(src.fileno(), out.fileno())
             check.source(0, offset)
@@ -219,17 +221,20 @@ class Copier:
             while done < total:
                 self.ctx.raise_if_canceled()
                 n = min(chunk, total - done)
-                hashing = helper.submit(check.source_and_copy_behind, (done, n), behind)
+                hashing = hasher.submit(check.source_and_copy_behind, (done, n), behind)
                 try:
                     mover.copy(done, n)
                 finally:
                     hashing.result()  # the hashes take the chunks in order
+                # To the disk now, so the final fsync has little left (not awaited: the disk
+                # may be slower than the copy, and blocks the thread that asks).
+                writeback.submit(_start_writeback, out.fileno(), done, n)
                 behind, done = (done, n), done + n
                 at, of = self.base + done, max(self.grand, total, 1)
                 self.ctx.progress(at, of, f"copying {at * 100 // of}%")
                 self._throttle(done - offset, started)
             self.ctx.progress(self.base + total, max(self.grand, total), "verifying")
-            syncing = helper.submit(os.fsync, out.fileno())
+            syncing = writeback.submit(os.fsync, out.fileno())
             try:
                 check.copy(*behind)
             finally:
@@ -310,11 +315,9 @@ class _PairHash:
         _hash_mapped(self.copy_fd, self.copy_hash, start, length)
 
     def source_and_copy_behind(self, chunk: tuple[int, int], behind: tuple[int, int]) -> None:
-        """Chunk i of the source (being copied meanwhile) and chunk i-1 of the copy (written);
-        then start writing chunk i-1 to the disk, so the final fsync has little left."""
+        """Chunk i of the source (being copied meanwhile) and chunk i-1 of the copy (written)."""
         self.source(*chunk)
         self.copy(*behind)
-        _start_writeback(self.copy_fd, *behind)
 
 
 class _KernelCopy:
