@@ -20,6 +20,8 @@ from tasks_engine.engine import RunView
 from tests.helpers import FakeClock, drain
 from tests.test_acquire import files, rid, started, write
 from tests.test_acquire import media as media
+from umt.conf import umt_settings
+from umt.library import partial_path
 from umt.models import AcquisitionPlan, LibraryItem
 
 pytestmark = pytest.mark.django_db
@@ -120,6 +122,24 @@ def test_a_copy_left_in_the_old_partial_folder_is_removed(
     assert copied(plan, source, fake_clock).status == "completed"
     assert files(media / "library") == [f"{TITLE}/{TITLE}.mkv"]
     assert everything(media / "library") == [TITLE, f"{TITLE}/{TITLE}.mkv"]
+
+
+def test_a_killed_copys_leftover_goes_when_the_download_is_gone(
+    media: Path, fake_clock: FakeClock
+) -> None:
+    """A worker killed mid-copy left its temporary file; by the next attempt the download has
+    vanished, so no copier runs to continue or remove it: the failed step removes it."""
+    plan = started()
+    drain(fake_clock)
+    dest = media / "library" / TITLE / f"{TITLE}.mkv"
+    leftover = partial_path(plan, dest, umt_settings())
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"x" * 50_000)
+    run = copied(plan, media / "downloads" / "vanished.mkv", fake_clock)
+    assert run.status == "failed"
+    plan.refresh_from_db()
+    assert plan.status == "failed" and "does not exist" in plan.failure
+    assert everything(media / "library") == [TITLE]
 
 
 COPY_IN_A_CHILD = """

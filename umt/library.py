@@ -86,12 +86,16 @@ def safe_name(text: str, limit: int = NAME_MAX) -> str:
 def library_path(plan: AcquisitionPlan, source: Path, s: UmtSettings, rel: str = "") -> Path:
     """`<library>/<title>/<title><suffix>` for a single file; for a file of a multi-file
     download, `<library>/<title>/<its path in the download>`."""
-    title = safe_name(plan.title) or f"plan-{plan.pk}"
+    folder = title_folder(plan, s)
     if rel:
         parts = [safe_name(p) or "_" for p in Path(rel).parts]
-        return s.library_dir.joinpath(title, *parts)
+        return folder.joinpath(*parts)
     suffix = source.suffix if len(source.suffix.encode()) < 32 else ""
-    return s.library_dir / title / f"{safe_name(title, NAME_MAX - len(suffix.encode()))}{suffix}"
+    return folder / f"{safe_name(folder.name, NAME_MAX - len(suffix.encode()))}{suffix}"
+
+
+def title_folder(plan: AcquisitionPlan, s: UmtSettings) -> Path:
+    return s.library_dir / (safe_name(plan.title) or f"plan-{plan.pk}")
 
 
 def partial_path(plan: AcquisitionPlan, dest: Path, s: UmtSettings) -> Path:
@@ -100,6 +104,14 @@ def partial_path(plan: AcquisitionPlan, dest: Path, s: UmtSettings) -> Path:
     destination's length; the same for every attempt, so the next one finds a leftover."""
     key = hashlib.sha256(str(dest).encode()).hexdigest()[:16]
     return dest.parent.resolve() / f"{PARTIAL_PREFIX}{plan.pk}-{key}{PARTIAL_SUFFIX}"
+
+
+def discard_partials(plan: AcquisitionPlan, s: UmtSettings) -> None:
+    """Remove the plan's copies in progress that a killed worker left in its title folder: the
+    copy step failed before a copier could continue or remove them (the download vanished)."""
+    folder = title_folder(plan, s)
+    for leftover in folder.rglob(f"{PARTIAL_PREFIX}{plan.pk}-*{PARTIAL_SUFFIX}"):
+        leftover.unlink(missing_ok=True)
 
 
 def copy_into_library(

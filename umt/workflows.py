@@ -40,7 +40,7 @@ from tasks_engine.models import OpLedger
 from .acquisition import DOWNLOAD_DONE
 from .conf import umt_settings
 from .downloads import BadSource, Download, DownloadError, DownloadMissing, client_for, wanted_files
-from .library import copy_into_library, recorded_hash
+from .library import copy_into_library, discard_partials, recorded_hash
 from .models import ACTIVE_STATUSES, AcquisitionPlan, LibraryItem
 
 Status = AcquisitionPlan.Status
@@ -221,11 +221,17 @@ def copy_files(ctx: TaskContext, plan_id: int, done: Any) -> list[dict[str, Any]
     if not content_path:
         raise BadSource(f"the download-done fact carries no content_path: {done!r}")
     plan = AcquisitionPlan.objects.get(pk=plan_id)
-    files = wanted_files(content_path, plan.files)
-    AcquisitionPlan.objects.filter(pk=plan_id, status=Status.DOWNLOADING).update(
-        status=Status.COPYING, updated_at=timezone.now()
-    )
-    return copy_into_library(ctx, plan, files, umt_settings())
+    try:
+        files = wanted_files(content_path, plan.files)
+        AcquisitionPlan.objects.filter(pk=plan_id, status=Status.DOWNLOADING).update(
+            status=Status.COPYING, updated_at=timezone.now()
+        )
+        return copy_into_library(ctx, plan, files, umt_settings())
+    except LeaseLostError:
+        raise  # a newer attempt may be continuing a partial copy
+    except Exception:
+        discard_partials(plan, umt_settings())  # the library keeps nothing of a failed copy
+        raise
 
 
 def register(plan_id: int) -> dict[str, Any]:
