@@ -7,13 +7,14 @@ for a single file and for a season pack.
 One source file of --size-mib pseudo-random MiB, and a season pack of --pack-files files of the
 same total size, in a fresh folder under --dir; one untimed warm-up copy of each kind; then
 --repeats rounds, each timing, one after the other: `cp` alone, `cp` followed by an fsync of
-the copies (what a copy that survives a power cut costs), and UMT's copy (file by file, as the
-workflow does). The page cache cannot be dropped here (no write access to
-/proc/sys/vm/drop_caches in this container): the source is cached for every copy, and
-alternating the three gives each the same cache state. Also reports the peak memory of UMT's
-copies above what the process held before each (Linux: VmHWM, reset through
-/proc/self/clear_refs). Prints a table per layout (median seconds, MiB/s, ratio to `cp`) and
-one JSON line.
+the copies (what a copy that survives a power cut costs), UMT's copy (file by file, as the
+workflow does), and UMT's copy with its fsync and writeback turned off (not durable: a row
+that shows what hashing and verifying cost apart from the disk's writes). The page cache
+cannot be dropped here (no write access to /proc/sys/vm/drop_caches in this container): the
+source is cached for every copy, and alternating the kinds gives each the same cache state.
+Also reports the peak memory of UMT's copies above what the process held before each (Linux:
+VmHWM, reset through /proc/self/clear_refs). Prints a table per layout (median seconds, MiB/s,
+ratio to `cp`) and one JSON line.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +114,27 @@ def time_umt(sources: list[Path], library: Path, peaks: list[int]) -> float:
     return took
 
 
+@contextlib.contextmanager
+def no_fsync() -> Iterator[None]:
+    """UMT's copy without its durability (fsync and writeback are no-ops): not a mode UMT
+    has, a row that shows what the hashing and verifying cost apart from the disk's writes."""
+    import umt.library
+
+    saved = os.fsync, umt.library._start_writeback
+    os.fsync, umt.library._start_writeback = (lambda fd: None), (lambda *args: None)
+    try:
+        yield
+    finally:
+        os.fsync, umt.library._start_writeback = saved
+
+
 def measure(work: Path, sources: list[Path], repeats: int) -> tuple[dict[str, list[float]], int]:
-    times: dict[str, list[float]] = {"cp": [], "cp + fsync": [], "umt verified copy": []}
+    times: dict[str, list[float]] = {
+        "cp": [],
+        "cp + fsync": [],
+        "umt verified copy": [],
+        "(umt without fsync)": [],
+    }
     peaks: list[int] = []
     time_cp(sources, work / "cp", fsync=True)  # untimed warm-up: caches, first allocation
     time_umt(sources, work / "library", [])
@@ -121,6 +142,8 @@ def measure(work: Path, sources: list[Path], repeats: int) -> tuple[dict[str, li
         times["cp"].append(time_cp(sources, work / "cp", fsync=False))
         times["cp + fsync"].append(time_cp(sources, work / "cp", fsync=True))
         times["umt verified copy"].append(time_umt(sources, work / "library", peaks))
+        with no_fsync():
+            times["(umt without fsync)"].append(time_umt(sources, work / "library", []))
     return times, max(peaks)
 
 
