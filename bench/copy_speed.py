@@ -1,22 +1,29 @@
-"""UMT's verified copy (umt/library.py: copy, SHA-256 of the source, fsync, read back and
-compare, rename) against `cp` of the same file on the same disk, in one run.
+"""UMT's verified copy (umt/library.py: kernel copy, XXH3-128 of the source and of the copy,
+writeback, fsync, compare, rename) against `cp` of the same data on the same disk, in one run,
+for a single file and for a season pack.
 
-    python bench/copy_speed.py [--size-mib 2048] [--repeats 3] [--dir /tmp]
+    python bench/copy_speed.py [--size-mib 2048] [--pack-files 8] [--repeats 3] [--dir /tmp]
 
-One source file of --size-mib pseudo-random MiB in a fresh folder under --dir; one untimed
-warm-up copy of each kind; then --repeats rounds, each timing, one after the other: `cp`
-alone, `cp` followed by an fsync of the copy (what a copy that survives a power cut costs),
-and UMT's copy. The page cache cannot be dropped here (no write access to
-/proc/sys/vm/drop_caches in this container): the source is cached for every copy, and
-alternating the three gives each the same cache state. Prints a table (median seconds, MiB/s,
+One source file of --size-mib pseudo-random MiB, and a season pack of --pack-files files of the
+same total size, in a fresh folder under --dir; one untimed warm-up copy of each kind; then
+--repeats rounds, each timing, one after the other: `cp` alone, `cp` followed by an fsync of
+the copies (what a copy that survives a power cut costs), UMT's copy (file by file, as the
+workflow does), and UMT's copy with its fsync and writeback turned off (not durable: a row
+that shows what hashing and verifying cost apart from the disk's writes). The page cache
+cannot be dropped here (no write access to /proc/sys/vm/drop_caches in this container): the
+source is cached for every copy, and alternating the kinds gives each the same cache state.
+Also reports the peak memory of UMT's copies above what the process held before each (Linux:
+VmHWM, reset through /proc/self/clear_refs). Prints a table per layout (median seconds, MiB/s,
 ratio to `cp`) and one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -24,12 +31,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from common import ROOT  # noqa: F401 - puts the repository on sys.path, sets Django settings
 
 BLOCK = 64 * 1024 * 1024
+STATUS = Path("/proc/self/status")
 
 
 class _Ctx:
@@ -44,46 +53,116 @@ class _Ctx:
         pass
 
 
-def make_source(path: Path, size: int) -> None:
+def make_sources(folder: Path, size: int, parts: int) -> list[Path]:
+    """`parts` files of `size` bytes in all, pseudo-random."""
+    folder.mkdir(parents=True)
     block = os.urandom(BLOCK)
-    with path.open("wb") as f:
-        left = size
-        while left > 0:
-            left -= f.write(block[: min(BLOCK, left)])
-        f.flush()
-        os.fsync(f.fileno())
+    paths = []
+    for i in range(parts):
+        path = folder / f"S01E{i + 1:02d}.mkv"
+        left = size // parts + (size % parts if i == 0 else 0)
+        with path.open("wb") as f:
+            while left > 0:
+                left -= f.write(block[: min(BLOCK, left)])
+            f.flush()
+            os.fsync(f.fileno())
+        paths.append(path)
+    return paths
 
 
-def time_cp(src: Path, dst: Path, *, fsync: bool) -> float:
+def time_cp(sources: list[Path], out: Path, *, fsync: bool) -> float:
+    out.mkdir()
     started = time.perf_counter()
-    subprocess.run(["cp", str(src), str(dst)], check=True)
+    subprocess.run(["cp", *map(str, sources), str(out)], check=True)
     if fsync:
-        fd = os.open(dst, os.O_RDONLY)
-        os.fsync(fd)
-        os.close(fd)
+        for copy in out.iterdir():
+            fd = os.open(copy, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
     took = time.perf_counter() - started
-    dst.unlink()
+    shutil.rmtree(out)
     return took
 
 
-def time_umt(src: Path, library: Path) -> float:
+def _kib(field: str) -> int:
+    found = re.search(rf"{field}:\s+(\d+) kB", STATUS.read_text()) if STATUS.exists() else None
+    return int(found[1]) if found else 0
+
+
+def _reset_peak() -> None:
+    with contextlib.suppress(OSError):  # not Linux: the peak is not measured
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def time_umt(sources: list[Path], library: Path, peaks: list[int]) -> float:
     from umt.conf import UmtSettings
     from umt.library import Copier
 
     s = UmtSettings(library_dir=library)
-    dest = library / "Film" / "Film.mkv"
-    partial = s.partial_dir / "bench.part"
-    copier = Copier(_Ctx(), src, dest, partial, s)  # type: ignore[arg-type]
-    started = time.perf_counter()
-    copier.run(resumed=False)
-    took = time.perf_counter() - started
-    dest.unlink()
+    took = 0.0
+    for i, src in enumerate(sources):
+        dest = library / "Show" / src.name
+        partial = dest.parent / f".umt-bench-{i}.part"  # where the workflow puts it, too
+        copier = Copier(_Ctx(), src, dest, partial, s)  # type: ignore[arg-type]
+        _reset_peak()
+        baseline = _kib("VmRSS")
+        started = time.perf_counter()
+        copier.run(resumed=False)
+        took += time.perf_counter() - started
+        peaks.append(_kib("VmHWM") - baseline)
+    shutil.rmtree(library)
     return took
+
+
+@contextlib.contextmanager
+def no_fsync() -> Iterator[None]:
+    """UMT's copy without its durability (fsync and writeback are no-ops): not a mode UMT
+    has, a row that shows what the hashing and verifying cost apart from the disk's writes."""
+    import umt.library
+
+    saved = os.fsync, umt.library._start_writeback
+    os.fsync, umt.library._start_writeback = (lambda fd: None), (lambda *args: None)
+    try:
+        yield
+    finally:
+        os.fsync, umt.library._start_writeback = saved
+
+
+def measure(work: Path, sources: list[Path], repeats: int) -> tuple[dict[str, list[float]], int]:
+    times: dict[str, list[float]] = {
+        "cp": [],
+        "cp + fsync": [],
+        "umt verified copy": [],
+        "(umt without fsync)": [],
+    }
+    peaks: list[int] = []
+    time_cp(sources, work / "cp", fsync=True)  # untimed warm-up: caches, first allocation
+    time_umt(sources, work / "library", [])
+    for _ in range(repeats):
+        times["cp"].append(time_cp(sources, work / "cp", fsync=False))
+        times["cp + fsync"].append(time_cp(sources, work / "cp", fsync=True))
+        times["umt verified copy"].append(time_umt(sources, work / "library", peaks))
+        with no_fsync():
+            times["(umt without fsync)"].append(time_umt(sources, work / "library", []))
+    return times, max(peaks)
+
+
+def report(label: str, size_mib: int, times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    cp = statistics.median(times["cp"])
+    rows: list[dict[str, Any]] = []
+    print(f"\n{label}")
+    print(f"{'':<20} {'seconds':>8} {'MiB/s':>8} {'vs cp':>6}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rows.append({"name": name, "seconds": ts, "median": med, "vs_cp": cp / med})
+        print(f"{name:<20} {med:>8.2f} {size_mib / med:>8.0f} {cp / med:>5.2f}x")
+    return rows
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size-mib", type=int, default=2048)
+    p.add_argument("--pack-files", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", default=tempfile.gettempdir())
     args = p.parse_args()
@@ -95,27 +174,20 @@ def main() -> None:
     django.setup()
     size = args.size_mib * 1024 * 1024
     work = Path(tempfile.mkdtemp(prefix="umt-copy-bench-", dir=args.dir))
+    layouts = {"single file": 1, f"season pack of {args.pack_files} files": args.pack_files}
+    results: dict[str, Any] = {}
     try:
-        src = work / "source.mkv"
-        make_source(src, size)
-        times: dict[str, list[float]] = {"cp": [], "cp + fsync": [], "umt verified copy": []}
-        time_cp(src, work / "cp.mkv", fsync=True)  # untimed warm-up: caches, first allocation
-        time_umt(src, work / "library")
-        for _ in range(args.repeats):
-            times["cp"].append(time_cp(src, work / "cp.mkv", fsync=False))
-            times["cp + fsync"].append(time_cp(src, work / "cp.mkv", fsync=True))
-            times["umt verified copy"].append(time_umt(src, work / "library"))
+        for label, parts in layouts.items():
+            sources = make_sources(work / f"src-{parts}", size, parts)
+            times, peak_kib = measure(work, sources, args.repeats)
+            shutil.rmtree(sources[0].parent)
+            head = f"{label}: {args.size_mib} MiB, {args.repeats} alternated rounds, medians, warm"
+            rows = report(head, args.size_mib, times)
+            print(f"umt copy peak memory above its baseline: {peak_kib / 1024:.1f} MiB")
+            results[label] = {"rows": rows, "peak_mib": peak_kib / 1024}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    cp = statistics.median(times["cp"])
-    rows: list[dict[str, Any]] = []
-    print(f"{args.size_mib} MiB, {args.repeats} alternated repetitions, medians, page cache warm")
-    print(f"{'':<20} {'seconds':>8} {'MiB/s':>8} {'vs cp':>6}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
-        rows.append({"name": name, "seconds": ts, "median": med, "vs_cp": cp / med})
-        print(f"{name:<20} {med:>8.2f} {args.size_mib / med:>8.0f} {cp / med:>5.2f}x")
-    print(json.dumps({"bench": "copy", "size_mib": args.size_mib, "rows": rows}))
+    print(json.dumps({"bench": "copy", "size_mib": args.size_mib, "layouts": results}))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import xxhash
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import transaction
@@ -45,7 +46,7 @@ def write(path: Path, size: int, seed: int = 1) -> str:
     block = hashlib.sha256(str(seed).encode()).digest() * 4096  # 128 KiB, not all zeros
     data = (block * (size // len(block) + 1))[:size]
     path.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
+    return xxhash.xxh3_128_hexdigest(data)
 
 
 def rid(plan: AcquisitionPlan) -> uuid.UUID:
@@ -117,9 +118,10 @@ def test_happy_path_with_the_folder_client(media: Path, fake_clock: FakeClock) -
     ]
     item = LibraryItem.objects.get(plan=plan)
     dest = media / "library" / "Sintel (2010)" / "Sintel (2010).mkv"
-    assert (item.path, item.size, item.sha256) == (str(dest), 300_000, digest)
+    assert (item.path, item.size, item.content_hash) == (str(dest), 300_000, digest)
+    assert item.hash_algorithm == "xxh3_128"
     assert item.registered_at is not None
-    assert hashlib.sha256(dest.read_bytes()).hexdigest() == digest
+    assert xxhash.xxh3_128_hexdigest(dest.read_bytes()) == digest
     assert files(media / "library") == ["Sintel (2010)/Sintel (2010).mkv"]
     assert not source.exists()  # cleaned up after retention
     plan.refresh_from_db()
@@ -127,7 +129,8 @@ def test_happy_path_with_the_folder_client(media: Path, fake_clock: FakeClock) -
     assert run.output == {
         "plan_id": plan.pk,
         "path": str(dest),
-        "sha256": digest,
+        "hash_algorithm": "xxh3_128",
+        "content_hash": digest,
         "source_removed": True,
     }
 
@@ -164,7 +167,7 @@ def test_a_season_pack_copies_every_video_file(media: Path, fake_clock: FakeCloc
     write(folder / "notes.nfo", 50, seed=3)
     tasks_engine.signal(rid(plan), "download-done", {"content_path": str(folder)})
     drain(fake_clock)
-    items = sorted((i.path, i.sha256) for i in LibraryItem.objects.filter(plan=plan))
+    items = sorted((i.path, i.content_hash) for i in LibraryItem.objects.filter(plan=plan))
     lib = media / "library" / "Tears of Steel"
     assert items == [(str(lib / "S01E01.mkv"), d1), (str(lib / "feature" / "S01E02.mkv"), d2)]
     assert files(media / "library") == [
@@ -186,7 +189,7 @@ def test_pack_files_whose_names_clean_up_alike_get_numbered_names(
     tasks_engine.signal(rid(plan), "download-done", {"content_path": str(folder)})
     assert drain(fake_clock) == ["suspended"]  # registered, keeping the source
     lib = media / "library" / "Cartoons"
-    items = sorted((i.path, i.sha256) for i in LibraryItem.objects.filter(plan=plan))
+    items = sorted((i.path, i.content_hash) for i in LibraryItem.objects.filter(plan=plan))
     assert items == [
         (str(lib / "Tom _ Jerry (2).mkv"), own),
         (str(lib / "Tom _ Jerry (3).mkv"), plus),
@@ -204,7 +207,7 @@ def test_a_plan_takes_the_files_its_pattern_names(media: Path, fake_clock: FakeC
     digest = write(folder / "e1.srt", 70, seed=4)
     tasks_engine.signal(rid(plan), "download-done", {"content_path": str(folder)})
     drain(fake_clock)
-    assert [(i.path, i.sha256) for i in LibraryItem.objects.filter(plan=plan)] == [
+    assert [(i.path, i.content_hash) for i in LibraryItem.objects.filter(plan=plan)] == [
         (str(media / "library" / "Pack" / "Pack.srt"), digest)  # one file: named after the plan
     ]
 
@@ -249,7 +252,7 @@ def test_a_resumed_copy_continues_a_partial_file(media: Path, fake_clock: FakeCl
     drain(fake_clock)
     copy = next(s for s in tasks_engine.get_run(rid(plan)).steps if s.name == "copy-file")
     assert copy.output[0]["resumed_from"] == 70_000
-    assert LibraryItem.objects.get(plan=plan).sha256 == digest
+    assert LibraryItem.objects.get(plan=plan).content_hash == digest
     assert files(media / "library") == ["Sintel (2010)/Sintel (2010).mkv"]
 
 
@@ -279,7 +282,7 @@ def test_a_corrupt_partial_file_is_dropped_and_copied_again(
         if s.name == "copy-file"
     ]
     assert attempts == [(1, "failed"), (2, "completed")]
-    assert LibraryItem.objects.get(plan=plan).sha256 == digest
+    assert LibraryItem.objects.get(plan=plan).content_hash == digest
 
 
 def test_the_hook_command_refuses_unknown_downloads() -> None:

@@ -52,7 +52,9 @@ def test_adding_a_plan_in_the_admin_starts_its_run(admin_client: Client) -> None
 
 def test_library_items_cannot_be_added_or_changed(admin_client: Client) -> None:
     plan = AcquisitionPlan.objects.create(title="x", source="x.mkv")
-    item = LibraryItem.objects.create(plan=plan, title="x", path="/lib/x.mkv", size=1, sha256="0")
+    item = LibraryItem.objects.create(
+        plan=plan, title="x", path="/lib/x.mkv", size=1, hash_algorithm="xxh3_128", content_hash="0"
+    )
     assert admin_client.get("/admin/umt/libraryitem/add/").status_code == 403
     url = f"/admin/umt/libraryitem/{item.pk}/change/"
     assert admin_client.get(url).status_code == 200  # a view-only page

@@ -134,8 +134,17 @@ class AcquisitionPlanAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
 @admin.register(LibraryItem)
 class LibraryItemAdmin(RefuseNulLookupsMixin, admin.ModelAdmin):
     list_display = ["title", "path", "size", "registered_at", "created_at"]
-    search_fields = ["title", "path", "sha256"]
-    readonly_fields = ["plan", "title", "path", "size", "sha256", "registered_at", "created_at"]
+    search_fields = ["title", "path", "content_hash"]
+    readonly_fields = [
+        "plan",
+        "title",
+        "path",
+        "size",
+        "hash_algorithm",
+        "content_hash",
+        "registered_at",
+        "created_at",
+    ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -40,11 +40,6 @@ class UmtSettings:
     cleanup_attempts: int = 60  # then that run fails (the plan stays done); about 14 days
     qbittorrent: QBittorrentSettings = field(default_factory=QBittorrentSettings)
 
-    @property
-    def partial_dir(self) -> Path:
-        """Copies in progress: inside the library (so the final rename is atomic), hidden."""
-        return self.library_dir / ".partial"
-
 
 def umt_settings() -> UmtSettings:
     raw: dict[str, Any] = getattr(settings, "UMT", {}) or {}

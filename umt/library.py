@@ -1,34 +1,55 @@
 """Copying a finished download into the library, the `copy-file` step's body.
 
-The copy goes to `<library>/.partial/<plan>-<name>.part` in chunks (progress reported and cancel
-checked between chunks), is read back and compared with the source, and is then
-renamed into place: the library never holds a half file. The source is hashed in a helper
-thread while the chunk is written (hashlib releases the GIL), and the copy is verified by
-comparing it byte for byte with the source (during its fsync), which is at least as strong as
-hashing it again and costs a memcmp instead of a second SHA-256 pass (bench/copy_speed.py). The
-LibraryItem row is written by the fenced commit of `ctx.with_attempt_token`, so a worker that
-lost its lease cannot write it.
+The copy goes to a hidden temporary file in the destination's own folder (resolved through
+symlinks, so a title folder on another filesystem gets its temporary file there too), in
+chunks (progress reported and cancel checked between chunks), is verified against the source,
+fsynced and renamed into place: the library never holds a half file, and on any failure the
+temporary file (and the folders this attempt created) are removed.
+
+Speed (bench/copy_speed.py): the bytes move inside the kernel (copy_file_range, else sendfile,
+else read/write through one bounded buffer), while a helper thread hashes chunk i of the source
+and chunk i-1 of the copy with XXH3-128 (xxhash releases the GIL) and another starts writing
+each copied chunk to the disk, so the final fsync has little left to do. With the page cache
+warm the disk is the wall: the copy and both hashes alone take about what `cp` takes. Memory
+stays bounded whatever the chunk size: the hasher reads or maps at most HASH_WINDOW bytes.
+
+What "verified against the source" means: both hashes are taken from the files themselves,
+the source as its filesystem returns it and the copy as the library's filesystem returns it
+(its page cache, which the fsync then writes to the disk), so a short or failed write, a torn
+resumed partial, a stale writer or a source that changed during the copy is caught. A disk
+that later returns other bytes than it acknowledged is not: reading the copy back from the
+platter would need its pages dropped and a second full read of the disk; a checksumming
+filesystem (or a later re-hash against the recorded hash) covers that. The hash recorded in
+the LibraryItem is the one both files share (`hash_algorithm` names it). The LibraryItem row
+is written by the fenced commit of `ctx.with_attempt_token`, so a worker that lost its lease
+cannot write it.
 
 After a crash the next attempt is told (`info.resumed`) and reconciles: a file already renamed
-into place is verified and kept; a partial copy is continued from its length. Several writers
-of one partial file write the same bytes at the same offsets, and nobody truncates it (a bad
-copy is unlinked and started afresh), so a stale writer cannot corrupt the copy.
+into place is verified and kept; a partial copy is continued from its length (and verified as
+a whole), any other leftover is removed. Several writers of one partial file write the same
+bytes at the same offsets, and nobody truncates it (a bad copy is unlinked and started afresh),
+so a stale writer cannot corrupt the copy.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import errno
 import hashlib
+import mmap
 import os
 import re
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
+import xxhash
 from django.utils import timezone
 
-from tasks_engine import DeadlineExceededError, NonRetryableError, TaskCanceledError
+from tasks_engine import LeaseLostError, NonRetryableError
 
 from .conf import UmtSettings
 from .models import AcquisitionPlan, LibraryItem
@@ -38,8 +59,10 @@ if TYPE_CHECKING:
     from tasks_engine import TaskContext
     from tasks_engine.fencing import OpInfo
 
-READ_BYTES = 1024 * 1024
-VERIFY_BYTES = 8 * READ_BYTES
+HASH_ALGORITHM = "xxh3_128"  # what LibraryItem.hash_algorithm records for a copy made here
+HASH_WINDOW = 8 * 1024 * 1024  # the most the hasher (or the read/write fallback) holds at once
+PARTIAL_PREFIX = ".umt-"
+PARTIAL_SUFFIX = ".part"
 
 
 class LibraryConflict(NonRetryableError):
@@ -63,12 +86,16 @@ def safe_name(text: str, limit: int = NAME_MAX) -> str:
 def library_path(plan: AcquisitionPlan, source: Path, s: UmtSettings, rel: str = "") -> Path:
     """`<library>/<title>/<title><suffix>` for a single file; for a file of a multi-file
     download, `<library>/<title>/<its path in the download>`."""
-    title = safe_name(plan.title) or f"plan-{plan.pk}"
+    folder = title_folder(plan, s)
     if rel:
         parts = [safe_name(p) or "_" for p in Path(rel).parts]
-        return s.library_dir.joinpath(title, *parts)
+        return folder.joinpath(*parts)
     suffix = source.suffix if len(source.suffix.encode()) < 32 else ""
-    return s.library_dir / title / f"{safe_name(title, NAME_MAX - len(suffix.encode()))}{suffix}"
+    return folder / f"{safe_name(folder.name, NAME_MAX - len(suffix.encode()))}{suffix}"
+
+
+def title_folder(plan: AcquisitionPlan, s: UmtSettings) -> Path:
+    return s.library_dir / (safe_name(plan.title) or f"plan-{plan.pk}")
 
 
 def library_paths(
@@ -103,9 +130,19 @@ def _numbered(dest: Path, taken: set[Path]) -> Path:
 
 
 def partial_path(plan: AcquisitionPlan, dest: Path, s: UmtSettings) -> Path:
-    """A copy in progress: a short name of its own, whatever the destination's length."""
+    """A copy in progress: hidden, in the destination's real folder (the final rename stays on
+    one filesystem whatever symlink leads there), a short name of its own whatever the
+    destination's length; the same for every attempt, so the next one finds a leftover."""
     key = hashlib.sha256(str(dest).encode()).hexdigest()[:16]
-    return s.partial_dir / f"{plan.pk}-{key}.part"
+    return dest.parent.resolve() / f"{PARTIAL_PREFIX}{plan.pk}-{key}{PARTIAL_SUFFIX}"
+
+
+def discard_partials(plan: AcquisitionPlan, s: UmtSettings) -> None:
+    """Remove the plan's copies in progress that a killed worker left in its title folder: the
+    copy step failed before a copier could continue or remove them (the download vanished)."""
+    folder = title_folder(plan, s)
+    for leftover in folder.rglob(f"{PARTIAL_PREFIX}{plan.pk}-*{PARTIAL_SUFFIX}"):
+        leftover.unlink(missing_ok=True)
 
 
 def copy_into_library(
@@ -129,18 +166,28 @@ def copy_into_library(
     return results
 
 
+def recorded_hash(result: dict[str, Any]) -> tuple[str, str]:
+    """(algorithm, hex digest) of a copy's result; a result stored before the algorithm was
+    recorded holds a SHA-256."""
+    if "content_hash" in result:
+        return result["hash_algorithm"], result["content_hash"]
+    return "sha256", result["sha256"]
+
+
 def _committer(plan: AcquisitionPlan) -> Any:
     def commit(result: dict[str, Any]) -> None:
         held = LibraryItem.objects.filter(path=result["path"]).first()
         if held is not None and held.plan_id != plan.pk:
             raise LibraryConflict(f"{result['path']} is already plan #{held.plan_id}'s")
         if held is None:
+            algorithm, digest = recorded_hash(result)
             LibraryItem.objects.create(
                 plan=plan,
                 title=plan.title,
                 path=result["path"],
                 size=result["size"],
-                sha256=result["sha256"],
+                hash_algorithm=algorithm,
+                content_hash=digest,
             )
 
     return commit
@@ -155,96 +202,134 @@ class Copier:
     settings: UmtSettings
     base: int = 0  # bytes of the plan's earlier files (progress runs over the total)
     grand: int = 0
+    made_dirs: list[Path] = field(default_factory=list)  # created by this attempt
 
     def run_op(self, info: OpInfo) -> dict[str, Any]:
         return self.run(resumed=info.resumed)
 
     def run(self, *, resumed: bool) -> dict[str, Any]:
         total = self.source.stat().st_size
+        self._drop_legacy_partial()
         if self.dest.exists():
             return self._adopt(total)
-        offset = 0
-        if self.partial.exists():
-            if resumed and self.partial.stat().st_size <= total:
-                offset = self.partial.stat().st_size  # continue an interrupted copy
-            else:
-                self.partial.unlink()  # not ours to continue: start afresh
-        self.partial.parent.mkdir(parents=True, exist_ok=True)
         try:
+            offset = self._reconcile_partial(total, resumed=resumed)
             digest = self._copy(offset, total)
-            self.dest.parent.mkdir(parents=True, exist_ok=True)
-        except (TaskCanceledError, DeadlineExceededError, CopyVerificationError, OSError):
-            # The run ends or starts over (a full disk: the retry copies afresh): drop the copy.
+            os.replace(self.partial, self.partial.parent / self.dest.name)
+        except LeaseLostError:
+            raise  # a newer attempt owns the partial file and may be writing it
+        except BaseException:
+            # Whatever failed (a full disk, no permission, a cancel, a bad copy): the retry
+            # copies afresh, and the library keeps nothing of this attempt.
             self.partial.unlink(missing_ok=True)
+            self._remove_made_dirs()
             raise
-        os.replace(self.partial, self.dest)  # atomic: same filesystem
-        _fsync_dir(self.dest.parent)
+        _fsync_dir(self.partial.parent)
         stop_here("copy-renamed")  # renamed, not committed: the fault tests kill a worker here
-        return {"path": str(self.dest), "size": total, "sha256": digest, "resumed_from": offset}
+        return {
+            "path": str(self.dest),
+            "size": total,
+            "hash_algorithm": HASH_ALGORITHM,
+            "content_hash": digest,
+            "resumed_from": offset,
+        }
+
+    def _reconcile_partial(self, total: int, *, resumed: bool) -> int:
+        """The offset to copy from: a resumed attempt continues its predecessor's partial file;
+        any other leftover is not ours to continue."""
+        self._make_dirs(self.partial.parent)
+        if not self.partial.exists():
+            return 0
+        if resumed and self.partial.stat().st_size <= total:
+            return self.partial.stat().st_size
+        self.partial.unlink()
+        return 0
 
     def _copy(self, offset: int, total: int) -> str:
-        """Copy source[offset:] onto the partial file, verify it, fsync it; return the source's
-        full SHA-256."""
-        h = hashlib.sha256()
+        """Copy source[offset:] onto the partial file while the helper thread hashes what is
+        already there, fsync it, compare the two hashes; return the shared hex digest."""
         chunk = max(self.settings.copy_chunk_bytes, 1)
-        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT, 0o644)  # never O_TRUNC
         with (
             self.source.open("rb", buffering=0) as src,
-            os.fdopen(fd, "wb", buffering=0) as out,
+            open(self.partial, "r+b", buffering=0, opener=_create_or_open) as out,
             ThreadPoolExecutor(1, thread_name_prefix="umt-hash") as hasher,
+            ThreadPoolExecutor(1, thread_name_prefix="umt-writeback") as writeback,
         ):
-            _hash_prefix(src, h, offset)
-            out.seek(offset)
-            done, started = offset, time.monotonic()
-            hashing: Future[None] | None = None
+            check = _PairHash(src.fileno(), out.fileno())
+            check.source(0, offset)
+            check.copy(0, offset)  # a continued partial file is verified as a whole
+            mover = _KernelCopy(src.fileno(), out.fileno())
+            done, started, behind = offset, time.monotonic(), (offset, 0)
             while done < total:
                 self.ctx.raise_if_canceled()
-                data = src.read(min(chunk, total - done))
-                if not data:
-                    raise CopyVerificationError(f"{self.source} shrank to {done} bytes")
-                if hashing is not None:
-                    hashing.result()  # the hash takes the chunks in order
-                hashing = hasher.submit(h.update, data)  # the bytes written are those hashed
-                _write_all(out.fileno(), data)
-                done += len(data)
+                n = min(chunk, total - done)
+                hashing = hasher.submit(check.source_and_copy_behind, (done, n), behind)
+                try:
+                    mover.copy(done, n)
+                finally:
+                    hashing.result()  # the hashes take the chunks in order
+                # To the disk now, so the final fsync has little left (not awaited: the disk
+                # may be slower than the copy, and blocks the thread that asks).
+                writeback.submit(_start_writeback, out.fileno(), done, n)
+                behind, done = (done, n), done + n
                 at, of = self.base + done, max(self.grand, total, 1)
                 self.ctx.progress(at, of, f"copying {at * 100 // of}%")
                 self._throttle(done - offset, started)
-            if hashing is not None:
-                hashing.result()
-            syncing = hasher.submit(os.fsync, out.fileno())  # to disk while it is compared
-            self._verify(total)
-            syncing.result()
-        return h.hexdigest()
-
-    def _verify(self, total: int) -> None:
-        """The copy, read back, equals the source byte for byte (what it reads is what the fsync
-        running beside it writes to disk). As the source's hash was taken from the very bytes
-        that were written, the copy's SHA-256 is the one recorded."""
-        self.ctx.progress(self.base + total, max(self.grand, total), "verifying")
-        size = self.partial.stat().st_size
+            self.ctx.progress(self.base + total, max(self.grand, total), "verifying")
+            syncing = writeback.submit(os.fsync, out.fileno())
+            try:
+                check.copy(*behind)
+            finally:
+                syncing.result()
+            size = os.fstat(out.fileno()).st_size
         if size != total:
-            raise CopyVerificationError(f"copy holds {size} bytes, the source {total}")
-        at = 0
-        with (
-            self.partial.open("rb", buffering=0) as copy,
-            self.source.open("rb", buffering=0) as src,
-        ):
-            while data := copy.read(VERIFY_BYTES):
-                self.ctx.raise_if_canceled()
-                if src.read(len(data)) != data:
-                    raise CopyVerificationError(
-                        f"the copy differs from {self.source} within bytes {at}-{at + len(data)}"
-                    )
-                at += len(data)
+            raise CopyVerificationError(f"the copy holds {size} bytes, the source {total}")
+        if check.source_hash.digest() != check.copy_hash.digest():
+            raise CopyVerificationError(f"the copy differs from {self.source} ({HASH_ALGORITHM})")
+        return check.source_hash.hexdigest()
 
     def _adopt(self, total: int) -> dict[str, Any]:
         """The destination exists: an earlier attempt renamed it there, or it is not ours."""
-        digest = _sha256(self.dest, self.ctx)
-        if self.dest.stat().st_size != total or digest != _sha256(self.source, self.ctx):
+        self.partial.unlink(missing_ok=True)  # nothing left to continue
+        digest = _hash_file(self.dest, self.ctx)
+        if self.dest.stat().st_size != total or digest != _hash_file(self.source, self.ctx):
             raise LibraryConflict(f"the library already holds a different {self.dest}")
-        self.partial.unlink(missing_ok=True)
-        return {"path": str(self.dest), "size": total, "sha256": digest, "resumed_from": total}
+        return {
+            "path": str(self.dest),
+            "size": total,
+            "hash_algorithm": HASH_ALGORITHM,
+            "content_hash": digest,
+            "resumed_from": total,
+        }
+
+    def _make_dirs(self, folder: Path) -> None:
+        missing = []
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        for d in reversed(missing):
+            try:
+                d.mkdir()
+            except FileExistsError:
+                continue  # another plan's copy made it just now: not ours to remove
+            self.made_dirs.append(d)
+
+    def _remove_made_dirs(self) -> None:
+        for d in reversed(self.made_dirs):
+            try:
+                d.rmdir()
+            except OSError:
+                break  # no longer empty: another plan's file arrived meanwhile
+        self.made_dirs.clear()
+
+    def _drop_legacy_partial(self) -> None:
+        """A copy in progress when UMT kept them in `<library>/.partial/` is started afresh."""
+        legacy = self.settings.library_dir / ".partial"
+        old = legacy / f"{self.partial.stem.removeprefix(PARTIAL_PREFIX)}.part"
+        if old.exists():
+            old.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                legacy.rmdir()  # the last one: the folder goes too
 
     def _throttle(self, copied: int, started: float) -> None:
         rate = self.settings.copy_rate_limit
@@ -254,28 +339,140 @@ class Copier:
                 self.ctx.abort_signal.wait(ahead)  # a cancel cuts the pause short
 
 
-def _hash_prefix(src: IO[bytes], h: Any, length: int) -> None:
-    left = length
-    while left > 0:
-        data = src.read(min(READ_BYTES, left))
-        if not data:
-            break
-        h.update(data)
-        left -= len(data)
+class _PairHash:
+    """The source's and the copy's running XXH3-128, each fed its file's chunks in order. The
+    source is read through one bounded buffer (a mapping of a file someone else may truncate
+    would kill the worker with SIGBUS); the copy, UMT's own hidden file, is mapped window by
+    window, which saves a memory copy."""
+
+    def __init__(self, source_fd: int, copy_fd: int) -> None:
+        self.source_fd, self.copy_fd = source_fd, copy_fd
+        self.source_hash, self.copy_hash = xxhash.xxh3_128(), xxhash.xxh3_128()
+        self.buffer = bytearray(HASH_WINDOW)
+
+    def source(self, start: int, length: int) -> None:
+        _hash_read(self.source_fd, self.source_hash, start, length, self.buffer)
+
+    def copy(self, start: int, length: int) -> None:
+        _hash_mapped(self.copy_fd, self.copy_hash, start, length)
+
+    def source_and_copy_behind(self, chunk: tuple[int, int], behind: tuple[int, int]) -> None:
+        """Chunk i of the source (being copied meanwhile) and chunk i-1 of the copy (written)."""
+        self.source(*chunk)
+        self.copy(*behind)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
+class _KernelCopy:
+    """source[start:start+length] onto the copy at the same offset, inside the kernel when it
+    can: copy_file_range (one filesystem, or any on recent kernels), else sendfile (across
+    filesystems), else read/write through one bounded buffer."""
+
+    UNSUPPORTED = {
+        errno.EXDEV,
+        errno.EINVAL,
+        errno.ENOSYS,
+        errno.EOPNOTSUPP,
+        errno.ENOTSUP,
+        errno.ENOTSOCK,  # sendfile to sockets only (macOS)
+    }
+
+    def __init__(self, source_fd: int, copy_fd: int) -> None:
+        self.source_fd, self.copy_fd = source_fd, copy_fd
+        kernel = [self._copy_file_range] if hasattr(os, "copy_file_range") else []
+        self.ways = [*kernel, self._sendfile, self._read_write]
+
+    def copy(self, start: int, length: int) -> None:
+        while True:
+            try:
+                return self.ways[0](start, length)
+            except OSError as exc:
+                if exc.errno not in self.UNSUPPORTED or len(self.ways) == 1:
+                    raise
+                self.ways.pop(0)  # not here: the next way, for this chunk and the rest
+
+    def _copy_file_range(self, start: int, length: int) -> None:
+        end = start + length
+        while start < end:
+            moved = os.copy_file_range(self.source_fd, self.copy_fd, end - start, start, start)
+            start = _advance(start, moved, end)
+
+    def _sendfile(self, start: int, length: int) -> None:
+        end = start + length
+        os.lseek(self.copy_fd, start, os.SEEK_SET)  # sendfile writes at the file position
+        while start < end:
+            start = _advance(
+                start, os.sendfile(self.copy_fd, self.source_fd, start, end - start), end
+            )
+
+    def _read_write(self, start: int, length: int) -> None:
+        end = start + length
+        while start < end:
+            data = os.pread(self.source_fd, min(HASH_WINDOW, end - start), start)
+            _advance(start, len(data), end)
+            view = memoryview(data)
+            while view:
+                written = os.pwrite(self.copy_fd, view, start)
+                view, start = view[written:], start + written
 
 
-def _sha256(path: Path, ctx: TaskContext) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while data := f.read(READ_BYTES * 8):
+def _create_or_open(path: str, _flags: int) -> int:
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # never O_TRUNC
+
+
+def _advance(start: int, moved: int, end: int) -> int:
+    if moved == 0:
+        raise CopyVerificationError(f"the source shrank to {start} of {end} bytes while copied")
+    return start + moved
+
+
+def _hash_read(fd: int, h: Any, start: int, length: int, buffer: bytearray) -> None:
+    view, end = memoryview(buffer), start + length
+    while start < end:
+        got = os.preadv(fd, [view[: min(len(view), end - start)]], start)
+        if got == 0:
+            raise CopyVerificationError(f"the source shrank to {start} of {end} bytes")
+        h.update(view[:got])
+        start += got
+
+
+def _hash_mapped(fd: int, h: Any, start: int, length: int) -> None:
+    end = start + length
+    while start < end:
+        aligned = start - start % mmap.ALLOCATIONGRANULARITY
+        size = min(HASH_WINDOW, end - aligned)
+        with (
+            mmap.mmap(fd, size, prot=mmap.PROT_READ, offset=aligned) as window,
+            memoryview(window) as view,
+        ):
+            h.update(view[start - aligned :])
+        start = aligned + size
+
+
+def _load_sync_file_range() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        call = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None  # not Linux: the final fsync writes everything
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    return call
+
+
+_SYNC_FILE_RANGE = _load_sync_file_range()
+_SYNC_FILE_RANGE_WRITE = 2  # start writing the dirty pages out, do not wait
+
+
+def _start_writeback(fd: int, start: int, length: int) -> None:
+    if _SYNC_FILE_RANGE is not None and length > 0:
+        _SYNC_FILE_RANGE(fd, start, length, _SYNC_FILE_RANGE_WRITE)  # a hint: errors ignored
+
+
+def _hash_file(path: Path, ctx: TaskContext) -> str:
+    h, buffer = xxhash.xxh3_128(), bytearray(HASH_WINDOW)
+    with path.open("rb", buffering=0) as f:
+        while got := f.readinto(buffer):
             ctx.raise_if_canceled()
-            h.update(data)
+            h.update(memoryview(buffer)[:got])
     return h.hexdigest()
 
 

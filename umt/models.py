@@ -85,7 +85,12 @@ class LibraryItem(models.Model):
     title = models.CharField(max_length=300)
     path = models.CharField(max_length=2000, unique=True)
     size = models.BigIntegerField()
-    sha256 = models.CharField(max_length=64)
+    hash_algorithm = models.CharField(
+        max_length=20, help_text="What made content_hash: xxh3_128 (sha256 for older copies)."
+    )
+    content_hash = models.CharField(
+        max_length=64, help_text="The file's hash (hex), verified equal to the source's."
+    )
     registered_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

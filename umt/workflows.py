@@ -58,7 +58,7 @@ from .downloads import (
     client_for,
     wanted_files,
 )
-from .library import copy_into_library
+from .library import copy_into_library, discard_partials, recorded_hash
 from .models import ACTIVE_STATUSES, AcquisitionPlan, LibraryItem
 
 Status = AcquisitionPlan.Status
@@ -159,7 +159,14 @@ def _acquire(ctx: TaskContext, plan_id: int, stage: Stage) -> dict[str, Any]:
     size = sum(i["size"] for i in items)
     ctx.progress(size, size, f"done: {len(items)} file(s) in the library")
     first = items[0]
-    return {"plan_id": plan_id, "path": first["path"], "sha256": first["sha256"], **cleaned}
+    algorithm, digest = recorded_hash(first)  # a copy made before the upgrade: SHA-256
+    return {
+        "plan_id": plan_id,
+        "path": first["path"],
+        "hash_algorithm": algorithm,
+        "content_hash": digest,
+        **cleaned,
+    }
 
 
 def describe(exc: BaseException) -> str:
@@ -313,11 +320,17 @@ def copy_files(ctx: TaskContext, plan_id: int, done: Any) -> list[dict[str, Any]
     if not content_path:
         raise BadSource(f"the download-done fact carries no content_path: {done!r}")
     plan = AcquisitionPlan.objects.get(pk=plan_id)
-    files = wanted_files(content_path, plan.files)
-    AcquisitionPlan.objects.filter(
-        pk=plan_id, status__in=(Status.DOWNLOADING, Status.PAUSED)
-    ).update(status=Status.COPYING, updated_at=timezone.now())
-    return copy_into_library(ctx, plan, files, umt_settings())
+    try:
+        files = wanted_files(content_path, plan.files)
+        AcquisitionPlan.objects.filter(
+            pk=plan_id, status__in=(Status.DOWNLOADING, Status.PAUSED)
+        ).update(status=Status.COPYING, updated_at=timezone.now())
+        return copy_into_library(ctx, plan, files, umt_settings())
+    except LeaseLostError:
+        raise  # a newer attempt may be continuing a partial copy
+    except Exception:
+        discard_partials(plan, umt_settings())  # the library keeps nothing of a failed copy
+        raise
 
 
 def register(plan_id: int) -> dict[str, Any]:

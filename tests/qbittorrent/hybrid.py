@@ -96,4 +96,4 @@ def make_hybrid_torrent(folder: Path, name: str, size: int) -> Hybrid:
         bencode({"info": info, "piece layers": {root: b"".join(piece_layer)}})
     )
     v1, v2 = hashlib.sha1(raw_info).hexdigest(), hashlib.sha256(raw_info).hexdigest()
-    return Hybrid(Shared(plain.path, plain.torrent, v2[:40], plain.sha256, size), v1, v2)
+    return Hybrid(Shared(plain.path, plain.torrent, v2[:40], plain.content_hash, size), v1, v2)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import qbittorrentapi
 import torf
+import xxhash
 
 from tests.helpers import ROOT
 
@@ -133,7 +134,7 @@ class Shared:
     path: Path
     torrent: Path
     info_hash: str
-    sha256: str
+    content_hash: str  # XXH3-128, what the library copy records
     size: int
 
 
@@ -148,7 +149,7 @@ def make_torrent(folder: Path, name: str, size: int, salt: str = "") -> Shared:
     t.generate()
     torrent = folder.parent / f"{name}.torrent"
     t.write(torrent, overwrite=True)
-    return Shared(path, torrent, str(t.infohash).lower(), hashlib.sha256(data).hexdigest(), size)
+    return Shared(path, torrent, str(t.infohash).lower(), xxhash.xxh3_128_hexdigest(data), size)
 
 
 def pseudo_random(key: str, size: int) -> bytes:

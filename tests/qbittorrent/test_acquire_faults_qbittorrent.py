@@ -2,7 +2,7 @@
 seeder gone for good, the library disk full (then the plan retried), the worker killed between
 the verified rename and the commit. Each test asserts what a user must be able to rely on: one
 torrent per download in qBittorrent, the right file in the library, one LibraryItem per file,
-nothing left in `.partial/`, the plan's final status, and the user's own torrent untouched."""
+no copy in progress left behind, the plan's final status, and the user's own torrent untouched."""
 
 from __future__ import annotations
 
@@ -78,9 +78,9 @@ def assert_outcome(
         assert items == []
     else:
         [item] = items  # one LibraryItem for the one file
-        assert (item.size, item.sha256) == (acquired.size, acquired.sha256)
+        assert (item.size, item.content_hash) == (acquired.size, acquired.content_hash)
         assert Path(item.path).read_bytes() == acquired.path.read_bytes()
-        files = [p for p in library.rglob("*") if p.is_file() and ".partial" not in p.parts]
+        files = [p for p in library.rglob("*") if p.is_file() and p not in partials(library)]
         assert files == [Path(item.path)]
     assert partials(library) == []
     # What UMT added is gone; the user's torrent is the only one, untouched, with its files.
@@ -262,3 +262,43 @@ def test_the_worker_killed_between_the_verified_rename_and_the_commit(
     second = workers("--poll-interval", "0.2", env=env)
     assert finish(plan) == "completed", first.log() + second.log()
     assert_outcome(plan, AcquisitionPlan.Status.DONE, library, leecher, own, shared)
+
+
+def test_a_title_folder_on_a_full_filesystem_fails_cleanly_and_a_retry_completes_it(
+    workers, seeder: Instance, leecher: Instance, own: Shared, tmp_path: Path
+) -> None:
+    """Issue 40, item 3: `<library>/<title>` is a symlink to a filesystem of its own (a 1 MiB
+    tmpfs). The copy's temporary file goes there, so the full disk fails the plan with nothing
+    left on either side; once the disk is enlarged, the retried plan's copy lands on it."""
+    shared = make_torrent(seeder.downloads / "elsewhere", "Elsewhere.mkv", SIZE)  # 3 MiB
+    seed(seeder, shared)
+    library, disk = tmp_path / "library", tmp_path / "other-disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        library.mkdir()
+        (library / "Elsewhere").symlink_to(disk, target_is_directory=True)
+        env = umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
+        w = workers("--poll-interval", "0.2", env=env)
+        plan = start_plan("Elsewhere", str(shared.torrent), retention_seconds=0)
+        assert finish(plan) == "failed", w.log()
+        assert "No space left" in plan.failure
+        assert_outcome(plan, AcquisitionPlan.Status.FAILED, library, leecher, own, None)
+        assert list(disk.iterdir()) == [] and list(library.iterdir()) == [library / "Elsewhere"]
+
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+        assert retry_plan(plan.pk, reason="disk enlarged", by="test")
+        assert finish(plan) == "completed", w.log()
+        [item] = LibraryItem.objects.filter(plan=plan)
+        assert (item.path, item.content_hash) == (
+            str(library / "Elsewhere" / "Elsewhere.mkv"),
+            shared.content_hash,
+        )
+        assert list(disk.iterdir()) == [disk / "Elsewhere.mkv"]  # no temporary file beside it
+        assert (disk / "Elsewhere.mkv").read_bytes() == shared.path.read_bytes()
+        assert list(library.iterdir()) == [library / "Elsewhere"]
+        [torrent] = leecher.api().torrents_info()  # UMT's torrent removed, the user's kept
+        assert (torrent.hash, torrent.tags) == (own.info_hash, "mine")
+        assert (leecher.downloads / own.path.name).read_bytes() == own.path.read_bytes()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)

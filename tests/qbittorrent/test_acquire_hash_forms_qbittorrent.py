@@ -6,7 +6,7 @@ given `%I` (a hybrid's v1 hash), the other `%K` (qBittorrent's id for a hybrid: 
 v2 hash, not its v1 hash); the base32 magnet through UMT's polling. Each plan completes
 through UMT's acquisition: one torrent in qBittorrent while the plan keeps its source, the
 file in the library with one LibraryItem, the plan `done`, then no torrent in the client, and
-nothing in `.partial/`."""
+no copy in progress left behind."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def assert_acquired(
     assert finish(plan) == "completed", w.log()
     assert (plan.status, plan.info_hash) == (Status.DONE, shared.info_hash)
     [item] = LibraryItem.objects.filter(plan=plan)
-    assert (item.size, item.sha256) == (shared.size, shared.sha256)
+    assert (item.size, item.content_hash) == (shared.size, shared.content_hash)
     assert Path(item.path).read_bytes() == shared.path.read_bytes()
     assert Path(item.path).parent.parent == library
     assert leecher.api().torrents_info() == []  # the cleanup removed what UMT added

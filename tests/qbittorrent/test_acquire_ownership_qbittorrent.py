@@ -7,13 +7,13 @@ listed with its tag and its file is byte for byte what it was."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torf
+import xxhash
 from django.contrib.auth.models import User
 from django.test import Client
 
@@ -58,7 +58,7 @@ def only_the_users_torrent(leecher: Instance, own: Shared) -> None:
 def assert_users_untouched(leecher: Instance, own: Shared) -> None:
     [mine] = leecher.api().torrents_info(torrent_hashes=own.info_hash)
     assert (mine.tags, float(mine.progress)) == ("mine", 1.0)
-    assert hashlib.sha256((leecher.downloads / NAME).read_bytes()).hexdigest() == own.sha256
+    assert xxhash.xxh3_128_hexdigest((leecher.downloads / NAME).read_bytes()) == own.content_hash
 
 
 def umt_torrents(leecher: Instance, own: Shared) -> list[str]:
@@ -81,7 +81,10 @@ def test_a_download_named_like_the_users_file_never_touches_it(
     plan = start_plan("Same Name", str(theirs.torrent), retention_seconds=0)
     assert finish(plan) == "completed", plan.failure + w.log()
     [item] = LibraryItem.objects.filter(plan=plan)
-    assert (item.sha256, Path(item.path).read_bytes()) == (theirs.sha256, theirs.path.read_bytes())
+    assert (item.content_hash, Path(item.path).read_bytes()) == (
+        theirs.content_hash,
+        theirs.path.read_bytes(),
+    )
     assert_users_untouched(leecher, own)
     assert umt_torrents(leecher, own) == []
     folder = Path(plan.download_dir)
@@ -278,7 +281,7 @@ def test_a_download_the_user_pauses_shows_paused_and_finishes_once_resumed(
     api.torrents_resume(torrent_hashes=shared.info_hash)
     assert finish(plan) == "completed", w.log()
     [item] = LibraryItem.objects.filter(plan=plan)
-    assert item.sha256 == shared.sha256
+    assert item.content_hash == shared.content_hash
     assert umt_torrents(leecher, own) == []
     assert_users_untouched(leecher, own)
 
@@ -323,6 +326,6 @@ def test_a_download_paused_at_the_timeout_fails_the_plan_and_is_kept(
     assert retry_plan(plan.pk, reason="resumed", by="test")
     assert finish(plan) == "completed", w.log()
     [item] = LibraryItem.objects.filter(plan=plan)
-    assert item.sha256 == shared.sha256
+    assert item.content_hash == shared.content_hash
     assert umt_torrents(leecher, own) == [] and not Path(plan.download_dir).exists()
     assert_users_untouched(leecher, own)

@@ -100,7 +100,7 @@ def test_acquire_through_qbittorrent_and_its_completion_hook(
     assert f"{shared.info_hash}: plan #{plan.pk}: download-done delivered" in hook_log.read_text()
     item = LibraryItem.objects.get(plan=plan)
     dest = library / "Sintel (2010)" / "Sintel (2010).mkv"
-    assert (item.path, item.size, item.sha256) == (str(dest), SIZE, shared.sha256)
+    assert (item.path, item.size, item.content_hash) == (str(dest), SIZE, shared.content_hash)
     assert dest.read_bytes() == shared.path.read_bytes()
     assert (plan.info_hash, plan.status) == (shared.info_hash, AcquisitionPlan.Status.DONE)
     assert leecher.api().torrents_info() == []  # cleanup removed the torrent ...
@@ -166,7 +166,8 @@ def waiting(plan: AcquisitionPlan) -> bool:
 
 
 def partials(library: Path) -> list[Path]:
-    return list((library / ".partial").glob("*")) if (library / ".partial").exists() else []
+    """Copies in progress (hidden, next to their destination), and the folder they once had."""
+    return [*library.rglob(".umt-*.part"), *library.glob(".partial")]
 
 
 def test_a_torrent_the_user_already_had_is_adopted_and_left_alone(
@@ -191,7 +192,8 @@ def test_a_torrent_the_user_already_had_is_adopted_and_left_alone(
     assert finish(plan) == "completed", w.log()
     assert plan.status == AcquisitionPlan.Status.DONE
     [item] = LibraryItem.objects.filter(plan=plan)
-    assert item.sha256 == shared.sha256 and Path(item.path).read_bytes() == shared.path.read_bytes()
+    assert item.content_hash == shared.content_hash
+    assert Path(item.path).read_bytes() == shared.path.read_bytes()
     [torrent] = leecher.api().torrents_info()
     assert (torrent.hash, torrent.tags) == (shared.info_hash, "mine")  # untouched
     assert (leecher.downloads / "Own.Film.mkv").read_bytes() == shared.path.read_bytes()
@@ -232,7 +234,7 @@ def test_two_plans_for_one_torrent_share_it_and_each_completes(
     assert finish(second, 90) == "completed", w.log()
     for plan in (first, second):
         [item] = LibraryItem.objects.filter(plan=plan)
-        assert item.sha256 == shared.sha256
+        assert item.content_hash == shared.content_hash
         assert plan.status == AcquisitionPlan.Status.DONE
     assert leecher.api().torrents_info() == []  # UMT added it; the last plan removed it
     assert not content.parent.exists()
@@ -263,7 +265,7 @@ def test_a_torrent_removed_from_the_client_is_added_again(
     unthrottle(leecher)
     assert finish(plan) == "completed", w.log()
     [item] = LibraryItem.objects.filter(plan=plan)
-    assert item.sha256 == shared.sha256
+    assert item.content_hash == shared.content_hash
     assert OpLedger.objects.filter(op_key__startswith=f"submit:{plan.pk}:").exists()
     assert leecher.api().torrents_info() == []
     assert partials(library) == []

@@ -93,7 +93,7 @@ def assert_done_with_the_source_kept(
     assert finish(plan) == "completed"
     assert (plan.status, plan.failure) == (AcquisitionPlan.Status.DONE, "")
     [item] = LibraryItem.objects.filter(plan=plan)
-    assert item.registered_at is not None and item.sha256 == shared.sha256
+    assert item.registered_at is not None and item.content_hash == shared.content_hash
     assert [t.hash for t in logged_in(leecher).torrents_info()] == [shared.info_hash]
     assert plan.download_dir and Path(plan.download_dir).parent == leecher.downloads
     assert (Path(plan.download_dir) / shared.path.name).exists()  # not cleaned up yet

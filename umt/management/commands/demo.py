@@ -121,7 +121,8 @@ class Command(BaseCommand):
         if status == "completed" and item is not None:
             self.stdout.write(self.style.SUCCESS(f"library: {item.path}"))
             self.stdout.write(
-                f"          {item.size // MIB} MiB, sha256 {item.sha256[:16]}…, "
+                f"          {item.size // MIB} MiB, "
+                f"{item.hash_algorithm} {item.content_hash[:16]}…, "
                 f"registered {item.registered_at:%H:%M:%S}"
             )
         run_id = AcquisitionPlan.objects.get(pk=plan_id).run_id
