@@ -55,7 +55,7 @@ test-sqlite: $(STAMP)
 # The in-process tiers alone, on one database (SQLite unless DATABASE_URL says otherwise), for
 # the edit-test loop: no worker processes (tests/process, tests marked process), no fault,
 # browser, qBittorrent, fresh-project or simulation tier, nothing marked slow. Not a substitute
-# for `make test`, which runs everything on both databases.
+# for `make test`, which runs every test, on both databases unless it is marked one_db.
 FAST_TIERS_LEFT_OUT := process faults browser qbittorrent fresh simulation
 test-fast: $(STAMP)
 	DATABASE_URL=$(or $(DATABASE_URL),$(SQLITE_URL)) $(BIN)/python -m pytest \
