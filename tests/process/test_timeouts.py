@@ -19,7 +19,7 @@ from tests.testapp.models import Marker, SideEffect
 pytestmark = [
     pytest.mark.process,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.one_db("the heartbeat's timers; group commit is PostgreSQL's"),
+    pytest.mark.one_db("the worker's timers and replay rules"),
 ]
 
 FAST = ("--concurrency", "1", "--lease-seconds", "2", "--poll-interval", "0.2")
@@ -117,6 +117,7 @@ def test_an_atomic_step_that_outlives_its_timeout_fails_and_its_write_never_comm
     assert not Marker.objects.filter(key=f"atomic-timed:{res.run_id}").exists()
 
 
+@pytest.mark.both_dbs  # the deadline against the database's clock
 def test_a_default_deadline_fails_a_sleeping_run(workers) -> None:
     workers(*FAST)
     res = tasks_engine.enqueue("deadline_sleeper")

@@ -18,7 +18,7 @@ from tests.testapp.models import SideEffect
 pytestmark = [
     pytest.mark.process,
     pytest.mark.django_db(transaction=True),
-    pytest.mark.both_dbs,  # wake-ups: NOTIFY or polling
+    pytest.mark.both_dbs,  # wake-ups (NOTIFY or polling), wake times on the database's clock
 ]
 
 
@@ -93,7 +93,6 @@ def test_cancel_reaches_a_step_looping_on_the_abort_signal(workers) -> None:
     assert tasks_engine.cancel(res.run_id) is False
 
 
-@pytest.mark.one_db("a durable sleep's wake time")
 def test_sigkill_while_sleeping_keeps_the_wake_time(workers) -> None:
     res = tasks_engine.enqueue("sleeper", {"seconds": 4})
     first = workers("--poll-interval", "0.2", tag="first")
@@ -139,7 +138,6 @@ def test_cancel_of_a_step_that_ignores_its_abort_ends_the_run_after_the_grace(wo
     assert not SideEffect.objects.filter(key="after").exists()
 
 
-@pytest.mark.one_db("the group commit's flush")
 def test_a_finished_step_is_checkpointed_even_when_the_next_write_is_far_off(workers) -> None:
     workers("--poll-interval", "0.2")
     res = tasks_engine.enqueue("slow_between_steps")
