@@ -20,10 +20,13 @@ demo: $(STAMP)
 admin: $(STAMP)
 	$(BIN)/python manage.py serveadmin
 
-# The test suite: every test on PostgreSQL, then again on SQLite (real worker processes
-# included; tests that need PostgreSQL itself -- NOTIFY latency, pg_terminate_backend, a
-# throwaway cluster -- are marked postgres_only and skip there with their reason). Without a
-# reachable PostgreSQL at PG_URL, the SQLite pass alone, saying what that leaves out.
+# The test suite: every test on PostgreSQL, then again on SQLite those whose behaviour can
+# depend on the database (real worker processes included; tests marked one_db do not depend
+# on the dialect and run on the PostgreSQL pass only, ONE_DB_TESTS_ON_PG=1; tests that need
+# PostgreSQL itself -- NOTIFY latency, pg_terminate_backend, a throwaway cluster -- are marked
+# postgres_only and skip there with their reason; the rule: tests/conftest.py). Without a
+# reachable PostgreSQL at PG_URL, the SQLite pass alone, every test in it, saying what that
+# leaves out.
 PG_URL ?= postgres://postgres@127.0.0.1:5432/umt
 SQLITE_URL ?= sqlite:///$(CURDIR)/db.sqlite3
 SQLITE_ONLY_NOTE := PostgreSQL is not reachable at $(PG_URL): running the suite on SQLite alone. \
@@ -34,7 +37,7 @@ test: $(STAMP)
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/python manage.py check
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/python manage.py makemigrations --check --dry-run --noinput
 	@if $(BIN)/python scripts/pg-reachable '$(PG_URL)'; then \
-		$(MAKE) --no-print-directory test-pg test-sqlite; \
+		$(MAKE) --no-print-directory test-pg test-sqlite ONE_DB_TESTS_ON_PG=1; \
 	elif [ -n "$$CI" ]; then \
 		echo 'CI: PostgreSQL is not reachable at $(PG_URL); CI runs every test, so this fails' >&2; \
 		exit 1; \
@@ -47,12 +50,12 @@ test-pg: $(STAMP)
 	DATABASE_URL=$(PG_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-sqlite: $(STAMP)
-	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	DATABASE_URL=$(SQLITE_URL) ONE_DB_TESTS_ON_PG=$(ONE_DB_TESTS_ON_PG) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # The in-process tiers alone, on one database (SQLite unless DATABASE_URL says otherwise), for
 # the edit-test loop: no worker processes (tests/process, tests marked process), no fault,
 # browser, qBittorrent, fresh-project or simulation tier, nothing marked slow. Not a substitute
-# for `make test`, which runs everything on both databases.
+# for `make test`, which runs every test, on both databases unless it is marked one_db.
 FAST_TIERS_LEFT_OUT := process faults browser qbittorrent fresh simulation
 test-fast: $(STAMP)
 	DATABASE_URL=$(or $(DATABASE_URL),$(SQLITE_URL)) $(BIN)/python -m pytest \

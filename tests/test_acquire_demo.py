@@ -17,7 +17,10 @@ import pytest
 
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.one_db("a new SQLite file of its own on either pass"),
+]
 
 
 def project_env(tmp_path: Path) -> dict[str, str]:

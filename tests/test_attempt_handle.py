@@ -5,9 +5,13 @@ from __future__ import annotations
 import threading
 import uuid
 
+import pytest
+
 from tasks_engine.attempt_handle import AttemptHandle
 from tasks_engine.step_timeouts import StepTimer, WriteOff
 from tasks_engine.transitions import Lease
+
+pytestmark = pytest.mark.one_db("pure Python: the attempt handle's threads")
 
 
 def _handle(**kwargs: bool) -> AttemptHandle:

@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 
 from tasks_engine.models import WorkflowRun
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.one_db("argument errors of the commands")]
 
 
 def run_as_manage_py(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

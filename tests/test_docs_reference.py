@@ -15,6 +15,8 @@ from django.core.management import load_command_class
 from tasks_engine.context import StepAPI, TaskContext
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.one_db("reads the docs and the code")
+
 REFERENCE = (ROOT / "docs" / "reference.md").read_text()
 FIRST_CELL = re.compile(r"^\| `([^`]+)` \|", re.M)
 COMMON_OPTIONS = {

@@ -15,6 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.one_db("reads the source with ast")
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "tasks_engine"
 

@@ -15,7 +15,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
+
+pytestmark = pytest.mark.one_db("logging configuration in fresh interpreters")
 
 PROBE = """
 import json, sys, django, structlog

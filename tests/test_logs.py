@@ -24,6 +24,8 @@ from tasks_engine.serialization import encode_error
 from tests.browser.rundata import make_run
 from tests.helpers import FakeClock, drain
 
+pytestmark = pytest.mark.one_db("log records and their redaction")
+
 
 class Capture:
     def __init__(self, stream: io.StringIO) -> None:
@@ -525,6 +527,7 @@ def test_encode_error_redacts_message_and_traceback() -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.both_dbs  # what the database stores
 def test_encode_error_replaces_nul_so_the_error_can_be_stored() -> None:
     error = encode_error(ValueError("bad byte \x00 in name\x00"))
     assert error["message"] == "bad byte \ufffd in name\ufffd"
@@ -557,6 +560,7 @@ def leaky() -> Iterator[None]:
 
 
 @pytest.mark.django_db
+@pytest.mark.both_dbs  # what the database stores
 def test_a_runs_context_logger_and_stored_error_are_redacted(
     captured: Capture, leaky: None, fake_clock: FakeClock
 ) -> None:

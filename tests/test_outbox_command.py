@@ -13,6 +13,8 @@ from outbox.checks import check_settings
 
 from .helpers import ROOT, database_url
 
+pytestmark = pytest.mark.one_db("runrelay arguments and the OUTBOX checks")
+
 
 @pytest.mark.parametrize(
     ("args", "complaint"),

@@ -10,6 +10,8 @@ from django.core.exceptions import ImproperlyConfigured
 from outbox import route
 from outbox.routes import RouteRegistry, registry
 
+pytestmark = pytest.mark.one_db("route discovery")
+
 DUP = "test.registered_twice"
 
 

@@ -12,6 +12,8 @@ from django.core.management.base import SystemCheckError
 from tasks_engine.checks import check_schedules
 from tasks_engine.definitions import Workflow, registry
 
+pytestmark = pytest.mark.one_db("system checks of the SCHEDULES setting")
+
 
 def errors(settings: Any, schedules: Any) -> list[tuple[str | None, str]]:
     settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "SCHEDULES": schedules}

@@ -8,6 +8,8 @@ import pytest
 
 from tasks_engine.schedules import Cron, InvalidSchedule, idempotency_key
 
+pytestmark = pytest.mark.one_db("slot arithmetic")
+
 
 def utc(
     year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0

@@ -12,8 +12,12 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tasks_engine import states, transitions
 from tasks_engine.states import RunStatus
+
+pytestmark = pytest.mark.one_db("reads the transition table and the code with ast")
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSITIONS_DIR = ROOT / "tasks_engine" / "transitions"

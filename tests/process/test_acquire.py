@@ -1,5 +1,5 @@
-"""The acquire workflow with real worker and relay processes (folder client), on PostgreSQL and
-SQLite: the happy path, a cancel in the middle of the copy, and a worker SIGKILLed mid-copy."""
+"""The acquire workflow with real worker and relay processes (folder client): the happy path,
+a cancel in the middle of the copy (on PostgreSQL and SQLite), and a worker SIGKILLed mid-copy."""
 
 from __future__ import annotations
 
@@ -20,7 +20,11 @@ from tests.helpers import WorkerProcess, wait_for
 from umt.acquisition import plan_acquisition, report_download_done
 from umt.models import AcquisitionPlan, LibraryItem
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_db("the workflow's path through the processes, not the database's"),
+]
 
 SIZE = 4 * 1024 * 1024
 SLOW_COPY = {"UMT_COPY_CHUNK_BYTES": str(128 * 1024), "UMT_COPY_RATE_LIMIT": str(1024 * 1024)}
@@ -109,6 +113,7 @@ def test_happy_path_through_relay_and_worker(workers, relay, media) -> None:
     assert not source.exists()
 
 
+@pytest.mark.both_dbs  # NOTIFY or the heartbeat
 def test_cancel_during_the_copy_leaves_no_item_and_no_half_file(
     workers, media, is_postgres: bool
 ) -> None:

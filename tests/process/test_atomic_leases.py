@@ -26,7 +26,11 @@ from tests.helpers import wait_for
 from tests.testapp.models import SideEffect
 from tests.testapp.process_workflows import trace_lines
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.both_dbs,  # SQLite: the atomic-step bound, the one write lock
+]
 
 LEASE = "2"  # seconds: PostgreSQL's idle-in-transaction bound is then its floor, 10 s
 FAST = ("--lease-seconds", LEASE, "--poll-interval", "0.2")

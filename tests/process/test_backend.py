@@ -1,4 +1,4 @@
-"""Django tasks through DurableBackend with real `runworker` processes (PostgreSQL and SQLite)."""
+"""Django tasks through DurableBackend with real `runworker` processes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,11 @@ from tests.helpers import wait_for
 from tests.testapp import django_tasks as t
 from tests.testapp.models import SideEffect
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_db("the backend's behaviour through a worker"),
+]
 
 BURST = ("--burst", "--poll-interval", "0.2")
 
@@ -54,6 +58,7 @@ def test_run_after_is_respected_by_a_live_worker(workers) -> None:
     assert when <= got.started_at < when + timedelta(seconds=2)
 
 
+@pytest.mark.both_dbs  # the claim statement is the dialect's
 def test_priority_orders_the_claims(workers) -> None:
     low = [t.record.enqueue(f"low-{i}") for i in range(3)]
     high = t.record.using(priority=50).enqueue("high")
@@ -68,6 +73,7 @@ def test_priority_orders_the_claims(workers) -> None:
     assert {t.record.get_result(r.id).status for r in [*low, high]} == {TaskResultStatus.SUCCESSFUL}
 
 
+@pytest.mark.both_dbs  # a transaction
 def test_enqueue_in_a_rolled_back_transaction_leaves_nothing(workers) -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         t.record.enqueue("ghost")

@@ -1,5 +1,5 @@
 """A deploy that retires a workflow version while a run of it is mid-way, with real
-`manage.py runworker` processes on PostgreSQL and SQLite."""
+`manage.py runworker` processes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,11 @@ from tasks_engine.workers import unserved_runs
 from tests.helpers import wait_for
 from tests.testapp.models import SideEffect
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_db("the leader's rule for a retired version's runs"),
+]
 
 
 def test_cancel_ends_a_run_whose_dead_holder_no_live_worker_replaces(workers) -> None:

@@ -14,7 +14,11 @@ import tasks_engine
 from tasks_engine.models import WorkflowRun
 from tests.testapp.process_workflows import trace_lines
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.both_dbs,  # flow claims: separate statements on SQLite
+]
+
 QUEUES = {"flow-io": {"concurrency": 2}, "flow-rate": {"rate_limit": "2/s"}}
 ARGS = ("--concurrency", "4", "--poll-interval", "0.1", "--burst")
 

@@ -44,6 +44,7 @@ def tasks_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.one_db("worker rows")
 def test_a_worker_row_appears_beats_and_goes_on_graceful_stop(workers) -> None:
     w = workers(*FAST, "--queue", "default", "--concurrency", "2")
     first = wait_for(lambda: row_of(w.pid), 30, "the worker's row")
@@ -60,6 +61,7 @@ def test_a_worker_row_appears_beats_and_goes_on_graceful_stop(workers) -> None:
     assert not WorkerRow.objects.filter(pk=first.id).exists()
 
 
+@pytest.mark.one_db("the command's output")
 def test_tasks_workers_json_lists_live_workers_their_runs_and_the_leader(workers) -> None:
     res = tasks_engine.enqueue("slow_middle", {"seconds": 30})
     w = workers(*FAST)
@@ -76,6 +78,7 @@ def test_tasks_workers_json_lists_live_workers_their_runs_and_the_leader(workers
     assert text.returncode == 0 and view["id"] in text.stdout and "leader" in text.stdout
 
 
+@pytest.mark.one_db("the dead-worker service's rule")
 def test_a_killed_worker_costs_seconds_not_its_120s_lease(workers) -> None:
     res = tasks_engine.enqueue("slow_middle", {"seconds": 3})
     doomed = workers("--lease-seconds", "120", *FAST, tag="doomed")
@@ -144,6 +147,7 @@ def freeze(w: WorkerProcess) -> None:
     raise AssertionError("the worker held the write lock at every SIGSTOP")
 
 
+@pytest.mark.both_dbs  # SQLite's write lock, the fenced commit
 def test_a_stalled_worker_declared_dead_commits_nothing_and_comes_back(workers) -> None:
     """The dead-worker service cannot tell a stalled worker (SIGSTOP, a long GC pause, a
     suspended VM) from a dead one: it releases the runs of a worker whose beat is old. When the
@@ -185,6 +189,7 @@ def test_a_stalled_worker_declared_dead_commits_nothing_and_comes_back(workers) 
     assert WorkflowRun.objects.get(pk=other).worker_id.split(":")[1] == str(frozen.pid)
 
 
+@pytest.mark.both_dbs  # the leader's lease on the database's clock
 def test_exactly_one_leader_among_three_and_a_killed_one_is_replaced(
     workers, tmp_path: Path
 ) -> None:
@@ -218,6 +223,7 @@ def test_exactly_one_leader_among_three_and_a_killed_one_is_replaced(
     wait_for(lambda: row_of(leader_pid) is None, 60, "the dead leader's row to be reaped")
 
 
+@pytest.mark.both_dbs  # the leader's lease on the database's clock
 def test_a_leader_that_stops_gracefully_hands_over_at_once(workers, tmp_path: Path) -> None:
     a = workers(*FAST, tag="a")
     first = wait_for(current_leader, 30, "a leader")

@@ -15,7 +15,11 @@ from tasks_engine.models import StepAttempt, WorkflowRun
 from tests.helpers import wait_for
 from tests.testapp.models import SideEffect
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.both_dbs,  # SQLite's RETURNING in the renewal
+]
 
 STEP_SECONDS = 13  # longer than one heartbeat of the default lease (30 s, a beat every 10 s)
 

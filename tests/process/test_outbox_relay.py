@@ -21,7 +21,11 @@ from tests.helpers import WorkerProcess, wait_for
 from tests.testapp.models import SideEffect
 from tests.testapp.outbox_routes import TRACE_ENV
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.both_dbs,  # SQLite: one transaction per event
+]
 
 Start = Callable[..., WorkerProcess]
 

@@ -9,7 +9,11 @@ import tasks_engine
 from tasks_engine.models import StepAttempt
 from tests.testapp.models import Marker, SideEffect
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_db("an operator's retry and wait()"),
+]
 
 
 def effects(key: str) -> list[str]:

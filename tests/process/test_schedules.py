@@ -54,6 +54,7 @@ def fires(w: WorkerProcess) -> list[dict[str, Any]]:
     return found
 
 
+@pytest.mark.one_db("the latest-missed-slot rule")
 def test_one_run_per_slot_across_a_leader_killed_between_two_slots(workers) -> None:
     procs = [workers("--poll-interval", "0.2", env=ENV, tag=f"w{i}") for i in range(3)]
     by_pid = {w.pid: w for w in procs}
@@ -109,6 +110,7 @@ while time.monotonic() < end:
 """
 
 
+@pytest.mark.both_dbs  # the state row's lock: BEGIN IMMEDIATE on SQLite
 def test_two_processes_running_rounds_at_once_fire_each_slot_once(tmp_path) -> None:
     """Not through the leader: two processes call run_once() back to back for a few seconds
     on an every-second schedule; the state row's lock (BEGIN IMMEDIATE on SQLite) lets one

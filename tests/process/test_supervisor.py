@@ -51,6 +51,7 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.one_db("the supervisor's restarts")
 def test_two_children_a_killed_one_restarted_and_sigterm_stops_all(workers) -> None:
     sup = workers("--processes", "2", "--concurrency", "2", "--poll-interval", "0.2", tag="sup")
     first = wait_for(
@@ -88,6 +89,7 @@ def test_two_children_a_killed_one_restarted_and_sigterm_stops_all(workers) -> N
     assert not rows_of(replaced)  # each child stopped gracefully: its row is gone
 
 
+@pytest.mark.both_dbs  # SQLite: a warning of its own
 def test_a_burst_supervisor_exits_once_its_children_have_drained(workers) -> None:
     ids = [tasks_engine.enqueue("noop", {"n": i}).run_id for i in range(20)]
     sup = workers(

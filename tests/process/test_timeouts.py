@@ -16,7 +16,11 @@ from tasks_engine.models import StepAttempt, WorkflowRun
 from tests.helpers import ROOT, database_url, wait_for
 from tests.testapp.models import Marker, SideEffect
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.one_db("the worker's timers and replay rules"),
+]
 
 FAST = ("--concurrency", "1", "--lease-seconds", "2", "--poll-interval", "0.2")
 TIMEOUT = "tasks_engine.exceptions.StepTimeoutError"
@@ -97,6 +101,7 @@ def test_a_step_ignoring_its_timeout_is_written_off_and_its_thread_fenced(
     wait_for(lambda: status(res2.run_id) == "completed", 30, "another run on the same worker")
 
 
+@pytest.mark.both_dbs  # SQLite's write lock
 def test_an_atomic_step_that_outlives_its_timeout_fails_and_its_write_never_commits(
     workers,
 ) -> None:
@@ -112,6 +117,7 @@ def test_an_atomic_step_that_outlives_its_timeout_fails_and_its_write_never_comm
     assert not Marker.objects.filter(key=f"atomic-timed:{res.run_id}").exists()
 
 
+@pytest.mark.both_dbs  # the deadline against the database's clock
 def test_a_default_deadline_fails_a_sleeping_run(workers) -> None:
     workers(*FAST)
     res = tasks_engine.enqueue("deadline_sleeper")

@@ -15,7 +15,11 @@ from tasks_engine.models import Fact, StepAttempt, WorkflowRun
 from tests.helpers import wait_for
 from tests.testapp.models import SideEffect
 
-pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.both_dbs,  # wake-ups (NOTIFY or polling), wake times on the database's clock
+]
 
 
 def idle() -> tuple[str, ...]:

@@ -26,6 +26,7 @@ def finished(run_id) -> bool:
     return WorkflowRun.objects.get(pk=run_id).status in {"completed", "failed", "canceled"}
 
 
+@pytest.mark.both_dbs  # SQLite's renewal once canceled
 def test_sigkill_mid_step_reruns_only_the_interrupted_step(workers) -> None:
     """The rerun (3 s) outlives several heartbeats of its 2 s lease: on SQLite, where every
     renewal once reported a cancel, it ended `canceled`."""
@@ -50,6 +51,7 @@ def test_sigkill_mid_step_reruns_only_the_interrupted_step(workers) -> None:
     assert not StepAttempt.objects.filter(status="running").exists()
 
 
+@pytest.mark.both_dbs  # concurrent claims
 def test_two_workers_drain_200_runs_exactly_once(workers) -> None:
     ids = [tasks_engine.enqueue("noop", {"n": i}).run_id for i in range(200)]
     a = workers("--concurrency", "4", "--burst", "--poll-interval", "0.2", tag="a")
@@ -63,6 +65,7 @@ def test_two_workers_drain_200_runs_exactly_once(workers) -> None:
     assert not WorkflowRun.objects.exclude(status="completed").exists()
 
 
+@pytest.mark.one_db("the prefetch is group commit's, PostgreSQL's")
 def test_sigterm_under_a_deep_prefetch_hands_back_every_run_it_claimed(workers) -> None:
     """A worker of quick runs claims ahead of its slots (up to 8 x its concurrency on
     PostgreSQL): stopped mid-backlog, it must not leave one of those runs leased, and no run
@@ -91,6 +94,7 @@ def effects_like(prefix: str) -> int:
     return SideEffect.objects.filter(key__startswith=prefix).count()
 
 
+@pytest.mark.both_dbs  # the claim statement is the dialect's
 def test_worker_claims_only_registered_name_and_version(workers) -> None:
     a1 = tasks_engine.enqueue("a", version=1)
     a2 = tasks_engine.enqueue("a", version=2)
@@ -103,6 +107,7 @@ def test_worker_claims_only_registered_name_and_version(workers) -> None:
         assert (view.status, view.attempts) == ("pending", 0)
 
 
+@pytest.mark.both_dbs  # the claim statement is the dialect's
 def test_a_worker_serves_a_queue_that_queues_does_not_name(workers) -> None:
     """Queues are open: with QUEUES limiting other queues, runs enqueued to "bulk" (by the
     API and by `tasks enqueue --queue`) get a dedicated `runworker --queue bulk`, and no
@@ -125,6 +130,7 @@ def test_a_worker_serves_a_queue_that_queues_does_not_name(workers) -> None:
     assert "tasks_engine.W023" not in w.log() + by_cli.stderr
 
 
+@pytest.mark.both_dbs  # the claim statement is the dialect's
 def test_with_one_slot_the_higher_priority_run_starts_first(workers) -> None:
     low = tasks_engine.enqueue("busy_step", priority=0)
     high = tasks_engine.enqueue("busy_step", priority=5)
@@ -135,6 +141,7 @@ def test_with_one_slot_the_higher_priority_run_starts_first(workers) -> None:
     assert hi.finished_at <= lo.started_at
 
 
+@pytest.mark.one_db("the worker's SIGTERM")
 def test_sigterm_hands_the_run_back_long_before_the_lease_expires(workers) -> None:
     res = tasks_engine.enqueue("slow_middle", {"seconds": 30})
     first = workers(
@@ -154,6 +161,7 @@ def test_sigterm_hands_the_run_back_long_before_the_lease_expires(workers) -> No
     assert taken - sent < 60  # the 120 s lease never had to expire
 
 
+@pytest.mark.one_db("the crash count")
 def test_sigkill_in_a_step_that_always_kills_its_worker_ends_failed(workers) -> None:
     res = tasks_engine.enqueue("crasher")
     for i in range(3):
@@ -187,6 +195,7 @@ def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
     )
 
 
+@pytest.mark.one_db("an argument error")
 def test_a_bad_worker_argument_fails_with_one_line() -> None:
     """manage.py itself: one line on stderr, exit 1 (a CommandError), nothing written. The
     other bad arguments are checked in-process (tests/test_command_errors.py)."""
