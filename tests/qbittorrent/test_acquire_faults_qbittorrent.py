@@ -269,7 +269,8 @@ def test_a_title_folder_on_a_full_filesystem_fails_cleanly_and_a_retry_completes
 ) -> None:
     """Issue 40, item 3: `<library>/<title>` is a symlink to a filesystem of its own (a 1 MiB
     tmpfs). The copy's temporary file goes there, so the full disk fails the plan with nothing
-    left on either side; once the disk is enlarged, the retried plan's copy lands on it."""
+    left on either side and the download kept; once the disk is enlarged, the retried plan's
+    copy lands on it."""
     shared = make_torrent(seeder.downloads / "elsewhere", "Elsewhere.mkv", SIZE)  # 3 MiB
     seed(seeder, shared)
     library, disk = tmp_path / "library", tmp_path / "other-disk"
@@ -283,7 +284,7 @@ def test_a_title_folder_on_a_full_filesystem_fails_cleanly_and_a_retry_completes
         plan = start_plan("Elsewhere", str(shared.torrent), retention_seconds=0)
         assert finish(plan) == "failed", w.log()
         assert "No space left" in plan.failure
-        assert_outcome(plan, AcquisitionPlan.Status.FAILED, library, leecher, own, None)
+        assert_kept_for_a_retry(plan, library, leecher, own, shared)  # the library's fault
         assert list(disk.iterdir()) == [] and list(library.iterdir()) == [library / "Elsewhere"]
 
         subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
