@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +98,16 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@contextmanager
+def tmpfs(path: Path, size: str = "1m", *options: str) -> Iterator[Path]:
+    """`path` made a filesystem of its own, a tmpfs of `size` (the machine's disks are never
+    filled), unmounted at the end."""
+    path.mkdir()
+    opts = ",".join((f"size={size}", *options))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import io
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from django.test import override_settings
 import tasks_engine
 from tasks_engine.models import Fact, OpLedger
 from tasks_engine.serialization import encode_error
-from tests.helpers import FakeClock, drain
+from tests.helpers import FakeClock, drain, tmpfs
 from tests.test_acquire import files, rid, started, write
 from tests.test_acquire import media as media
 from umt.acquisition import find_plans, plan_acquisition
@@ -129,13 +128,8 @@ def test_the_op_ledger_names_each_ops_step(media: Path, fake_clock: FakeClock) -
 @pytest.fixture
 def small_library(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs of its own as the library (the machine's disks are never filled)."""
-    lib = tmp_path / "small-library"
-    lib.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(lib)], check=True)
-    try:
+    with tmpfs(tmp_path / "small-library") as lib:
         yield lib
-    finally:
-        subprocess.run(["umount", "-l", str(lib)], check=True)
 
 
 def test_a_full_library_disk_fails_the_plan_and_leaves_no_partial_file(

@@ -9,15 +9,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 import tasks_engine
 from tasks_engine.engine import RunView
-from tests.helpers import FakeClock, drain
+from tests.helpers import FakeClock, drain, tmpfs
 from tests.test_acquire import files, rid, started, write
 from tests.test_acquire import media as media
 from umt.conf import umt_settings
@@ -27,18 +25,6 @@ from umt.models import AcquisitionPlan, LibraryItem
 pytestmark = pytest.mark.django_db
 
 TITLE = "Sintel (2010)"
-
-
-@contextmanager
-def tmpfs(path: Path, *options: str) -> Iterator[Path]:
-    """A filesystem of its own (the machine's disks are never filled)."""
-    path.mkdir()
-    opts = ",".join(("size=1m", *options))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=True)
 
 
 def title_folder_on(media: Path, disk: Path) -> Path:
@@ -70,7 +56,7 @@ def test_a_title_folder_on_another_filesystem_receives_the_file_and_nothing_else
     source = media / "downloads" / f"{TITLE}.mkv"
     digest = write(source, 600_000)
     data = source.read_bytes()
-    with tmpfs(tmp_path / "other-disk", "size=4m") as disk:
+    with tmpfs(tmp_path / "other-disk", "4m") as disk:
         link = title_folder_on(media, disk)
         run = copied(plan, source, fake_clock)
         assert run.status == "completed", run.error
@@ -83,7 +69,7 @@ def test_a_title_folder_on_another_filesystem_receives_the_file_and_nothing_else
 
 @pytest.mark.parametrize(
     ("options", "reason"),
-    [(("size=1m",), "No space left"), (("ro",), "Read-only file system")],
+    [(("1m",), "No space left"), (("1m", "ro"), "Read-only file system")],
     ids=["full", "read-only"],
 )
 def test_a_failing_title_folder_filesystem_is_left_as_it_was(

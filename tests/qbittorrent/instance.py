@@ -19,7 +19,7 @@ import qbittorrentapi
 import torf
 import xxhash
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, wait_for
 
 BINARY = shutil.which("qbittorrent-nox")
 # Skipped on a developer's machine without it; in CI (`CI` set) a missing client is a failure.
@@ -162,3 +162,27 @@ def seed(seeder: Instance, shared: Shared) -> None:
         torrent_files=shared.torrent.read_bytes(), save_path=str(shared.path.parent)
     )
     seeder.wait_complete(shared.info_hash)  # rechecked: it has every piece and seeds
+
+
+def users_own_torrent(seeder: Instance, leecher: Instance, shared: Shared) -> Shared:
+    """`shared` as the user's own torrent: seeded, added to the client UMT drives with the
+    user's tag (`mine`) into its plain save path, and complete there."""
+    seed(seeder, shared)
+    api = leecher.api()
+    api.torrents_add(
+        torrent_files=shared.torrent.read_bytes(), save_path=str(leecher.downloads), tags="mine"
+    )
+    wait_for(lambda: api.torrents_info(torrent_hashes=shared.info_hash), 10, "the user's add")
+    api.torrents_add_peers(peers=seeder.peer, torrent_hashes=shared.info_hash)
+    leecher.wait_complete(shared.info_hash)
+    return shared
+
+
+def only_the_users_torrent_left(leecher: Instance, own: Shared) -> None:
+    """Every torrent but the user's removed (what earlier tests left), downloads unthrottled."""
+    api = leecher.api()
+    api.app_set_preferences({"dl_limit": 0, "autorun_enabled": False})
+    others = [t.hash for t in api.torrents_info() if t.hash != own.info_hash]
+    if others:
+        api.torrents_delete(delete_files=True, torrent_hashes=others)
+        wait_for(lambda: len(api.torrents_info()) == 1, 10, "the leftover torrents to go")

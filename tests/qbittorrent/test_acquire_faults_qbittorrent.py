@@ -15,11 +15,19 @@ import pytest
 
 import tasks_engine
 from tasks_engine.models import OpLedger
-from tests.helpers import wait_for
+from tests.helpers import tmpfs, wait_for
 from umt.acquisition import retry_plan
 from umt.models import AcquisitionPlan, LibraryItem
 
-from .instance import Instance, Shared, make_torrent, needs_qbittorrent, seed
+from .instance import (
+    Instance,
+    Shared,
+    make_torrent,
+    needs_qbittorrent,
+    only_the_users_torrent_left,
+    seed,
+    users_own_torrent,
+)
 from .test_acquire_qbittorrent import (
     SIZE,
     finish,
@@ -27,6 +35,7 @@ from .test_acquire_qbittorrent import (
     start_plan,
     throttle,
     umt_env,
+    umt_worker,
 )
 
 pytestmark = [needs_qbittorrent, pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -36,26 +45,14 @@ pytestmark = [needs_qbittorrent, pytest.mark.process, pytest.mark.django_db(tran
 def own(seeder: Instance, leecher: Instance) -> Shared:
     """The user's own torrent, complete in the client UMT drives, with the user's tag."""
     shared = make_torrent(seeder.downloads / "own", "Home.Video.mkv", SIZE)
-    seed(seeder, shared)
-    api = leecher.api()
-    api.torrents_add(
-        torrent_files=shared.torrent.read_bytes(), save_path=str(leecher.downloads), tags="mine"
-    )
-    wait_for(lambda: api.torrents_info(torrent_hashes=shared.info_hash), 10, "the user's add")
-    api.torrents_add_peers(peers=seeder.peer, torrent_hashes=shared.info_hash)
-    leecher.wait_complete(shared.info_hash)
+    users_own_torrent(seeder, leecher, shared)
     leecher.restart()  # a clean stop saves its resume data: a later SIGKILL cannot lose it
     return shared
 
 
 @pytest.fixture(autouse=True)
 def only_the_users_torrent(leecher: Instance, own: Shared) -> None:
-    api = leecher.api()
-    api.app_set_preferences({"dl_limit": 0, "autorun_enabled": False})
-    others = [t.hash for t in api.torrents_info() if t.hash != own.info_hash]
-    if others:
-        api.torrents_delete(delete_files=True, torrent_hashes=others)
-        wait_for(lambda: len(api.torrents_info()) == 1, 10, "the leftover torrents to go")
+    only_the_users_torrent_left(leecher, own)
 
 
 def downloading(leecher: Instance, shared: Shared) -> bool:
@@ -126,11 +123,7 @@ def test_qbittorrent_killed_right_after_accepting_the_add(
     seed(seeder, shared)
     throttle(leecher)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Killed", str(shared.torrent), retention_seconds=0)
     api = leecher.api()
     wait_for(lambda: api.torrents_info(torrent_hashes=shared.info_hash), 30, "the add")
@@ -148,11 +141,7 @@ def test_qbittorrent_restarted_during_the_download(
     seed(seeder, shared)
     throttle(leecher)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Restarted", str(shared.torrent), retention_seconds=0)
     wait_for(lambda: downloading(leecher, shared), 30, "the download to start")
     leecher.restart()
@@ -171,16 +160,13 @@ def test_the_seeder_gone_for_good_fails_the_run_and_leaves_no_orphan(
         seed(gone, shared)
         throttle(leecher)
         library = tmp_path / "library"
-        w = workers(
-            "--poll-interval",
-            "0.2",
-            env=umt_env(
-                gone,
-                leecher,
-                library,
-                UMT_DOWNLOAD_CHECK_SECONDS="0.5",
-                UMT_DOWNLOAD_TIMEOUT_SECONDS="15",
-            ),
+        w = umt_worker(
+            workers,
+            gone,
+            leecher,
+            library,
+            UMT_DOWNLOAD_CHECK_SECONDS="0.5",
+            UMT_DOWNLOAD_TIMEOUT_SECONDS="15",
         )
         plan = start_plan("Gone", str(shared.torrent), retention_seconds=0)
         wait_for(lambda: downloading(leecher, shared), 15, "the download to start")
@@ -196,13 +182,8 @@ def test_the_seeder_gone_for_good_fails_the_run_and_leaves_no_orphan(
 @pytest.fixture
 def small_library(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs of its own as the library (the machine's disks are never filled)."""
-    lib = tmp_path / "small-library"
-    lib.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(lib)], check=True)
-    try:
+    with tmpfs(tmp_path / "small-library") as lib:
         yield lib
-    finally:
-        subprocess.run(["umount", "-l", str(lib)], check=True)
 
 
 def test_a_full_library_disk_fails_the_plan_and_a_retry_then_completes_it(
@@ -210,11 +191,7 @@ def test_a_full_library_disk_fails_the_plan_and_a_retry_then_completes_it(
 ) -> None:
     shared = make_torrent(seeder.downloads / "full", "Full.Disk.mkv", SIZE)  # 3 MiB > 1 MiB
     seed(seeder, shared)
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, small_library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, small_library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Full Disk", str(shared.torrent), retention_seconds=0)
     assert finish(plan) == "failed", w.log()
     assert "No space left" in plan.failure
@@ -273,10 +250,8 @@ def test_a_title_folder_on_a_full_filesystem_fails_cleanly_and_a_retry_completes
     copy lands on it."""
     shared = make_torrent(seeder.downloads / "elsewhere", "Elsewhere.mkv", SIZE)  # 3 MiB
     seed(seeder, shared)
-    library, disk = tmp_path / "library", tmp_path / "other-disk"
-    disk.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
-    try:
+    library = tmp_path / "library"
+    with tmpfs(tmp_path / "other-disk") as disk:
         library.mkdir()
         (library / "Elsewhere").symlink_to(disk, target_is_directory=True)
         env = umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
@@ -301,5 +276,3 @@ def test_a_title_folder_on_a_full_filesystem_fails_cleanly_and_a_retry_completes
         [torrent] = leecher.api().torrents_info()  # UMT's torrent removed, the user's kept
         assert (torrent.hash, torrent.tags) == (own.info_hash, "mine")
         assert (leecher.downloads / own.path.name).read_bytes() == own.path.read_bytes()
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)

@@ -29,7 +29,7 @@ from .test_acquire_qbittorrent import (
     hook_command,
     partials,
     start_plan,
-    umt_env,
+    umt_worker,
 )
 
 pytestmark = [needs_qbittorrent, pytest.mark.process, pytest.mark.django_db(transaction=True)]
@@ -84,11 +84,7 @@ def acquire(
         hook = hook_command(tmp_path / "hook.log").replace('"%I"', f'"{hook_id}"')
         leecher.api().app_set_preferences({"autorun_enabled": True, "autorun_program": hook})
         check = "0"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS=check),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS=check)
     return start_plan(title, source, retention_seconds=RETENTION), library, w
 
 

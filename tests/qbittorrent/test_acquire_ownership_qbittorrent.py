@@ -17,12 +17,28 @@ import xxhash
 from django.contrib.auth.models import User
 from django.test import Client
 
-from tests.helpers import wait_for
+from tests.helpers import tmpfs, wait_for
 from umt.acquisition import retry_plan
 from umt.models import AcquisitionPlan, LibraryItem
 
-from .instance import Instance, Shared, make_torrent, needs_qbittorrent, pseudo_random, seed
-from .test_acquire_qbittorrent import SIZE, finish, partials, start_plan, throttle, umt_env
+from .instance import (
+    Instance,
+    Shared,
+    make_torrent,
+    needs_qbittorrent,
+    only_the_users_torrent_left,
+    pseudo_random,
+    seed,
+    users_own_torrent,
+)
+from .test_acquire_qbittorrent import (
+    SIZE,
+    finish,
+    partials,
+    start_plan,
+    throttle,
+    umt_worker,
+)
 
 pytestmark = [needs_qbittorrent, pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -34,25 +50,13 @@ NAME = "Same.Name.mkv"  # the user's file and UMT's download share this name and
 def own(seeder: Instance, leecher: Instance) -> Shared:
     """The user's own torrent, complete in the client UMT drives, with the user's tag."""
     shared = make_torrent(seeder.downloads / "users" / "files", NAME, SIZE, salt="user")
-    seed(seeder, shared)
-    api = leecher.api()
-    api.torrents_add(
-        torrent_files=shared.torrent.read_bytes(), save_path=str(leecher.downloads), tags="mine"
-    )
-    wait_for(lambda: api.torrents_info(torrent_hashes=shared.info_hash), 10, "the user's add")
-    api.torrents_add_peers(peers=seeder.peer, torrent_hashes=shared.info_hash)
-    leecher.wait_complete(shared.info_hash)
+    users_own_torrent(seeder, leecher, shared)
     return shared
 
 
 @pytest.fixture(autouse=True)
 def only_the_users_torrent(leecher: Instance, own: Shared) -> None:
-    api = leecher.api()
-    api.app_set_preferences({"dl_limit": 0, "autorun_enabled": False})
-    others = [t.hash for t in api.torrents_info() if t.hash != own.info_hash]
-    if others:
-        api.torrents_delete(delete_files=True, torrent_hashes=others)
-        wait_for(lambda: len(api.torrents_info()) == 1, 10, "the leftover torrents to go")
+    only_the_users_torrent_left(leecher, own)
 
 
 def assert_users_untouched(leecher: Instance, own: Shared) -> None:
@@ -73,11 +77,7 @@ def test_a_download_named_like_the_users_file_never_touches_it(
     theirs = make_torrent(seeder.downloads / "umt-same" / "files", NAME, SIZE, salt="umt")
     seed(seeder, theirs)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Same Name", str(theirs.torrent), retention_seconds=0)
     assert finish(plan) == "completed", plan.failure + w.log()
     [item] = LibraryItem.objects.filter(plan=plan)
@@ -99,16 +99,13 @@ def test_a_failed_download_named_like_the_users_file_never_touches_it(
     added goes, with nothing of the user's."""
     nobody = make_torrent(tmp_path / "nobody" / "files", NAME, SIZE, salt="nobody")
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(
-            seeder,
-            leecher,
-            library,
-            UMT_DOWNLOAD_CHECK_SECONDS="0.5",
-            UMT_DOWNLOAD_TIMEOUT_SECONDS="3",
-        ),
+    w = umt_worker(
+        workers,
+        seeder,
+        leecher,
+        library,
+        UMT_DOWNLOAD_CHECK_SECONDS="0.5",
+        UMT_DOWNLOAD_TIMEOUT_SECONDS="3",
     )
     plan = start_plan("Nobody", str(nobody.torrent), retention_seconds=0)
     assert finish(plan) == "failed", w.log()
@@ -126,11 +123,7 @@ def test_a_torrent_moved_out_of_the_plans_folder_is_left_with_its_files(
     shared = make_torrent(seeder.downloads / "moved" / "files", "Moved.mkv", SIZE)
     seed(seeder, shared)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Moved", str(shared.torrent), retention_seconds=3)
     wait_for(lambda: refreshed(plan).status == Status.REGISTERED, 60, "the plan to register")
     theirs = leecher.downloads / "kept-by-the-user"
@@ -153,13 +146,8 @@ def refreshed(plan: AcquisitionPlan) -> AcquisitionPlan:
 @pytest.fixture
 def read_only_library(tmp_path: Path) -> Iterator[Path]:
     """A tmpfs of its own as the library, mounted read-only (the machine's disks untouched)."""
-    lib = tmp_path / "read-only-library"
-    lib.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,ro", "tmpfs", str(lib)], check=True)
-    try:
+    with tmpfs(tmp_path / "read-only-library", "16m", "ro") as lib:
         yield lib
-    finally:
-        subprocess.run(["umount", "-l", str(lib)], check=True)
 
 
 def test_a_read_only_library_keeps_the_download_and_the_retry_copies_it(
@@ -170,11 +158,7 @@ def test_a_read_only_library_keeps_the_download_and_the_retry_copies_it(
     shared = make_torrent(seeder.downloads / "ro" / "files", "Read.Only.mkv", SIZE)
     seed(seeder, shared)
     library = read_only_library
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Read Only", str(shared.torrent), retention_seconds=0)
     assert finish(plan) == "failed", w.log()
     assert "Read-only file system" in plan.failure, plan.failure
@@ -224,11 +208,7 @@ def test_pack_files_whose_names_clean_up_alike_both_land_in_the_library(
     seeder.api().torrents_add(torrent_files=torrent.read_bytes(), save_path=str(torrent.parent))
     seeder.wait_complete(info_hash)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Cartoons", str(torrent), retention_seconds=0)
     assert finish(plan) == "completed", plan.failure + w.log()
     items = {Path(i.path).name: i for i in LibraryItem.objects.filter(plan=plan)}
@@ -260,11 +240,7 @@ def test_a_download_the_user_pauses_shows_paused_and_finishes_once_resumed(
     seed(seeder, shared)
     throttle(leecher)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Paused", str(shared.torrent), retention_seconds=0)
     wait_for(lambda: refreshed(plan).status == Status.DOWNLOADING, 30, "the download to start")
     api = leecher.api()
@@ -295,16 +271,13 @@ def test_a_download_paused_at_the_timeout_fails_the_plan_and_is_kept(
     seed(seeder, shared)
     throttle(leecher)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(
-            seeder,
-            leecher,
-            library,
-            UMT_DOWNLOAD_CHECK_SECONDS="0.5",
-            UMT_DOWNLOAD_TIMEOUT_SECONDS="8",
-        ),
+    w = umt_worker(
+        workers,
+        seeder,
+        leecher,
+        library,
+        UMT_DOWNLOAD_CHECK_SECONDS="0.5",
+        UMT_DOWNLOAD_TIMEOUT_SECONDS="8",
     )
     plan = start_plan("Paused Out", str(shared.torrent), retention_seconds=0)
     api = leecher.api()

@@ -8,13 +8,14 @@ import contextlib
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import tasks_engine
 from outbox.relay import relay_once
 from tasks_engine.models import Fact, OpLedger
-from tests.helpers import ROOT, database_url, wait_for
+from tests.helpers import ROOT, WorkerProcess, database_url, wait_for
 from umt.acquisition import plan_acquisition
 from umt.downloads.qbittorrent import plan_tag
 from umt.models import AcquisitionPlan, LibraryItem
@@ -119,6 +120,13 @@ def umt_env(seeder: Instance, leecher: Instance, library: Path, **extra: str) ->
     }
 
 
+def umt_worker(
+    workers: Any, seeder: Instance, leecher: Instance, library: Path, **extra: str
+) -> WorkerProcess:
+    """A worker with UMT's settings for these instances (`umt_env`), polling every 0.2 s."""
+    return workers("--poll-interval", "0.2", env=umt_env(seeder, leecher, library, **extra))
+
+
 def start_plan(title: str, source: str, **kw: object) -> AcquisitionPlan:
     plan = plan_acquisition(title=title, source=source, client="qbittorrent", **kw)  # type: ignore[arg-type]
     relay_once()
@@ -183,11 +191,7 @@ def test_a_torrent_the_user_already_had_is_adopted_and_left_alone(
     leecher.api().torrents_add_peers(peers=seeder.peer, torrent_hashes=shared.info_hash)
     leecher.wait_complete(shared.info_hash)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0")
     plan = start_plan("Own Film", str(shared.torrent), retention_seconds=0)
     assert finish(plan) == "completed", w.log()
     assert plan.status == AcquisitionPlan.Status.DONE
@@ -249,11 +253,7 @@ def test_a_torrent_removed_from_the_client_is_added_again(
     seed(seeder, shared)
     throttle(leecher)
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5"),
-    )
+    w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0.5")
     plan = start_plan("Lost", str(shared.torrent), retention_seconds=0)
     api = leecher.api()
     # Removed while the run waits (a removal during the submit step is retried by the step
@@ -276,16 +276,13 @@ def test_a_seeder_gone_for_good_fails_the_run_and_leaves_no_orphan(
 ) -> None:
     shared = make_torrent(tmp_path / "nobody", "Nobody.mkv", SIZE)  # nobody seeds it
     library = tmp_path / "library"
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(
-            seeder,
-            leecher,
-            library,
-            UMT_DOWNLOAD_TIMEOUT_SECONDS="3",
-            UMT_DOWNLOAD_CHECK_SECONDS="1",
-        ),
+    w = umt_worker(
+        workers,
+        seeder,
+        leecher,
+        library,
+        UMT_DOWNLOAD_TIMEOUT_SECONDS="3",
+        UMT_DOWNLOAD_CHECK_SECONDS="1",
     )
     plan = start_plan("Nobody", str(shared.torrent))
     assert finish(plan) == "failed", w.log()

@@ -21,7 +21,7 @@ from tests.helpers import wait_for
 from umt.models import AcquisitionPlan, ClientLogin, LibraryItem
 
 from .instance import Instance, Shared, make_torrent, needs_qbittorrent, seed
-from .test_acquire_qbittorrent import SIZE, finish, start_plan, umt_env
+from .test_acquire_qbittorrent import SIZE, finish, start_plan, umt_worker
 
 pytestmark = [needs_qbittorrent, pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -109,18 +109,15 @@ def test_a_password_turned_on_after_registration_leaves_the_plan_done_and_cleanu
     the ban); once the user lets localhost in again, the release run removes the download."""
     shared = make_torrent(seeder.downloads / "nopass", "No.Password.mkv", SIZE)
     seed(seeder, shared)
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(
-            seeder,
-            leecher,
-            tmp_path / "library",
-            UMT_DOWNLOAD_CHECK_SECONDS="0.5",
-            UMT_RETRY_MAX_SECONDS="0.5",
-            UMT_CLEANUP_RETRY_SECONDS="1",
-            UMT_CLEANUP_RETRY_MAX_SECONDS="1",
-        ),
+    w = umt_worker(
+        workers,
+        seeder,
+        leecher,
+        tmp_path / "library",
+        UMT_DOWNLOAD_CHECK_SECONDS="0.5",
+        UMT_RETRY_MAX_SECONDS="0.5",
+        UMT_CLEANUP_RETRY_SECONDS="1",
+        UMT_CLEANUP_RETRY_MAX_SECONDS="1",
     )
     plan = start_plan("No Password", str(shared.torrent), retention_seconds=3)
     turn_on_the_password_once_registered(plan, leecher)
@@ -156,21 +153,18 @@ def test_wrong_credentials_stop_short_of_the_ban_and_the_users_login_still_works
     stored with what happened, never an empty 'LoginFailed: '."""
     shared = make_torrent(seeder.downloads / "wrongpass", "Wrong.Password.mkv", SIZE)
     seed(seeder, shared)
-    w = workers(
-        "--poll-interval",
-        "0.2",
-        env=umt_env(
-            seeder,
-            leecher,
-            tmp_path / "library",
-            UMT_DOWNLOAD_CHECK_SECONDS="0.5",
-            UMT_RETRY_MAX_SECONDS="0.5",
-            UMT_CLEANUP_RETRY_SECONDS="0.5",
-            UMT_CLEANUP_RETRY_MAX_SECONDS="0.5",
-            UMT_QBITTORRENT_USERNAME="admin",
-            UMT_QBITTORRENT_PASSWORD="not-the-users-password",
-            UMT_QBITTORRENT_LOGIN_BACKOFF_SECONDS="0.2",
-        ),
+    w = umt_worker(
+        workers,
+        seeder,
+        leecher,
+        tmp_path / "library",
+        UMT_DOWNLOAD_CHECK_SECONDS="0.5",
+        UMT_RETRY_MAX_SECONDS="0.5",
+        UMT_CLEANUP_RETRY_SECONDS="0.5",
+        UMT_CLEANUP_RETRY_MAX_SECONDS="0.5",
+        UMT_QBITTORRENT_USERNAME="admin",
+        UMT_QBITTORRENT_PASSWORD="not-the-users-password",
+        UMT_QBITTORRENT_LOGIN_BACKOFF_SECONDS="0.2",
     )
     plan = start_plan("Wrong Password", str(shared.torrent), retention_seconds=3)
     turn_on_the_password_once_registered(plan, leecher)
