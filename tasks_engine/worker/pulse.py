@@ -18,6 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from ..conf import engine_settings
+from ..sqlite_connections import BUSY_TIMEOUT_SECONDS
 
 PULSE_FD_ENV = "TASKS_ENGINE_PULSE_FD"  # set by the supervisor: the pipe's write end
 BEAT = b"."
@@ -35,13 +36,16 @@ def silence_seconds() -> float:
     return dead + sqlite_busy_timeout()
 
 
-def sqlite_busy_timeout() -> float:
+def sqlite_busy_timeout(db: dict[str, Any] | None = None) -> float:
     """Seconds an SQLite statement waits for the write lock (0 on PostgreSQL, whose claims skip
-    locked rows and whose engine writes hold row locks only for a statement or a commit)."""
-    db = settings.DATABASES.get("default", {})
+    locked rows and whose engine writes hold row locks only for a statement or a commit): the
+    project's OPTIONS timeout, else the one the engine sets on its connections."""
+    if db is None:
+        db = settings.DATABASES.get("default", {})
     if db.get("ENGINE") != "django.db.backends.sqlite3":
         return 0.0
-    return float((db.get("OPTIONS") or {}).get("timeout", 5.0))  # Python's sqlite3 default
+    timeout = (db.get("OPTIONS") or {}).get("timeout")
+    return float(BUSY_TIMEOUT_SECONDS if timeout is None else timeout)
 
 
 class Pulse:
