@@ -32,6 +32,13 @@ TRANSACTION_MODE = "IMMEDIATE"
 BUSY_TIMEOUT_SECONDS = 30
 
 
+def busy_timeout_seconds(db: dict[str, Any]) -> float:
+    """How long an SQLite connection of `db` (a DATABASES entry) waits for the write lock: the
+    project's `OPTIONS["timeout"]`, else the one `safe_connection_settings` gives it."""
+    timeout = (db.get("OPTIONS") or {}).get("timeout")
+    return float(BUSY_TIMEOUT_SECONDS if timeout is None else timeout)
+
+
 def safe_connection_settings(sender: Any, connection: Any, **kwargs: Any) -> None:
     if connection.vendor != "sqlite" or connection.alias != DEFAULT_DB_ALIAS:
         return

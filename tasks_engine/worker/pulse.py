@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from ..conf import engine_settings
-from ..sqlite_connections import BUSY_TIMEOUT_SECONDS
+from ..sqlite_connections import busy_timeout_seconds
 
 PULSE_FD_ENV = "TASKS_ENGINE_PULSE_FD"  # set by the supervisor: the pipe's write end
 BEAT = b"."
@@ -44,8 +44,7 @@ def sqlite_busy_timeout(db: dict[str, Any] | None = None) -> float:
         db = settings.DATABASES.get("default", {})
     if db.get("ENGINE") != "django.db.backends.sqlite3":
         return 0.0
-    timeout = (db.get("OPTIONS") or {}).get("timeout")
-    return float(BUSY_TIMEOUT_SECONDS if timeout is None else timeout)
+    return busy_timeout_seconds(db)
 
 
 class Pulse:
