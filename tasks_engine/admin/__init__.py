@@ -244,6 +244,7 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
         if not self.has_view_permission(request, run):
             raise PermissionDenied
         warn_if_unserved(request, run)
+        refused = retry_refused(run)
         context = {
             **self.admin_site.each_context(request),
             **run_page(run),
@@ -257,9 +258,9 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
             and self.has_cancel_permission(request, run),
             "cancel_url": reverse("admin:tasks_engine_workflowrun_cancel", args=[run.pk]),
             "can_retry": run.status in {"failed", "canceled"}
-            and not retry_refused(run)
+            and refused is None
             and self.has_retry_permission(request, run),
-            "retry_refused": retry_refused(run),
+            "retry_refused": refused,
             "retry_url": reverse("admin:tasks_engine_workflowrun_retry", args=[run.pk]),
             "retry_steps": step_choices(run.pk) if run.status in {"failed", "canceled"} else [],
             "history_url": reverse("admin:tasks_engine_workflowrun_history", args=[run.pk]),
