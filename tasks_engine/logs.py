@@ -439,7 +439,9 @@ def configure(force: bool = False) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        # One write per line: print() writes the line and its newline separately, and the
+        # children of `runworker --processes N` share one stderr, so two lines could fuse.
+        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
 

@@ -583,3 +583,31 @@ def test_a_runs_context_logger_and_stored_error_are_redacted(
     stored = WorkflowRun.objects.get(pk=res.run_id).error
     assert stored["message"] == failed["message"]
     assert "ctx-pw" not in stored["traceback"]
+
+
+def test_each_log_line_reaches_stderr_in_one_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The processes of `runworker --processes N` share one stderr: a line written in two parts
+    (the text, then its newline) can fuse with a sibling's line, which breaks JSON-lines
+    readers. (CI saw `{...}{...}` on one line from two children stopping at once.)"""
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.calls.append(text)
+            return super().write(text)
+
+    saved = structlog.get_config()
+    stream = Writes()
+    monkeypatch.setattr(sys, "stderr", stream)
+    try:
+        logs.configure(force=True)
+        get_logger().info("worker stopping", in_flight=0)
+        get_logger().info("worker stopping", in_flight=1)
+    finally:
+        structlog.configure(**saved)
+    assert len(stream.calls) == 2, stream.calls
+    assert all(call.endswith("\n") and call.count("\n") == 1 for call in stream.calls)
+    assert [json.loads(call)["in_flight"] for call in stream.calls] == [0, 1]
