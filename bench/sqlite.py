@@ -96,7 +96,10 @@ def plan_uses_partial_indexes() -> bool:
 def cmd_claim(a: argparse.Namespace) -> dict[str, Any]:
     from django.db import connection
 
-    from tasks_engine import sqlite_bounds
+    try:
+        from tasks_engine.db import sqlite_bounds
+    except ImportError:  # a BASELINE tree from before the engine's modules had rooms
+        from tasks_engine import sqlite_bounds  # type: ignore[attr-defined,no-redef]
 
     with tempfile.TemporaryDirectory(dir="/tmp") as tmp:
         setup(Path(tmp) / "claim.sqlite3")  # post_migrate: ANALYZE, and seeds (empty table)

@@ -12,7 +12,7 @@ class OutboxConfig(AppConfig):
         from django.core import checks as django_checks
         from django.utils.module_loading import autodiscover_modules
 
-        from tasks_engine.maintenance import register_pruner
+        from tasks_engine.services.retention import register_pruner
 
         from . import checks
         from .conf import outbox_settings

@@ -7,10 +7,11 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
-from tasks_engine import clock, tracing
+from tasks_engine import clock
 from tasks_engine.definitions import is_integer
 from tasks_engine.exceptions import UnstorableValueError
-from tasks_engine.serialization import to_jsonable
+from tasks_engine.observe import tracing
+from tasks_engine.values.serialization import to_jsonable
 
 from .models import EventStatus, OutboxEvent
 from .notify import wake_relay

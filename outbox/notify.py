@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import connection
 
-from tasks_engine.notify import Listener
+from tasks_engine.db.notify import Listener
 
 CHANNEL = "outbox_wake"
 

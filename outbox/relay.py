@@ -26,10 +26,11 @@ from django.db import connection, transaction
 from django.db.models import Case, F, PositiveIntegerField, TextField, Value, When
 from django.db.models.functions import Concat
 
-from tasks_engine import clock, tracing
-from tasks_engine.logs import get_logger, redact_text
-from tasks_engine.notify import listening_possible
-from tasks_engine.outages import DB_ERRORS, Outage
+from tasks_engine import clock
+from tasks_engine.db.notify import listening_possible
+from tasks_engine.db.outages import DB_ERRORS, Outage
+from tasks_engine.observe import tracing
+from tasks_engine.observe.logs import get_logger, redact_text
 
 from .conf import OutboxSettings, outbox_settings
 from .models import EventStatus, OutboxEvent

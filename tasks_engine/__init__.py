@@ -76,7 +76,6 @@ _ENGINE = {
 }
 
 if TYPE_CHECKING:
-    from .context import TaskContext
     from .engine import (
         Enqueued,
         RunView,
@@ -89,6 +88,7 @@ if TYPE_CHECKING:
         signal,
         wait,
     )
+    from .runtime.context import TaskContext
 
 
 def __getattr__(name: str) -> Any:
@@ -97,7 +97,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(engine, name)
     if name == "TaskContext":
-        from .context import TaskContext
+        from .runtime.context import TaskContext
 
         return TaskContext
     raise AttributeError(f"module 'tasks_engine' has no attribute {name!r}")

@@ -11,18 +11,21 @@ class TasksEngineConfig(AppConfig):
         from django.db.models.signals import post_migrate
         from django.utils.module_loading import autodiscover_modules
 
-        from . import backends, checks, logs, metrics, services, sql, sqlite_bounds  # noqa: F401
-        from .sqlite_connections import safe_connection_settings
+        from . import backends, checks  # noqa: F401
+        from .db import sql, sqlite_bounds
+        from .db.sqlite_connections import safe_connection_settings
+        from .observe import logs, metrics
+        from .services import registry
 
         logs.configure()
         register_services()
         connection_created.connect(sql.prepare_engine_statements, weak=False)
         # SQLite: BEGIN IMMEDIATE, busy timeout, WAL, synchronous=FULL where OPTIONS are silent
         connection_created.connect(safe_connection_settings, weak=False)
-        # SQLite: planner statistics, so the claim reads its partial indexes (sqlite_bounds.py)
+        # SQLite: planner statistics, so the claim reads its partial indexes (db/sqlite_bounds.py)
         post_migrate.connect(sqlite_bounds.analyze_after_migrate, sender=self, weak=False)
         # tasks_runs{queue,status} on the leader's /metrics (a no-op unless it serves metrics)
-        services.register("metrics-run-counts", metrics.refresh_run_counts, every=15)
+        registry.register("metrics-run-counts", metrics.refresh_run_counts, every=15)
         autodiscover_modules("workflows")
 
 
@@ -32,16 +35,17 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 
 
 def register_services() -> None:
-    """The engine's own maintenance services, run by the leader (leader.py)."""
-    from . import maintenance, schedules, services, transitions, workers
+    """The engine's own maintenance services, run by the leader (services/leader.py)."""
+    from . import schedules, transitions
+    from .services import fleet, registry, retention
 
-    services.register("dead-workers", workers.reap_dead_workers, every=DEAD_WORKERS_EVERY)
-    services.register(
+    registry.register("dead-workers", fleet.reap_dead_workers, every=DEAD_WORKERS_EVERY)
+    registry.register(
         "orphaned-cancels", transitions.end_orphaned_cancels, every=DEAD_WORKERS_EVERY
     )
-    services.register(
+    registry.register(
         "retention",
-        lambda: maintenance.prune_expired(max_batches=RETENTION_MAX_BATCHES),
+        lambda: retention.prune_expired(max_batches=RETENTION_MAX_BATCHES),
         every=RETENTION_EVERY,
     )
-    services.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)
+    registry.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)

@@ -50,19 +50,14 @@ from pydantic import BaseModel
 
 from . import clock
 from .definitions import QUEUE_MAX_LENGTH, RetryPolicy, workflow
-from .durations import duration_seconds
-from .exceptions import (
-    EngineUnavailable,
-    LeaseLostError,
-    NonRetryableError,
-    Suspend,
-)
-from .serialization import encode_error, to_jsonable
-from .text import check_text
+from .exceptions import EngineUnavailable, LeaseLostError, NonRetryableError, Suspend
+from .values.durations import duration_seconds
+from .values.serialization import encode_error, to_jsonable
+from .values.text import check_text
 
 if TYPE_CHECKING:
-    from .context import TaskContext as RunContext
     from .models import WorkflowRun
+    from .runtime.context import TaskContext as RunContext
 
 DJANGO_TASK = "django_task"  # the built-in workflow that runs Django tasks
 CALL_STEP = "call"  # its one step
@@ -276,8 +271,8 @@ class DurableBackend(BaseTaskBackend):
     def _result(self, run: WorkflowRun) -> TaskResult:
         """The run as Django sees it. The task is rebuilt from its module path, so that
         `Task.get_result()`, which compares task functions, accepts it."""
-        from .history import is_give_up
         from .models import StepAttempt
+        from .runtime.history import is_give_up
 
         data = DjangoTaskInput.model_validate(run.input)
         alias = self._alias(data.backend)

@@ -10,7 +10,7 @@ from django.core import checks
 from django.db import DEFAULT_DB_ALIAS
 
 from .conf import KNOWN_KEYS, engine_settings, parse_queues, queues_setting
-from .pooler import SETTINGS_TO_CHANGE, behind_transaction_pooler, undeclared_pooler_seen
+from .db.pooler import SETTINGS_TO_CHANGE, behind_transaction_pooler, undeclared_pooler_seen
 
 
 @checks.register()
@@ -192,7 +192,7 @@ def _sqlite_transaction_mode(db: dict[str, Any]) -> list[checks.CheckMessage]:
     """The engine's writes on SQLite rely on BEGIN IMMEDIATE: it takes the one write lock up
     front (waiting up to the busy timeout), where a deferred transaction reads first and then
     fails with "database is locked" when another process wrote meanwhile. Left unset, the
-    engine sets it on its connections (sqlite_connections.py); a mode the project set wins."""
+    engine sets it on its connections (db/sqlite_connections.py); a mode the project set wins."""
     mode = (db.get("OPTIONS") or {}).get("transaction_mode")
     if mode is None or str(mode).upper() == "IMMEDIATE":
         return []
@@ -365,7 +365,7 @@ def _live_workers_on_sqlite() -> int:
     from django.db import DatabaseError
 
     from .models import Worker
-    from .workers import alive
+    from .services.fleet import alive
 
     try:
         return Worker.objects.filter(alive()).count()
@@ -405,7 +405,7 @@ def check_unserved_runs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     when the database cannot be read (not migrated yet, or down): this is advice, not a gate."""
     from django.db import DatabaseError, transaction
 
-    from .workers import unserved_runs
+    from .services.fleet import unserved_runs
 
     try:
         with transaction.atomic():  # a failed read inside a caller's transaction stays contained

@@ -33,13 +33,13 @@ class EngineSettings:
     # Workers send the hot writes of all their slots together (worker/group_commit.py).
     group_commit: bool = True
     # SQLite only: an atomic step holds the database's only write lock while its code runs;
-    # past this many seconds it is rolled back and fails (sqlite_bounds.py). None or 0: no bound.
+    # past this many seconds it is rolled back and fails (db/sqlite_bounds.py). None or 0: no bound.
     sqlite_atomic_step_seconds: float | None = 5.0
     queues: dict[str, QueueLimits] = field(default_factory=dict)
     # A worker whose beat is older is dead: the leader makes its runs claimable at once.
     dead_worker_seconds: float = 10.0
-    # The maintenance leader's lease (tasks_engine/leader.py): a leader that dies is replaced
-    # within about this long.
+    # The maintenance leader's lease (services/leader.py): a leader that dies is replaced within
+    # about this long.
     leader_lease_seconds: float = 5.0
     # Finished runs are pruned this many days after they finished, per status (None: kept).
     retention_days: tuple[tuple[str, float | None], ...] = (
@@ -50,12 +50,12 @@ class EngineSettings:
     # The metrics view (views.metrics) requires `Authorization: Bearer <token>` when set.
     metrics_token: str | None = None
     # A direct PostgreSQL URL for LISTEN when the default database goes through a transaction
-    # pooler (tasks_engine/pooler.py); None: LISTEN on the default database's parameters.
+    # pooler (tasks_engine/db/pooler.py); None: LISTEN on the default database's parameters.
     listen_url: str | None = None
     # False: the engine never configures structlog (the host project does; docs/logging.md).
     configure_logging: bool = True
     # The largest input, step result, workflow output, fact payload or outbox payload, in bytes
-    # of its compact JSON text (serialization.py): refused past it, never stored.
+    # of its compact JSON text (values/serialization.py): refused past it, never stored.
     max_payload_bytes: int = 16 * 2**20
 
     @property
@@ -124,7 +124,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
 
 # MAX_PAYLOAD_BYTES' range. At most 32 MiB: a value of many small elements grows about sixfold
 # as PostgreSQL's jsonb, which holds at most 256 MB. At least 64 KiB: below it the size is
-# never measured (serialization.py), so small values cost nothing.
+# never measured (values/serialization.py), so small values cost nothing.
 PAYLOAD_BYTES_RANGE = (64 * 2**10, 32 * 2**20)
 
 

@@ -14,14 +14,14 @@ from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from .durations import MAX_DURATION, duration_seconds
 from .exceptions import NonRetryableError, UnknownTaskError
-from .serialization import TOO_DEEP, nested_too_deeply, to_jsonable, unstorable
-from .text import check_text
+from .values.durations import MAX_DURATION, duration_seconds
+from .values.serialization import TOO_DEEP, nested_too_deeply, to_jsonable, unstorable
+from .values.text import check_text
 
 if TYPE_CHECKING:
-    from .context import TaskContext
     from .engine import Enqueued
+    from .runtime.context import TaskContext
 
 DEFAULT_QUEUE = "default"
 

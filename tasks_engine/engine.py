@@ -10,14 +10,16 @@ from typing import Any
 
 from django.db import transaction
 
-from . import notify, tracing, transitions
+from . import transitions
+from .db import notify
 from .definitions import Workflow, check_priority, is_integer, registry
 from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
 from .models import QUEUED, Fact, StepAttempt, WorkflowRun
+from .observe import tracing
 from .run_waiter import wait_finished
-from .serialization import check_reason, input_hash, to_jsonable
 from .states import FINISHED, RunStatus
-from .text import check_text
+from .values.serialization import check_reason, input_hash, to_jsonable
+from .values.text import check_text
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ class EngineUnavailable(BaseException):
 class TransactionPoolerError(TasksEngineError, ProgrammingError):
     """A prepared statement was lost to a transaction pooler (PgBouncer in transaction mode)
     that the settings do not declare: a configuration error, not an outage. Its message names
-    the settings to change (tasks_engine/pooler.py)."""
+    the settings to change (tasks_engine/db/pooler.py)."""
 
 
 class Suspend(BaseException):

@@ -1,5 +1,5 @@
 """The engine's tables. Run and step state is written only by `transitions/`; `engine.signal` adds
-facts and `fencing.py` keeps the op ledger."""
+facts and `runtime/fencing.py` keeps the op ledger."""
 
 from __future__ import annotations
 
@@ -293,7 +293,7 @@ class OpLedger(models.Model):
 
 
 class Worker(models.Model):
-    """A live `runworker` process: written by the worker itself (`tasks_engine.workers`), one
+    """A live `runworker` process: written by the worker itself (`tasks_engine.services.fleet`), one
     row per process, beating every couple of seconds; removed when it stops gracefully, or by
     the leader's dead-worker service once its beat is older than DEAD_WORKER_SECONDS."""
 
@@ -320,7 +320,7 @@ class Worker(models.Model):
 class LeaderLease(models.Model):
     """The maintenance leader's lease: one row per role, on the database's clock. `term` grows
     with every election, and renewal and resignation name it, so a leader that lost its lease
-    can never extend or end its successor's (see tasks_engine/leader.py)."""
+    can never extend or end its successor's (see tasks_engine/services/leader.py)."""
 
     name = models.CharField(max_length=50, primary_key=True)
     worker_id = models.CharField(max_length=200)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from . import notify
+from .db import notify
 from .exceptions import UnknownRunError
 from .models import WorkflowRun
 from .states import FINISHED

@@ -33,15 +33,16 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from . import clock, engine, executor, transitions
+from . import clock, engine, transitions
 from .conf import engine_settings
 from .definitions import Workflow, registry
-from .durations import duration_seconds
 from .engine import RunView, Signaled, StepView
 from .models import WorkflowRun
+from .runtime import executor
 from .states import RunStatus
-from .text import check_text
 from .transitions.flow_claims import rate_frees_at
+from .values.durations import duration_seconds
+from .values.text import check_text
 
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
 

@@ -8,8 +8,8 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_safe
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from . import metrics as engine_metrics
 from .conf import engine_settings
+from .observe import metrics as engine_metrics
 
 
 @require_safe  # GET, and HEAD: the same answer, its body left out by the server

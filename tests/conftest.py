@@ -35,7 +35,9 @@ from django.core.management.sql import emit_post_migrate_signal
 from django.db import connection, connections, transaction
 from django.test import TransactionTestCase
 
-from tasks_engine import clock, first_steps, flow
+from tasks_engine import clock
+from tasks_engine.runtime import first_steps
+from tasks_engine.transitions import claim_mode
 
 from .helpers import FakeClock, WorkerProcess
 
@@ -113,7 +115,7 @@ def _delete_every_row(alias: str) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_first_step_guesses_carried_over() -> Iterator[None]:
-    """What one test's runs taught first_steps.py stays in that test."""
+    """What one test's runs taught runtime/first_steps.py stays in that test."""
     first_steps.reset()
     yield
     first_steps.reset()
@@ -122,10 +124,10 @@ def _no_first_step_guesses_carried_over() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _no_keyed_claims_carried_over() -> Iterator[None]:
     """A test that enqueues a keyed run switches this process's claims to the guarded claim
-    (flow.note_keyed): the next tests start plain again. (A test of enqueue's argument checks
+    (claim_mode.note_keyed): the next tests start plain again. (A test of enqueue's argument checks
     left it on, and a later test of the group's claim-along found no claim in its group.)"""
     yield
-    flow.forget_keyed()
+    claim_mode.forget_keyed()
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from django.test import override_settings
 
 import tasks_engine
 from tasks_engine.models import Fact, OpLedger
-from tasks_engine.serialization import encode_error
+from tasks_engine.values.serialization import encode_error
 from tests.helpers import FakeClock, drain, tmpfs
 from tests.test_acquire import files, rid, started, write
 from tests.test_acquire import media as media

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from tasks_engine.attempt_handle import AttemptHandle
-from tasks_engine.step_timeouts import StepTimer, WriteOff
+from tasks_engine.runtime.attempt_handle import AttemptHandle
+from tasks_engine.runtime.step_timeouts import StepTimer, WriteOff
 from tasks_engine.transitions import Lease
 
 pytestmark = pytest.mark.one_db("pure Python: the attempt handle's threads")

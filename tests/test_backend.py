@@ -353,8 +353,9 @@ def test_attempts_count_only_calls_that_ran_not_the_give_up(fake_clock: FakeCloc
     import threading
     import uuid
 
-    from tasks_engine import executor, transitions
+    from tasks_engine import transitions
     from tasks_engine.models import StepAttempt
+    from tasks_engine.runtime import executor
 
     twice = t.record.using(max_attempts=2)  # type: ignore[call-arg]  # a DurableTask option
     result = twice.enqueue("dies")

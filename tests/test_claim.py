@@ -8,8 +8,9 @@ from datetime import timedelta
 import pytest
 
 import tasks_engine
-from tasks_engine import LeaseLostError, executor, transitions
+from tasks_engine import LeaseLostError, transitions
 from tasks_engine.models import StepAttempt, WorkflowRun
+from tasks_engine.runtime import executor
 from tests.helpers import FakeClock, drain
 
 pytestmark = pytest.mark.django_db

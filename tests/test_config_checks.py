@@ -276,7 +276,7 @@ def test_a_misspelt_engine_setting_is_warned_with_the_nearest_key(engine: Any) -
 def test_sqlite_with_a_transaction_mode_other_than_immediate_is_warned(database: Any) -> None:
     """The engine's writes on SQLite take the write lock at BEGIN (IMMEDIATE); deferred ones
     fail with "database is locked" under a concurrent writer. Without OPTIONS (startproject's
-    DATABASES) the engine sets IMMEDIATE itself (sqlite_connections.py): nothing to warn about,
+    DATABASES) the engine sets IMMEDIATE itself (db/sqlite_connections.py): nothing to warn about,
     on every command; a mode the project chose wins, and is warned about."""
 
     def w026() -> list[Any]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.core.management import load_command_class
 
-from tasks_engine.context import StepAPI, TaskContext
+from tasks_engine.runtime.context import StepAPI, TaskContext
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.one_db("reads the docs and the code")
@@ -91,7 +91,7 @@ def test_every_exported_name_is_documented() -> None:
 
 def test_every_documented_context_member_exists() -> None:
     members = [n for n in first_cells(section("Python API")) if n.startswith("ctx.")]
-    source = (ROOT / "tasks_engine" / "context.py").read_text()
+    source = (ROOT / "tasks_engine" / "runtime/context.py").read_text()
     for dotted in members:
         if dotted.startswith("ctx.step."):
             assert hasattr(StepAPI, dotted.removeprefix("ctx.step.")), dotted
@@ -131,7 +131,7 @@ def test_documented_settings_are_exactly_the_ones_read() -> None:
 def test_documented_check_ids_are_exactly_the_ones_emitted() -> None:
     documented = set(first_cells(section("System checks")))
     emitted = set()
-    for path in [*Path(ROOT, "tasks_engine").glob("*.py"), *Path(ROOT, "outbox").glob("*.py")]:
+    for path in [*Path(ROOT, "tasks_engine").rglob("*.py"), *Path(ROOT, "outbox").rglob("*.py")]:
         emitted |= set(re.findall(r'id="((?:tasks_engine|outbox)\.[EW]\d+)"', path.read_text()))
     from tasks_engine.schedules.specs import CODES
 

@@ -200,7 +200,8 @@ def test_workflow_text_arguments_follow_the_rule_enqueue_applies(
     options: dict, error: type[Exception], message: str
 ) -> None:
     """@workflow's name and queue, enqueue's queue and keys, runworker's --queue: one rule
-    (tasks_engine.text.check_text), one wording; @workflow keeps TypeError for a non-string."""
+    (tasks_engine.values.text.check_text), one wording; @workflow keeps TypeError for a
+    non-string."""
     from tasks_engine.definitions import registry, workflow
 
     before = registry.pairs()
@@ -284,7 +285,7 @@ def test_signal_checks_the_run_before_the_payload_and_answers_a_plain_status() -
 
 
 def test_a_child_key_too_long_for_the_column_is_its_step_keys_digest() -> None:
-    from tasks_engine.waits import _child_key
+    from tasks_engine.runtime.waits import _child_key
 
     run_id = uuid.UUID(int=7)
     assert _child_key(run_id, "copy", 1) == f"child:{run_id}:copy"

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 import tasks_engine
-from tasks_engine import FencingError, executor, transitions
+from tasks_engine import FencingError, transitions
 from tasks_engine.models import OpLedger
+from tasks_engine.runtime import executor
 from tests.helpers import FakeClock
 from tests.testapp.models import Marker
 

@@ -1,4 +1,4 @@
-"""A claim that starts the first step of a fresh run (first_steps.py): the guess, its use by
+"""A claim that starts the first step of a fresh run (runtime/first_steps.py): the guess, its use by
 the step, and every way it can be wrong. PostgreSQL claims guess; SQLite's never do."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 import tasks_engine
-from tasks_engine import executor, first_steps, flow, transitions
+from tasks_engine import transitions
 from tasks_engine.models import StepAttempt, WorkflowRun
+from tasks_engine.runtime import executor, first_steps
+from tasks_engine.transitions import claim_mode
 from tests.helpers import FakeClock, drain
 
 pytestmark = pytest.mark.django_db
@@ -166,7 +168,7 @@ def test_a_group_with_nothing_to_write_sends_no_statement_and_its_guarded_claim_
     assert first.run.pk == done.run_id
     execute(first)
     nxt = tasks_engine.enqueue("noop", {"n": 2}, concurrency_key="k").run_id  # guarded now
-    assert flow.guarded([("noop", 1)], None)
+    assert claim_mode.guarded([("noop", 1)], None)
     request = transitions.ClaimRequest("w2", [("noop", 1)], None, 2, 30)
     write = transitions.HotWrite("deferred", first.lease, (), timezone.now())
     claimed = transitions.write_group([write], request)
@@ -210,4 +212,4 @@ def test_a_guarded_claim_starts_the_first_steps_too(settings: Any, fake_clock: F
             (2, "completed"),
         ]
     finally:
-        flow.forget_keyed()
+        claim_mode.forget_keyed()

@@ -12,11 +12,14 @@ from django.core import checks
 from django.db import connection
 
 import tasks_engine
-from tasks_engine import clock, executor, flow, sql, transitions
+from tasks_engine import clock, transitions
 from tasks_engine.checks import check_settings
 from tasks_engine.conf import engine_settings
+from tasks_engine.db import sql
 from tasks_engine.definitions import workflow
 from tasks_engine.models import QueueClaim, WorkflowRun
+from tasks_engine.runtime import executor
+from tasks_engine.transitions import claim_mode
 from tests.helpers import FakeClock
 
 pytestmark = pytest.mark.django_db
@@ -27,7 +30,7 @@ FLOW = [("flow-disk", 1), ("flow-pair", 1), ("flow-plain", 1), ("b", 1)]
 @pytest.fixture(autouse=True)
 def _plain_claims_after() -> Iterator[None]:
     yield
-    flow.forget_keyed()
+    claim_mode.forget_keyed()
 
 
 def limit_queues(settings: Any, queues: dict[str, Any]) -> None:
@@ -113,9 +116,9 @@ def test_enqueue_overrides_the_limit_for_its_run() -> None:
 
 def test_a_keyed_run_of_an_unkeyed_workflow_is_claimed_only_by_a_guarded_claim() -> None:
     tasks_engine.enqueue("b", concurrency_key="k")
-    flow.forget_keyed()  # as if another process had enqueued it
+    claim_mode.forget_keyed()  # as if another process had enqueued it
     assert transitions.claim_runs("w", [("b", 1)], None, 5, 30.0) == []  # never over a limit
-    flow.refresh()  # the worker loop's probe finds it
+    claim_mode.refresh()  # the worker loop's probe finds it
     assert len(transitions.claim_runs("w", [("b", 1)], None, 5, 30.0)) == 1
 
 

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 import tasks_engine
-from tasks_engine import clock, flow, transitions
-from tasks_engine.transitions import flow_claims_pg
+from tasks_engine import clock, transitions
+from tasks_engine.transitions import claim_mode, flow_claims_pg
 from tests.test_flow_control import FLOW, _plain_claims_after, limit_queues
 
 pytestmark = pytest.mark.django_db
@@ -69,8 +69,8 @@ def explain_claim(queues: list[str] | None) -> list[int]:
     """Claim once (which prepares both statements on this connection), then EXPLAIN ANALYZE
     the prepared statements themselves with the next claim's parameters: rows read by each."""
     req = transitions.ClaimRequest("w", FLOW, queues, 1, 600.0)
-    limited = flow.limited_queues(queues)
-    flow.note_keyed()
+    limited = claim_mode.limited_queues(queues)
+    claim_mode.note_keyed()
     transitions.claim_runs("w", FLOW, queues, 1, 600.0)
     first, p1, second, p2 = flow_claims_pg.statements(req, limited, clock.now())
     raw = connection.connection
@@ -119,7 +119,7 @@ def test_a_plan_made_while_the_table_was_small_stays_bounded_as_it_fills(
     up one by one on the primary key, they cost a bounded read whatever the table became."""
     limit_queues(settings, {"default": {"concurrency": 64}})
     tasks_engine.enqueue("flow-disk", {"disk": "a"})
-    flow.note_keyed()
+    claim_mode.note_keyed()
     with connection.cursor() as cur:
         cur.execute(f"ANALYZE {RUN}")  # a small table, as a young worker's plans see it
     assert len(transitions.claim_runs("w", FLOW, None, 1, 600.0)) == 1  # plans made here
@@ -138,11 +138,13 @@ def test_the_locking_statement_hands_over_only_as_many_runs_of_a_key_as_it_has_r
     limit_queues(settings, {"default": {"concurrency": 64}})
     pair = [tasks_engine.enqueue("flow-pair", {}).run_id for _ in range(5)]  # limit 2
     disk = [tasks_engine.enqueue("flow-disk", {"disk": "a"}).run_id for _ in range(3)]  # limit 1
-    flow.note_keyed()
+    claim_mode.note_keyed()
     [first] = transitions.claim_runs("w", [("flow-pair", 1)], None, 1, 600.0)
     assert first.run.pk == pair[0]
     req = transitions.ClaimRequest("w", FLOW, None, 10, 600.0)
-    lock, p1, _claim, _p2 = flow_claims_pg.statements(req, flow.limited_queues(None), clock.now())
+    lock, p1, _claim, _p2 = flow_claims_pg.statements(
+        req, claim_mode.limited_queues(None), clock.now()
+    )
     with connection.cursor() as cur:  # in the test's transaction, as the claim's own
         cur.execute(flow_claims_pg.PLANNED)
         cur.execute(lock, p1)
@@ -158,7 +160,9 @@ def heads_walked(limit: int) -> bool:
     """Whether the locking statement of a claim of `limit` places visits each key's head
     (EXPLAIN ANALYZE of it, in the test's transaction)."""
     req = transitions.ClaimRequest("w", FLOW, None, limit, 600.0)
-    lock, p1, _claim, _p2 = flow_claims_pg.statements(req, flow.limited_queues(None), clock.now())
+    lock, p1, _claim, _p2 = flow_claims_pg.statements(
+        req, claim_mode.limited_queues(None), clock.now()
+    )
     with connection.cursor() as cur:
         cur.execute(flow_claims_pg.PLANNED)
         cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + lock, p1)
@@ -183,7 +187,7 @@ def test_the_keys_heads_are_walked_only_when_the_scanned_runs_cannot_fill_the_cl
     only when the runs it found with room are fewer than the claim's places (a head past the
     scan comes after all of them)."""
     limit_queues(settings, {"default": {"concurrency": 64}})
-    flow.note_keyed()
+    claim_mode.note_keyed()
     # Three keys of limit 2, six runs each, interleaved: 18 runs, the scan is full, and the
     # 14 it reads offer 6 places (two a key) for a claim of 4. Fewer keys than places:
     # the heads were walked before.
@@ -206,7 +210,7 @@ def test_a_claim_takes_keys_past_a_scan_that_one_key_fills(
     settings: Any, postgres_only: None
 ) -> None:
     limit_queues(settings, {"default": {"concurrency": 64}})
-    flow.note_keyed()
+    claim_mode.note_keyed()
     first = [tasks_engine.enqueue("flow-disk", {"disk": "a"}).run_id for _ in range(20)]
     later = [tasks_engine.enqueue("flow-disk", {"disk": d}).run_id for d in "bcd"]
     assert heads_walked(4)

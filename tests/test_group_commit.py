@@ -294,10 +294,11 @@ def test_the_group_writer_plans_without_sequential_scans() -> None:
 
 def test_a_detached_completion_that_fails_tells_its_run_it_was_not_written() -> None:
     """Nobody waits for a handed-off completion: when it fails (its fence, or the writer
-    thread's death), `ended` hears None, so that the claim's span still ends (executor.py)."""
+    thread's death), `ended` hears None, so that the claim's span still ends
+    (runtime/executor.py)."""
+    from tasks_engine.db.outages import Outage
     from tasks_engine.definitions import registry
-    from tasks_engine.logs import get_logger
-    from tasks_engine.outages import Outage
+    from tasks_engine.observe.logs import get_logger
     from tasks_engine.worker import Worker, WorkerConfig
 
     for _ in range(2):

@@ -11,9 +11,9 @@ import pytest
 
 import tasks_engine
 from tasks_engine import LeaseLostError, TaskCanceledError, transitions
-from tasks_engine.attempt_handle import AttemptHandle
-from tasks_engine.context import AbortSignal
-from tasks_engine.logs import get_logger
+from tasks_engine.observe.logs import get_logger
+from tasks_engine.runtime.attempt_handle import AttemptHandle
+from tasks_engine.runtime.context import AbortSignal
 from tasks_engine.worker.heartbeat import Heartbeat, WorkerHooks
 from tasks_engine.worker.slots import Held, SlotPool
 from tests.helpers import FakeClock

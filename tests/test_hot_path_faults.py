@@ -14,10 +14,10 @@ from django.db import OperationalError, connection
 
 import tasks_engine
 from tasks_engine import LeaseLostError, clock, transitions
+from tasks_engine.db.outages import Outage
 from tasks_engine.exceptions import EngineUnavailable
-from tasks_engine.logs import get_logger
 from tasks_engine.models import StepAttempt, WorkflowRun
-from tasks_engine.outages import Outage
+from tasks_engine.observe.logs import get_logger
 from tasks_engine.worker.group_commit import GroupCommit
 from tasks_engine.worker.slots import SlotPool
 from tests.helpers import FakeClock

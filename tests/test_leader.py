@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from tasks_engine import leader as leader_mod
-from tasks_engine import services
-from tasks_engine.leader import ROLE, Elector, Leader, current_leader
-from tasks_engine.logs import get_logger
+from tasks_engine.db.sql import db_clock
 from tasks_engine.models import LeaderLease
-from tasks_engine.sql import db_clock
+from tasks_engine.observe.logs import get_logger
+from tasks_engine.services import leader as leader_mod
+from tasks_engine.services import registry
+from tasks_engine.services.leader import ROLE, Elector, Leader, current_leader
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -84,8 +84,8 @@ class FakeWorker:
 @pytest.fixture
 def only_services(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Replace the registry with the services a test registers."""
-    monkeypatch.setattr(services, "_SERVICES", {})
-    return services.register
+    monkeypatch.setattr(registry, "_SERVICES", {})
+    return registry.register
 
 
 def test_the_leader_runs_each_service_and_one_that_raises_is_retried(only_services: Any) -> None:
@@ -135,10 +135,10 @@ def test_a_leader_whose_trust_lapsed_starts_no_service_before_it_renews(
 def test_a_dead_leader_thread_stops_the_worker(
     only_services: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken_registry() -> list[services.Service]:
+    def broken_registry() -> list[registry.Service]:
         raise RuntimeError("leader bug")
 
-    monkeypatch.setattr(leader_mod.services, "registered", broken_registry)
+    monkeypatch.setattr(leader_mod.registry, "registered", broken_registry)
     worker = FakeWorker("a")
     leader = Leader(worker)  # type: ignore[arg-type]
     leader.start()

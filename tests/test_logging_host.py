@@ -24,7 +24,7 @@ pytestmark = pytest.mark.one_db("logging configuration in fresh interpreters")
 PROBE = """
 import json, sys, django, structlog
 django.setup()
-from tasks_engine.logs import get_logger, redact_secrets
+from tasks_engine.observe.logs import get_logger, redact_secrets
 config = structlog.get_config()
 get_logger(run_id="r1").info("login", password="hunter2-pw", dsn="postgres://u:dsn-pw@db/x")
 sys.stderr.flush()

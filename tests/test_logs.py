@@ -1,6 +1,6 @@
 """Secrets never reach logs or stored errors (DESIGN.md, "Execution rules").
 
-Log lines come from the real configuration (`tasks_engine.logs.configure`) writing to a
+Log lines come from the real configuration (`tasks_engine.observe.logs.configure`) writing to a
 captured stderr, so every processor (exception formatting, redaction, the renderer) runs.
 """
 
@@ -16,11 +16,12 @@ import pytest
 import structlog
 
 import tasks_engine
-from tasks_engine import RetryPolicy, TaskContext, logs, workflow
+from tasks_engine import RetryPolicy, TaskContext, workflow
 from tasks_engine.definitions import registry
-from tasks_engine.logs import REDACTED, get_logger, redact_secrets, redact_text
 from tasks_engine.models import WorkflowRun
-from tasks_engine.serialization import encode_error
+from tasks_engine.observe import logs
+from tasks_engine.observe.logs import REDACTED, get_logger, redact_secrets, redact_text
+from tasks_engine.values.serialization import encode_error
 from tests.browser.rundata import make_run
 from tests.helpers import FakeClock, drain
 

@@ -13,8 +13,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client, override_settings
 
 import tasks_engine
-from tasks_engine import metrics, testing
+from tasks_engine import testing
 from tasks_engine.models import WorkflowRun
+from tasks_engine.observe import metrics
 from tests.helpers import FakeClock, drain, wait_for
 
 
@@ -169,9 +170,9 @@ def _samples(metric: object, name: str) -> dict[tuple[str, ...], float]:
 
 @pytest.mark.django_db
 def test_the_leader_service_sets_the_runs_gauge(recording: None) -> None:
-    from tasks_engine import services
+    from tasks_engine.services import registry
 
-    assert "metrics-run-counts" in {s.name for s in services.registered()}
+    assert "metrics-run-counts" in {s.name for s in registry.registered()}
     with testing.WorkflowTester() as t:
         waiting = t.start("observe_fact_timeout")
         t.run_until_idle()

@@ -209,7 +209,7 @@ def test_publish_notifies_the_relay_only_on_commit() -> None:
     import psycopg
 
     from outbox.notify import CHANNEL
-    from tasks_engine.notify import listen_params as _listen_params
+    from tasks_engine.db.notify import listen_params as _listen_params
 
     with psycopg.connect(**_listen_params(), autocommit=True) as listener:
         listener.execute(f"LISTEN {CHANNEL}")

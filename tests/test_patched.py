@@ -13,9 +13,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import tasks_engine
-from tasks_engine import replay_check
 from tasks_engine.definitions import registry
 from tasks_engine.models import StepAttempt, WorkflowRun
+from tasks_engine.runtime import replay_check
 from tests.helpers import FakeClock, drain
 from tests.testapp import timeout_workflows
 
@@ -75,7 +75,7 @@ def test_a_run_parked_before_the_patch_point_takes_the_new_path(
 
 
 def test_patched_validates_its_change_id(code: dict[str, str]) -> None:
-    from tasks_engine.patches import PatchSteps
+    from tasks_engine.runtime.patches import PatchSteps
 
     probe = PatchSteps.__new__(PatchSteps)  # no run: the id is refused before any is read
     with pytest.raises(ValueError):
@@ -282,7 +282,7 @@ def test_replay_check_passes_a_run_an_operator_retried_that_no_worker_claimed_ye
 def test_replay_check_and_the_worker_read_a_run_in_the_same_pass(
     code: dict[str, str], fake_clock: FakeClock
 ) -> None:
-    from tasks_engine.history import current_pass
+    from tasks_engine.runtime.history import current_pass
 
     run_id = tasks_engine.enqueue("fails_at_b").run_id
     drain(fake_clock, horizon=0)

@@ -293,7 +293,7 @@ def test_a_worker_thread_meeting_a_lost_prepared_statement_flags_a_misconfigurat
     names the settings, not 'database unavailable', and flags the worker to stop (exit 1)."""
     from django.db import ProgrammingError, connection
 
-    from tasks_engine import outages
+    from tasks_engine.db import outages
 
     with connection.cursor() as cur:  # the server's own error, as a pooler brings it about
         cur.execute("PREPARE umt_twice AS SELECT 1")

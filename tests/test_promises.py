@@ -17,10 +17,11 @@ from django.db import OperationalError, connection
 from pydantic import BaseModel, ValidationError
 
 import tasks_engine
-from tasks_engine import RetryPolicy, UnstorableValueError, executor, fencing, transitions
+from tasks_engine import RetryPolicy, UnstorableValueError, transitions
 from tasks_engine.exceptions import EngineUnavailable, FencingError
 from tasks_engine.models import OpLedger, StepAttempt, WorkflowRun
-from tasks_engine.serialization import to_jsonable
+from tasks_engine.runtime import executor, fencing
+from tasks_engine.values.serialization import to_jsonable
 from tests.helpers import FakeClock, drain
 from tests.testapp.models import SideEffect
 from tests.testapp.promise_workflows import Reading, Stamped

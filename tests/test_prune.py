@@ -16,8 +16,9 @@ from outbox import publish
 from outbox.maintenance import prune_dispatched
 from outbox.models import OutboxEvent
 from outbox.relay import relay_once
-from tasks_engine import clock, maintenance, transitions
+from tasks_engine import clock, transitions
 from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
+from tasks_engine.services import retention
 from tests.helpers import FakeClock, drain
 
 pytestmark = pytest.mark.django_db
@@ -79,7 +80,7 @@ def test_prune_deletes_old_finished_runs_in_batches_with_their_rows(fake_clock: 
     )
 
     with CaptureQueriesContext(connection) as captured:
-        counts = maintenance.prune(timedelta(days=2), batch=3)
+        counts = retention.prune(timedelta(days=2), batch=3)
 
     assert counts == {"runs": 10, "steps": 30, "facts": 10, "ledger": 10, "outbox_events": 0}
     assert set(WorkflowRun.objects.values_list("pk", flat=True)) == {recent, unfinished.run_id}
@@ -105,7 +106,7 @@ def test_prune_deletes_old_finished_runs_in_batches_with_their_rows(fake_clock: 
 def test_prune_with_nothing_to_delete_is_one_short_transaction() -> None:
     tasks_engine.enqueue("noop")
     with CaptureQueriesContext(connection) as captured:
-        counts = maintenance.prune(timedelta(days=0))
+        counts = retention.prune(timedelta(days=0))
     assert counts == {"runs": 0, "steps": 0, "facts": 0, "ledger": 0, "outbox_events": 0}
     assert not any(q["sql"].startswith("DELETE") for q in captured.captured_queries)
     assert WorkflowRun.objects.count() == 1
@@ -147,13 +148,13 @@ def test_a_finished_child_stays_while_its_parent_has_not_taken_its_outcome(
     assert WorkflowRun.objects.get(pk=res.run_id).status == "pending"  # woken, not yet resumed
     fake_clock.advance(3 * 86400)
 
-    assert maintenance.prune(timedelta(days=1))["runs"] == 0
+    assert retention.prune(timedelta(days=1))["runs"] == 0
     assert WorkflowRun.objects.filter(pk=child.pk).exists()
 
     drain(fake_clock)
     assert tasks_engine.get_run(res.run_id).output == {"child": {"double": 8}}
     fake_clock.advance(3 * 86400)
-    assert maintenance.prune(timedelta(days=1))["runs"] == 2  # both, once the parent is done
+    assert retention.prune(timedelta(days=1))["runs"] == 2  # both, once the parent is done
 
 
 def test_a_finished_parent_stays_while_a_child_is_unfinished(fake_clock: FakeClock) -> None:
@@ -171,5 +172,5 @@ def test_a_finished_parent_stays_while_a_child_is_unfinished(fake_clock: FakeClo
     assert WorkflowRun.objects.get(pk=child.pk).status == "running"  # asked to stop
     fake_clock.advance(3 * 86400)
 
-    assert maintenance.prune(timedelta(days=1))["runs"] == 0
+    assert retention.prune(timedelta(days=1))["runs"] == 0
     assert WorkflowRun.objects.get(pk=child.pk).parent_run_id == res.run_id

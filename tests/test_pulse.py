@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tasks_engine.logs import get_logger
-from tasks_engine.sqlite_connections import BUSY_TIMEOUT_SECONDS
+from tasks_engine.db.sqlite_connections import BUSY_TIMEOUT_SECONDS
+from tasks_engine.observe.logs import get_logger
 from tasks_engine.worker import pulse
 from tasks_engine.worker.heartbeat import Heartbeat, WorkerHooks
 from tasks_engine.worker.pulse import PULSE_FD_ENV, STOPPING, Pulse
@@ -118,7 +118,7 @@ def test_a_child_that_said_it_stops_is_given_time_to_stop() -> None:
 
 
 def test_the_silence_allowed_on_sqlite_covers_the_busy_timeout_its_connections_use() -> None:
-    """A plain SQLite DATABASES gets the engine's 30 s busy timeout (sqlite_connections.py): a
+    """A plain SQLite DATABASES gets the engine's 30 s busy timeout (db/sqlite_connections.py): a
     healthy child may wait that long for a wedged sibling's write lock, so the supervisor's
     allowance must be that long too (it assumed Python's 5 s), and the project's own wins."""
     plain = {"ENGINE": "django.db.backends.sqlite3", "NAME": "db.sqlite3"}

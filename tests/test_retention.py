@@ -1,4 +1,4 @@
-"""The retention service (`maintenance.prune_expired`, `tasks prune` without --older-than): per
+"""The retention service (`retention.prune_expired`, `tasks prune` without --older-than): per
 status from TASKS_ENGINE["RETENTION_DAYS"] (None keeps), in batches, plus dispatched outbox
 events after OUTBOX["RETENTION_DAYS"]."""
 
@@ -18,9 +18,9 @@ import tasks_engine
 from outbox import publish
 from outbox.models import OutboxEvent
 from outbox.relay import relay_once
-from tasks_engine import maintenance
 from tasks_engine.checks import check_settings
 from tasks_engine.models import StepAttempt, WorkflowRun
+from tasks_engine.services import retention
 from tests.helpers import FakeClock, drain
 from tests.test_prune import RUN, attach, deletes_from, transactions
 
@@ -58,18 +58,18 @@ def test_each_status_keeps_its_own_days_and_none_keeps_for_ever(fake_clock: Fake
     fake_clock.advance(2 * DAY)
     recent = finished(fake_clock)
     unfinished = tasks_engine.enqueue("noop", available_at=fake_clock.now().replace(year=2099))
-    counts = maintenance.prune_expired()
+    counts = retention.prune_expired()
     assert counts["runs"] == 1 and counts["facts"] == 1 and counts["ledger"] == 1
     assert left(old["completed"]) == 0  # 2 days > 1
     assert not StepAttempt.objects.filter(run_id__in=old["completed"]).exists()
     assert left(old["failed"]) == 1  # 2 days < 5
     assert left(recent["completed"]) == 1
     fake_clock.advance(4 * DAY)
-    counts = maintenance.prune_expired()
+    counts = retention.prune_expired()
     assert counts["runs"] == 2  # the old failed one (6 days) and the recent completed (4 > 1)
     assert left(old["failed"]) == 0 and left(recent["failed"]) == 1
     fake_clock.advance(3650 * DAY)
-    maintenance.prune_expired()
+    retention.prune_expired()
     assert left(old["canceled"] + recent["canceled"]) == 2  # None: kept for ever
     assert WorkflowRun.objects.filter(pk=unfinished.run_id).exists()
 
@@ -77,10 +77,10 @@ def test_each_status_keeps_its_own_days_and_none_keeps_for_ever(fake_clock: Fake
 def test_the_default_retention_is_30_90_30_days(fake_clock: FakeClock) -> None:
     runs = finished(fake_clock)
     fake_clock.advance(31 * DAY)
-    maintenance.prune_expired()
+    retention.prune_expired()
     assert (left(runs["completed"]), left(runs["failed"]), left(runs["canceled"])) == (0, 1, 0)
     fake_clock.advance(60 * DAY)
-    maintenance.prune_expired()
+    retention.prune_expired()
     assert left(runs["failed"]) == 0
 
 
@@ -89,10 +89,10 @@ def test_retention_deletes_in_batches_and_a_round_can_be_capped(fake_clock: Fake
     ids = [tasks_engine.enqueue("noop", {"n": i}).run_id for i in range(7)]
     drain(fake_clock)
     fake_clock.advance(2 * DAY)
-    assert maintenance.prune_expired(batch=2, max_batches=2)["runs"] == 4  # two batches of two
+    assert retention.prune_expired(batch=2, max_batches=2)["runs"] == 4  # two batches of two
     assert left(ids) == 3
     with CaptureQueriesContext(connection) as captured:
-        assert maintenance.prune_expired(batch=2)["runs"] == 3
+        assert retention.prune_expired(batch=2)["runs"] == 3
     batches = [
         part
         for part in transactions(captured.captured_queries)
@@ -111,9 +111,9 @@ def test_a_capped_round_caps_dispatched_events_too(fake_clock: FakeClock) -> Non
         publish("test.record", {"key": i})
     assert relay_once(10).dispatched == 7
     fake_clock.advance(2 * DAY)
-    assert maintenance.prune_expired(batch=2, max_batches=2)["outbox_events"] == 4
+    assert retention.prune_expired(batch=2, max_batches=2)["outbox_events"] == 4
     assert OutboxEvent.objects.count() == 3
-    assert maintenance.prune_expired(batch=2)["outbox_events"] == 3  # uncapped: the rest
+    assert retention.prune_expired(batch=2)["outbox_events"] == 3  # uncapped: the rest
 
 
 @override_settings(OUTBOX={"RETENTION_DAYS": 7})
@@ -126,7 +126,7 @@ def test_dispatched_events_go_after_the_outbox_retention(fake_clock: FakeClock) 
     fresh = publish("test.record", {"key": "fresh"})
     relay_once(10)
     fake_clock.advance(3 * DAY)
-    assert maintenance.prune_expired()["outbox_events"] == 1
+    assert retention.prune_expired()["outbox_events"] == 1
     remaining = set(OutboxEvent.objects.values_list("pk", flat=True))
     assert old.pk not in remaining and {pending.pk, fresh.pk} <= remaining
 
@@ -136,7 +136,7 @@ def test_outbox_retention_none_keeps_dispatched_events(fake_clock: FakeClock) ->
     publish("test.record", {"key": "kept"})
     relay_once(10)
     fake_clock.advance(3650 * DAY)
-    assert maintenance.prune_expired()["outbox_events"] == 0
+    assert retention.prune_expired()["outbox_events"] == 0
     assert OutboxEvent.objects.count() == 1
 
 

@@ -382,7 +382,7 @@ def test_a_reason_longer_than_the_limit_is_refused_and_nothing_changes(
 ) -> None:
     """100,000 characters were accepted, stored and shown; REASON_MAX_LENGTH (2,000) is the
     longest, in the API and on the command line alike."""
-    from tasks_engine.serialization import REASON_MAX_LENGTH
+    from tasks_engine.values.serialization import REASON_MAX_LENGTH
 
     assert REASON_MAX_LENGTH == 2000
     long = "r" * (REASON_MAX_LENGTH + 1)

@@ -13,10 +13,10 @@ from django.db import connection
 from django.db.backends.signals import connection_created
 
 import tasks_engine
+from tasks_engine.db.notify import Listener
 from tasks_engine.definitions import registry
-from tasks_engine.leader import Leader
 from tasks_engine.models import WorkflowRun
-from tasks_engine.notify import Listener
+from tasks_engine.services.leader import Leader
 from tasks_engine.worker.group_commit import GroupCommit
 from tasks_engine.worker.heartbeat import Heartbeat
 from tasks_engine.worker.loop import Worker, WorkerConfig

@@ -23,8 +23,9 @@ import tasks_engine
 from outbox import publish
 from outbox.relay import relay_once
 from outbox.routes import registry as routes
-from tasks_engine import clock, sqlite_bounds
+from tasks_engine import clock
 from tasks_engine.checks import check_settings
+from tasks_engine.db import sqlite_bounds
 from tasks_engine.definitions import registry
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tasks_engine.transitions.claims import ClaimRequest, claim_sql

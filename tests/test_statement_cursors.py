@@ -11,7 +11,8 @@ import pytest
 from django.db import DataError, OperationalError, connection, transaction
 
 import tasks_engine
-from tasks_engine import clock, sql
+from tasks_engine import clock
+from tasks_engine.db import sql
 from tasks_engine.models import WorkflowRun
 from tests.helpers import database_url
 
@@ -101,7 +102,8 @@ def test_a_guarded_claim_that_failed_in_its_pipeline_claims_on_the_same_cursors(
     usable, claims nothing, and the next claim runs on the same cursors and takes the run."""
     import psycopg
 
-    from tasks_engine import flow, transitions
+    from tasks_engine import transitions
+    from tasks_engine.transitions import claim_mode
     from tasks_engine.transitions.flow_claims_pg import QUEUE_LOCK
 
     settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "QUEUES": {"flow-io": {"concurrency": 1}}}
@@ -123,4 +125,4 @@ def test_a_guarded_claim_that_failed_in_its_pipeline_claims_on_the_same_cursors(
     finally:
         with connection.cursor() as cur:
             cur.execute("RESET lock_timeout")
-        flow.forget_keyed()
+        claim_mode.forget_keyed()

@@ -15,8 +15,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 import tasks_engine
-from tasks_engine import executor, transitions
+from tasks_engine import transitions
 from tasks_engine.models import StepAttempt
+from tasks_engine.runtime import executor
 
 pytestmark = pytest.mark.django_db
 
@@ -125,8 +126,8 @@ def test_psycopg_keeps_the_conversion_of_the_longest_statements(settings: Any) -
         pytest.skip("psycopg")
     from psycopg import _queries
 
-    from tasks_engine import first_steps, flow
-    from tasks_engine.transitions import flow_claims_pg, hot_sql
+    from tasks_engine.runtime import first_steps
+    from tasks_engine.transitions import claim_mode, flow_claims_pg, hot_sql
     from tasks_engine.transitions.claims import _filters, claim_ctes
 
     connection.ensure_connection()
@@ -141,7 +142,7 @@ def test_psycopg_keeps_the_conversion_of_the_longest_statements(settings: Any) -
         **settings.TASKS_ENGINE,
         "QUEUES": {"default": {"concurrency": 5, "rate_limit": "100/s"}},
     }
-    flow.note_keyed()
+    claim_mode.note_keyed()
     try:
         tasks_engine.enqueue("noop", {"n": 1})
         transitions.claim_runs("w", [("noop", 1)], None, 1, 30)  # converted here
@@ -149,6 +150,6 @@ def test_psycopg_keeps_the_conversion_of_the_longest_statements(settings: Any) -
         transitions.claim_runs("w", [("noop", 1)], None, 1, 30)
         after = _queries._query2pg.cache_info()
     finally:
-        flow.forget_keyed()
+        claim_mode.forget_keyed()
     # The locking statement and the claim statement (the planner settings have no parameters).
     assert (after.hits - before.hits, after.misses - before.misses) == (2, 0)

@@ -36,7 +36,8 @@ CASE_BRANCH = re.compile(r"(?:THEN|ELSE)\s+'" + _STATUS + "'", re.IGNORECASE)
 RUN_TABLES = {"RUN", "tasks_engine_workflowrun"}  # as an f-string names it, and in .sql files
 UPDATE_TABLE = re.compile(r"UPDATE\s+\{?(\w+)\}?", re.IGNORECASE)
 INSERT_RUN = re.compile(r"INSERT\s+INTO\s+(?:\{RUN\}|tasks_engine_workflowrun\b)", re.IGNORECASE)
-QUERY_FILES = sorted((ROOT / "tasks_engine" / "queries").glob("*.sql"))
+QUERY_FILES = sorted((ROOT / "tasks_engine" / "db" / "queries").glob("*.sql"))
+assert QUERY_FILES, "the named queries moved: tests/test_states.py reads them"
 QUERY_HEADER = re.compile(r"^-- (\w+) --\n", re.MULTILINE)
 
 

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 import tasks_engine
-from tasks_engine import StepTimeoutError, clock, executor, testing, transitions
-from tasks_engine.context import AbortSignal
+from tasks_engine import StepTimeoutError, clock, testing, transitions
 from tasks_engine.definitions import registry
-from tasks_engine.durations import MAX_DURATION
 from tasks_engine.exceptions import TasksEngineError
 from tasks_engine.models import StepAttempt, WorkflowRun
-from tasks_engine.step_timeouts import StepTimer, WriteOff, timeout_seconds
+from tasks_engine.runtime import executor
+from tasks_engine.runtime.context import AbortSignal
+from tasks_engine.runtime.step_timeouts import StepTimer, WriteOff, timeout_seconds
+from tasks_engine.values.durations import MAX_DURATION
 from tests.helpers import FakeClock, drain
 from tests.testapp.models import Marker, SideEffect
 

@@ -22,8 +22,10 @@ import tasks_engine
 from outbox import publish
 from outbox.models import OutboxEvent
 from outbox.relay import relay_once
-from tasks_engine import LeaseLostError, executor, testing, tracing, transitions
+from tasks_engine import LeaseLostError, testing, transitions
 from tasks_engine.models import WorkflowRun
+from tasks_engine.observe import tracing
+from tasks_engine.runtime import executor
 from tasks_engine.worker.group_commit import GroupCommit
 from tasks_engine.worker.slots import SlotPool
 from tests.helpers import FakeClock, drain

@@ -13,7 +13,8 @@ import pytest
 from django.db import connection
 
 import tasks_engine
-from tasks_engine import UnknownRunError, notify
+from tasks_engine import UnknownRunError
+from tasks_engine.db import notify
 from tasks_engine.models import WorkflowRun
 from tasks_engine.transitions.awaiting import RUN_END_CHANNEL
 from tests.helpers import drain, wait_for

@@ -12,10 +12,12 @@ import pytest
 from django.core import checks
 
 import tasks_engine
-from tasks_engine import executor, flow, transitions
+from tasks_engine import transitions
 from tasks_engine.checks import check_settings
 from tasks_engine.conf import engine_settings
 from tasks_engine.models import WorkflowRun
+from tasks_engine.runtime import executor
+from tasks_engine.transitions import claim_mode
 from tasks_engine.worker.slots import Held, SlotPool
 from tests.helpers import FakeClock
 
@@ -32,7 +34,7 @@ def _capped(settings: Any) -> Iterator[None]:
         "QUEUES": {"flow-io": {"worker_concurrency": 2}},
     }
     yield
-    flow.forget_keyed()
+    claim_mode.forget_keyed()
 
 
 def claim(
@@ -117,7 +119,7 @@ def test_worker_concurrency_parses_beside_the_other_limits(settings: Any) -> Non
     }
     io = engine_settings().queues["io"]
     assert (io.worker_concurrency, io.concurrency, io.rate) == (1, 4, (30, 60.0))
-    assert flow.guarded([("b", 1)], ["io"])  # a capped queue's runs take the guarded claim
+    assert claim_mode.guarded([("b", 1)], ["io"])  # a capped queue's runs take the guarded claim
 
 
 # -- the slot pool's count: from the claim to the slot's release ------------------------------

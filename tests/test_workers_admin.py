@@ -15,11 +15,11 @@ from django.urls import reverse
 import tasks_engine
 from tasks_engine import transitions
 from tasks_engine.checks import check_unserved_runs
+from tasks_engine.db.sql import db_clock
 from tasks_engine.definitions import registry
-from tasks_engine.leader import Elector
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.models import WorkflowRun
-from tasks_engine.sql import db_clock
+from tasks_engine.services.leader import Elector
 from tasks_engine.worker import Worker, WorkerConfig
 from tests.test_admin import VIEW_ALL, staff_client
 

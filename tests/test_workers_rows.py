@@ -10,12 +10,12 @@ import pytest
 
 import tasks_engine
 from tasks_engine import clock, transitions
+from tasks_engine.db.sql import db_clock
 from tasks_engine.definitions import registry
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.models import WorkflowRun
-from tasks_engine.sql import db_clock
+from tasks_engine.services.fleet import list_workers, reap_dead_workers, unserved_runs
 from tasks_engine.worker import Worker, WorkerConfig
-from tasks_engine.workers import list_workers, reap_dead_workers, unserved_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

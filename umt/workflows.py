@@ -44,8 +44,8 @@ from tasks_engine import (
     enqueue,
     workflow,
 )
-from tasks_engine.logs import redact_text
 from tasks_engine.models import OpLedger
+from tasks_engine.observe.logs import redact_text
 
 from .acquisition import DOWNLOAD_DONE
 from .conf import umt_settings

@@ -27,17 +27,17 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
-from ..logs import mask_secrets
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
+from ..observe.logs import mask_secrets
 from ..states import RunStatus
 from . import stats as admin_stats
-from .cancel import CANCEL, CancelMixin
+from .cancel_actions import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 from .operator_actions import unknown_object
 from .paging import CappedPaginator, RunPaginator
-from .queues import QueuesMixin
-from .retry import RETRY, RetryMixin, retry_refused, step_choices
+from .queue_pages import QueuesMixin
+from .retry_actions import RETRY, RetryMixin, retry_refused, step_choices
 from .run_page import elapsed, humanize_seconds, pass_timing, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -400,9 +400,9 @@ def _by_run_id(queryset: QuerySet, term: str) -> QuerySet:
         return queryset.none()
 
 
-from . import schedules as _schedules  # noqa: E402, F401 - registers ScheduleAdmin (uses the above)
+from . import schedule_pages as _schedules  # noqa: E402, F401 - registers ScheduleAdmin (uses the above)
 
 # Last: the workers page builds on ReadOnlyAdmin and `when` above.
-from .workers import WorkerAdmin, fleet_summary, warn_if_unserved  # noqa: E402
+from .worker_pages import WorkerAdmin, fleet_summary, warn_if_unserved  # noqa: E402
 
 admin.site.register(Worker, WorkerAdmin)

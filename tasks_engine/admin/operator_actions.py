@@ -24,7 +24,7 @@ from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
 from ..exceptions import UnknownRunError
-from ..serialization import REASON_MAX_LENGTH
+from ..values.serialization import REASON_MAX_LENGTH
 from . import audit
 
 MAX_REASON = REASON_MAX_LENGTH

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from .. import clock, tracing
-from ..logs import mask_secrets
+from .. import clock
 from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
+from ..observe import tracing
+from ..observe.logs import mask_secrets
 from ..states import ACTIVE
 
 # Rows shown per section; the engine caps step attempts per run at MAX_STEP_ATTEMPTS_PER_RUN.

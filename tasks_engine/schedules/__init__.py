@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .control import ScheduleView, ensure_rows, list_schedules, pause, resume
 from .firing import next_fire, run_once
-from .slots import Cron, InvalidSchedule, idempotency_key
+from .instants import Cron, InvalidSchedule, idempotency_key
 from .specs import ScheduleSpec, collect, defined
 
 __all__ = [

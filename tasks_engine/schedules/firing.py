@@ -21,9 +21,9 @@ from pydantic import ValidationError
 from .. import clock
 from ..engine import enqueue
 from ..exceptions import IdempotencyConflict, UnknownTaskError
-from ..logs import get_logger, redact_text
 from ..models import Schedule
-from .slots import idempotency_key
+from ..observe.logs import get_logger, redact_text
+from .instants import idempotency_key
 from .specs import ScheduleSpec, defined
 
 

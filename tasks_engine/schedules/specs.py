@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from ..definitions import Workflow, registry
 from ..exceptions import UnknownTaskError
-from .slots import Cron, InvalidSchedule
+from .instants import Cron, InvalidSchedule
 
 SETTINGS_KEYS = {"task", "cron", "input", "timezone"}
 MAX_NAME = 200  # the key schedule:<name>:<slot> must fit an idempotency key (255)

@@ -13,9 +13,9 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.base import ModelState
 
-from .. import clock, first_steps, flow, notify
-from ..models import WorkflowRun
-from ..sql import (
+from .. import clock
+from ..db import notify
+from ..db.sql import (
     Params,
     fetchall,
     is_postgres,
@@ -28,6 +28,9 @@ from ..sql import (
     r_dt,
     r_uuid,
 )
+from ..models import WorkflowRun
+from ..runtime import first_steps
+from . import claim_mode
 from ._common import RUN, Claimed, Lease, LeaseKey, Renewal
 
 
@@ -127,7 +130,7 @@ def create_run(
         params += [notify.CHANNEL, queue]
     rows = fetchall(sql, params)
     if rows and concurrency_key is not None:
-        flow.note_keyed()
+        claim_mode.note_keyed()
     return run_id if rows else None
 
 
@@ -149,7 +152,7 @@ class ClaimRequest:
     held: tuple[uuid.UUID, ...] = ()
     # (queue, places): how many more runs of each queue with a `worker_concurrency` this worker
     # may take now (its cap less the runs of the queue it holds). Only the guarded claim
-    # takes runs of such a queue: it is a limited queue (flow.limited_queues).
+    # takes runs of such a queue: it is a limited queue (claim_mode.limited_queues).
     worker_room: tuple[tuple[str, int], ...] = ()
 
 
@@ -173,7 +176,7 @@ def claim_ctes(
 
 @dataclass(frozen=True)
 class Prestart:
-    """The first-step guesses a claim sent (first_steps.py); its `ks` CTE exists if any."""
+    """The first-step guesses a claim sent (runtime/first_steps.py); its `ks` CTE exists if any."""
 
     guesses: dict[str, str]
 
@@ -290,7 +293,7 @@ def claim_runs(
         return []
     room = tuple(sorted(worker_room.items())) if worker_room else ()
     req = ClaimRequest(worker_id, pairs, queues, limit, lease_seconds, held, room)
-    if flow.guarded(pairs, queues):
+    if claim_mode.guarded(pairs, queues):
         from .flow_claims import claim_guarded
 
         return claim_guarded(req)

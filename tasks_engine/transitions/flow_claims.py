@@ -21,18 +21,13 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import clock, flow
+from .. import clock
 from ..conf import QueueLimits
+from ..db.sql import execute, fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
 from ..models import QueueClaim
-from ..sql import execute, fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
+from . import claim_mode
 from ._common import Claimed
-from .claims import (
-    _COLUMNS,
-    ClaimRequest,
-    _claim_filters,
-    _claim_params,
-    returning_claimed,
-)
+from .claims import _COLUMNS, ClaimRequest, _claim_filters, _claim_params, returning_claimed
 from .flow_claims_pg import claim_guarded_pg
 
 BIG = 1 << 30
@@ -59,7 +54,7 @@ def any_keyed_run() -> bool:
 
 
 def claim_guarded(req: ClaimRequest) -> list[Claimed]:
-    limited = flow.limited_queues(req.queues)
+    limited = claim_mode.limited_queues(req.queues)
     if is_postgres():
         return claim_guarded_pg(req, limited, clock.now())
     with transaction.atomic():  # BEGIN IMMEDIATE: one writer, nothing changes under the count
@@ -70,7 +65,7 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
         queue_room = {q: room for q, (room, _log) in rooms.items()}
         logs = {q: log for q, (_room, log) in rooms.items() if log is not None}
         key_room = _key_room(keys)
-        worker_room = flow.worker_room(req.worker_room, limited)
+        worker_room = claim_mode.worker_room(req.worker_room, limited)
         # No more of a capped queue's runs read than this worker may take.
         reads = {q: min(room, worker_room.get(q, BIG)) for q, room in queue_room.items()}
         candidates = _candidates(req, params, limited, reads, key_room)

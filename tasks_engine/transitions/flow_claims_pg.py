@@ -32,10 +32,12 @@ from typing import Any
 
 from django.db import ProgrammingError, connection
 
-from .. import first_steps, flow, pooler
 from ..conf import QueueLimits, engine_settings
+from ..db import pooler
+from ..db.sql import p_dt, query, statement_cursor
 from ..models import QueueClaim
-from ..sql import p_dt, query, statement_cursor
+from ..runtime import first_steps
+from . import claim_mode
 from ._common import RUN, Claimed
 from .claims import (
     CLAIM_COLUMNS,
@@ -121,7 +123,7 @@ def statements(
     lock_params += [*fparams]  # roomy
     lock_params += [t, t, *fparams, walk, req.limit]  # heads, loose
     lock_params += [2 * req.limit, req.limit, req.limit]
-    capped = flow.worker_room(req.worker_room, limited)
+    capped = claim_mode.worker_room(req.worker_room, limited)
     queues = [
         {
             "q": q,

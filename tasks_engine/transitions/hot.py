@@ -1,5 +1,5 @@
 """The hot writes, each written once: a step's start, a step's deferred completion, a run's
-completion. `steps.py` and `outcomes.py` build a `HotWrite` and hand it to the attempt's
+completion. `runtime/step_api.py` and `outcomes.py` build a `HotWrite` and hand it to the attempt's
 `Writer`; every path ends here.
 
 PostgreSQL: `write_group` puts any number of writes (and, under a backlog, the claim of the
@@ -19,20 +19,10 @@ from typing import Any, Literal
 
 from django.db import connection
 
-from .. import clock, flow
+from .. import clock
+from ..db.sql import execute, fetchall, is_postgres, json_rows, p_dt, p_json, p_uuid, query, r_uuid
 from ..exceptions import LeaseLostError
-from ..sql import (
-    execute,
-    fetchall,
-    is_postgres,
-    json_rows,
-    p_dt,
-    p_json,
-    p_uuid,
-    query,
-    r_uuid,
-)
-from . import hot_sql
+from . import claim_mode, hot_sql
 from ._common import Claimed, Completion, Lease, Writer
 from .claims import ClaimRequest, claim_ctes, claimed_from_rows
 from .flow_claims import claim_guarded
@@ -136,10 +126,10 @@ def write_group(writes: list[HotWrite], claim: ClaimRequest | None = None) -> li
 
     With `claim`, the same statement (and commit) claims the runs that take over the slots
     these completions free, and returns them: under a backlog a slot gets its next run without
-    a round trip of its own. A claim that flow control guards (flow.py) is not part of the
+    a round trip of its own. A claim that flow control guards (claim_mode.py) is not part of the
     statement: it runs after the group committed, so the places the completions free are free
     for it."""
-    if claim is not None and flow.guarded(claim.pairs, claim.queues):
+    if claim is not None and claim_mode.guarded(claim.pairs, claim.queues):
         write_group(writes)
         return claim_after_group(claim)
     if claim is None and len(writes) == 1 and writes[0].kind != "deferred":
@@ -276,7 +266,7 @@ def _rows(writes: list[HotWrite]) -> dict[str, Any]:
 def claim_after_group(claim: ClaimRequest) -> list[Claimed]:
     """The guarded claim after a group: the group's writes are committed, so a database error
     here must not be reported as theirs; the worker's loop claims again (and backs off)."""
-    from ..outages import DB_ERRORS
+    from ..db.outages import DB_ERRORS
 
     try:
         return claim_guarded(claim)

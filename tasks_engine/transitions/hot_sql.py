@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Literal
 
-from ..sql import p_json, query
+from ..db.sql import p_json, query
 from .claims import CLAIM_COLUMNS, prestarted_sql
 
 Part = Literal["deferred", "starts", "completes"]

@@ -9,20 +9,14 @@ from typing import Any
 
 from django.db import transaction
 
-from .. import clock, notify
+from .. import clock
+from ..db import notify
+from ..db.sql import execute, fetchall, is_postgres, p_dt, p_json, p_uuid
 from ..exceptions import DeadlineExceededError, LeaseLostError
 from ..models import StepAttempt, Worker, WorkflowRun
-from ..serialization import encode_error
-from ..sql import (
-    execute,
-    fetchall,
-    is_postgres,
-    p_dt,
-    p_json,
-    p_uuid,
-)
+from ..services.fleet import alive
 from ..states import ACTIVE, RunStatus
-from ..workers import alive
+from ..values.serialization import encode_error
 from ._common import RUN, STEP, Lease, attempt_write, holds
 from .hot import HotWrite, write_alone, writer_for
 from .steps import _close_running_attempts, flush_deferred

@@ -19,10 +19,11 @@ from typing import Any
 from django.db import transaction
 from django.db.models import Max
 
-from .. import clock, notify
+from .. import clock
+from ..db import notify
 from ..exceptions import UnknownRunError, UnknownStepError
-from ..history import current_pass
 from ..models import Fact, StepAttempt, WorkflowRun
+from ..runtime.history import current_pass
 from ..states import FINISHED, RunStatus
 from .outcomes import lock_parent
 

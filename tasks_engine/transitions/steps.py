@@ -7,8 +7,8 @@ from datetime import datetime
 from typing import Any, NoReturn
 
 from .. import clock
+from ..db.sql import execute, p_dt, p_json, p_uuid
 from ..exceptions import LeaseLostError, TaskCanceledError
-from ..sql import execute, p_dt, p_json, p_uuid
 from ._common import STEP, WORK_KINDS, Lease, _fence, _fence_params, attempt_write, holds
 from .hot import HotWrite, writer_for
 
@@ -34,8 +34,9 @@ def close_interrupted_attempts(lease: Lease) -> int:
 
 @attempt_write
 def drop_prestarted_step(lease: Lease, step_id: int) -> int:
-    """Delete the first step's attempt a claim started on a wrong guess (first_steps.py), still
-    `running` under this attempt's token: no body ever ran for it."""
+    """Delete the first step's attempt a claim started on a wrong guess
+    (runtime/first_steps.py), still `running` under this attempt's token: no body ever ran for
+    it."""
     sql = f"DELETE FROM {STEP} WHERE id = %s AND status = 'running' AND lease_token = %s"
     return execute(sql, [step_id, p_uuid(lease.token)])
 

@@ -16,7 +16,7 @@ import os
 
 from django.db import DatabaseError, connection
 
-from ..pooler import behind_transaction_pooler
+from ..db.pooler import behind_transaction_pooler
 
 CPU_MULTIPLE = 4
 SQLITE_MAX_PROCESSES = 4

@@ -32,9 +32,9 @@ from typing import Any
 from django.db import connection
 
 from .. import transitions
+from ..db.outages import DB_ERRORS, Outage, drop_if_cut
+from ..db.pooler import behind_transaction_pooler
 from ..exceptions import EngineUnavailable
-from ..outages import DB_ERRORS, Outage, drop_if_cut
-from ..pooler import behind_transaction_pooler
 from .slots import SlotPool
 
 MAX_GROUP = 64

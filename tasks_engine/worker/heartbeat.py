@@ -18,16 +18,12 @@ from typing import Any
 
 from django.db import connection
 
-from .. import clock, sqlite_bounds, transitions
-from ..exceptions import (
-    DeadlineExceededError,
-    LeaseLostError,
-    StepTimeoutError,
-    TaskCanceledError,
-)
+from .. import clock, transitions
+from ..db import sqlite_bounds
+from ..db.outages import DB_ERRORS, Outage, drop_if_cut
+from ..exceptions import DeadlineExceededError, LeaseLostError, StepTimeoutError, TaskCanceledError
 from ..models import WorkflowRun
-from ..outages import DB_ERRORS, Outage, drop_if_cut
-from ..serialization import encode_error
+from ..values.serialization import encode_error
 from .slots import Held, SlotPool
 
 PROGRESS_FLUSH_SECONDS = 1.0
@@ -54,7 +50,7 @@ class WorkerHooks:
 
     hand_back_stale: Callable[[float], None]  # prefetched runs that waited too long for a slot
     write_off: Callable[[Held], None]  # a slot whose run ignores its abort: replace its thread
-    beat: Callable[[float], None]  # the worker's row (workers.py), when a beat is due
+    beat: Callable[[float], None]  # the worker's row (services/fleet.py), when a beat is due
     pulse: Callable[[float], None] = lambda now: None  # to a supervisor (pulse.py), every round
 
 

@@ -2,7 +2,7 @@
 
 Threads: the main loop (claims), `concurrency` slot threads (each keeps its own connection),
 one heartbeat (which also beats the worker's row), the maintenance leader candidate
-(leader.py), and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
+(services/leader.py), and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
 in-flight steps finish within the grace period, abort the rest, hand their runs back, exit.
 """
 
@@ -24,16 +24,19 @@ from typing import Any
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from .. import clock, executor, flow, sqlite_bounds, transitions
+from .. import clock, transitions
 from ..conf import engine_settings
+from ..db import sqlite_bounds
+from ..db.notify import Listener, listening_possible
+from ..db.outages import DB_ERRORS, MAX_BACKOFF_SECONDS, Outage, drop_if_cut, misconfigured
+from ..db.pooler import behind_transaction_pooler
 from ..definitions import Workflow
 from ..exceptions import LeaseLostError, WorkerStopping
-from ..leader import Leader
-from ..logs import get_logger
-from ..notify import Listener, listening_possible
-from ..outages import DB_ERRORS, MAX_BACKOFF_SECONDS, Outage, drop_if_cut, misconfigured
-from ..pooler import behind_transaction_pooler
-from ..workers import Registration
+from ..observe.logs import get_logger
+from ..runtime import executor
+from ..services.fleet import Registration
+from ..services.leader import Leader
+from ..transitions import claim_mode
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat, WorkerHooks
 from .pulse import Pulse, silence_seconds
@@ -74,7 +77,7 @@ class Worker:
         if prefetch is None:
             prefetch = config.concurrency * PREFETCH_PER_SLOT
         self.slots = SlotPool(config.concurrency, prefetch)
-        self.slots.caps = flow.worker_caps(flow.limited_queues(self.queues))
+        self.slots.caps = claim_mode.worker_caps(claim_mode.limited_queues(self.queues))
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
         self._signals = 0
@@ -125,7 +128,9 @@ class Worker:
             # A guarded claim (flow control) is two statements and a commit of its own: it
             # goes on this thread's connection, beside the group writer's (which then only
             # writes), and claims ahead for the slots as the group's claim would.
-            slots.claims_ahead = self.group is not None and flow.guarded(self.pairs, self.queues)
+            slots.claims_ahead = self.group is not None and claim_mode.guarded(
+                self.pairs, self.queues
+            )
             loop_claims = self.group is None or slots.claims_ahead
             if slots.backlog and loop_claims and 0 < slots.free() < self._batch:
                 # Under a backlog, let a few more places free up so one claim serves several
@@ -140,7 +145,7 @@ class Worker:
             claimed: list[transitions.Claimed] = []
             try:
                 drop_if_cut()
-                flow.refresh()
+                claim_mode.refresh()
                 claimed = transitions.claim_runs(
                     self.id,
                     self.pairs,

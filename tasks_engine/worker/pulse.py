@@ -18,7 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from ..conf import engine_settings
-from ..sqlite_connections import busy_timeout_seconds
+from ..db.sqlite_connections import busy_timeout_seconds
 
 PULSE_FD_ENV = "TASKS_ENGINE_PULSE_FD"  # set by the supervisor: the pipe's write end
 BEAT = b"."

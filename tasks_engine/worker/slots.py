@@ -27,9 +27,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import metrics, transitions
-from ..attempt_handle import AttemptHandle
-from ..context import TaskContext
+from .. import transitions
+from ..observe import metrics
+from ..runtime.attempt_handle import AttemptHandle
+from ..runtime.context import TaskContext
 
 Key = transitions.LeaseKey  # (run id, lease token)
 

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..logs import get_logger
+from ..observe.logs import get_logger
 from .pulse import PULSE_FD_ENV, STOPPING, silence_seconds
 
 CHILD_ENV = "TASKS_ENGINE_WORKER_CHILD"  # set in a child: run one worker, not a supervisor

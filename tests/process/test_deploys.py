@@ -9,7 +9,7 @@ import pytest
 
 import tasks_engine
 from tasks_engine.models import StepAttempt, Worker, WorkflowRun
-from tasks_engine.workers import unserved_runs
+from tasks_engine.services.fleet import unserved_runs
 from tests.helpers import wait_for
 from tests.testapp.models import SideEffect
 

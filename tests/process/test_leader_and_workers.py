@@ -16,9 +16,9 @@ import pytest
 from django.db import connection
 
 import tasks_engine
-from tasks_engine.leader import ROLE, current_leader
 from tasks_engine.models import LeaderLease, WorkflowRun
 from tasks_engine.models import Worker as WorkerRow
+from tasks_engine.services.leader import ROLE, current_leader
 from tests.helpers import ROOT, WorkerProcess, database_url, wait_for
 from tests.testapp.leader_probe import probed_pids
 from tests.testapp.models import Marker, SideEffect

@@ -162,7 +162,7 @@ def test_relay_rides_out_a_database_outage(relays: Start) -> None:
     what a relay sees of a PostgreSQL restart, without restarting the shared server."""
     import psycopg
 
-    from tasks_engine.notify import listen_params as _listen_params
+    from tasks_engine.db.notify import listen_params as _listen_params
 
     relay = relays("--poll-interval", "0.2", tag="survivor")
     wait_for(lambda: "listening for wake-ups" in relay.log(), 30, "the relay to LISTEN")

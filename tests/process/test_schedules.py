@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tasks_engine.leader import current_leader
 from tasks_engine.models import WorkflowRun
 from tasks_engine.schedules import Cron
+from tasks_engine.services.leader import current_leader
 from tests.helpers import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]

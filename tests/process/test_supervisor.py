@@ -244,7 +244,7 @@ def test_a_stopped_child_is_killed_and_replaced(workers) -> None:
 
 @pytest.mark.postgres_only("the connections of a worker process are PostgreSQL sessions")
 def test_a_worker_process_holds_the_connections_the_bound_counts(workers) -> None:
-    from tasks_engine.leader import current_leader
+    from tasks_engine.services.leader import current_leader
     from tasks_engine.worker.loop import connections_per_process
 
     def sessions() -> int:  # on the test database, but this test's own

@@ -100,29 +100,32 @@ def injected() -> frozenset[str]:
 def inject(monkeypatch: Any) -> frozenset[str]:
     """Swap in the broken services `SIM_INJECT` names (the sim_env fixture calls this, before
     the harness gates the transitions: a broken transition is gated as the real one)."""
-    from tasks_engine import maintenance, sqlite_bounds, steps, transitions, workers
+    from tasks_engine import transitions
+    from tasks_engine.db import sqlite_bounds
     from tasks_engine.exceptions import StepTimeoutError
-    from tasks_engine.step_timeouts import StepTimer
+    from tasks_engine.runtime import step_api
+    from tasks_engine.runtime.step_timeouts import StepTimer
+    from tasks_engine.services import fleet, retention
 
     names = injected()
     if names & {"reap-ignores-worker", "reap-keeps-leases"}:
-        monkeypatch.setattr(workers, "reap_dead_workers", functools.partial(_reap, names))
+        monkeypatch.setattr(fleet, "reap_dead_workers", functools.partial(_reap, names))
     if names & {n for n in INJECTABLE if n.startswith("prune-")}:
-        monkeypatch.setattr(maintenance, "_prune_batch", functools.partial(_prune_batch, names))
+        monkeypatch.setattr(retention, "_prune_batch", functools.partial(_prune_batch, names))
     if "step-timer-ignored" in names:
         monkeypatch.setattr(StepTimer, "fire", lambda self, now, abort: False)
         monkeypatch.setattr(StepTimer, "stop", _stop_unchecked)
     if "atomic-step-autocommits" in names:
         broken = SimpleNamespace(atomic_step=_no_transaction)
-        monkeypatch.setattr(steps, "sqlite_bounds", broken)
+        monkeypatch.setattr(step_api, "sqlite_bounds", broken)
         assert sqlite_bounds.atomic_step is not _no_transaction
     if "step-timeout-not-retried" in names:
-        real_terminal = steps._terminal
+        real_terminal = step_api._terminal
 
         def terminal(policy: Any, exc: BaseException, failures: int) -> bool:
             return isinstance(exc, StepTimeoutError) or real_terminal(policy, exc, failures)
 
-        monkeypatch.setattr(steps, "_terminal", terminal)
+        monkeypatch.setattr(step_api, "_terminal", terminal)
     if "completion-ignores-deadline" in names:
         real_complete = transitions.complete_run
 
@@ -156,8 +159,8 @@ def _reap(names: frozenset[str]) -> dict[str, int]:
 
     from tasks_engine import clock
     from tasks_engine.conf import engine_settings
-    from tasks_engine.sql import db_now_sql, p_dt, placeholders
-    from tasks_engine.workers import RUN, WORKER
+    from tasks_engine.db.sql import db_now_sql, p_dt, placeholders
+    from tasks_engine.services.fleet import RUN, WORKER
 
     cutoff_sql, cutoff_params = db_now_sql(-engine_settings().dead_worker_seconds)
     with transaction.atomic(), connection.cursor() as cur:
@@ -189,12 +192,12 @@ def _reap(names: frozenset[str]) -> dict[str, int]:
 def _prune_batch(
     names: frozenset[str], statuses: list[str], cutoff: datetime, batch: int
 ) -> dict[str, int]:
-    """maintenance._prune_batch, broken as `names` say."""
+    """retention._prune_batch, broken as `names` say."""
     from django.db import transaction
     from django.db.models import Exists, OuterRef, Q
 
-    from tasks_engine.maintenance import delete_runs
     from tasks_engine.models import WorkflowRun
+    from tasks_engine.services.retention import delete_runs
     from tasks_engine.states import ACTIVE
 
     with transaction.atomic():

@@ -27,10 +27,12 @@ import pytest
 from django.db import Error as DatabaseError
 from django.db import OperationalError, connection
 
-from tasks_engine import executor, sql, transitions
-from tasks_engine.attempt_handle import AttemptHandle
-from tasks_engine.context import TaskContext
+from tasks_engine import transitions
+from tasks_engine.db import sql
 from tasks_engine.exceptions import EngineUnavailable, LeaseLostError
+from tasks_engine.runtime import executor
+from tasks_engine.runtime.attempt_handle import AttemptHandle
+from tasks_engine.runtime.context import TaskContext
 
 STEP_TIMEOUT = 30.0  # seconds an attempt may take to reach its next stop: more is a hang
 OUTAGES: tuple[type[BaseException], ...] = (DatabaseError, EngineUnavailable)
@@ -92,7 +94,7 @@ class TickingClock:
             self.current = self.START
 
     def monotonic(self) -> float:
-        """Seconds since START, unticked: the step timers' clock (step_timeouts.py, the
+        """Seconds since START, unticked: the step timers' clock (runtime/step_timeouts.py, the
         heartbeat) in the simulation."""
         with self._lock:
             return (self.current - self.START).total_seconds()

@@ -29,17 +29,17 @@ Rules
                   run canceled or failed), renews its leases (`renew_leases`), aborts runs
                   whose lease is gone, whose cancel was requested or whose deadline passed,
                   sends deferred step completions, and beats its worker row
-                  (`workers.Registration.beat`, an upsert), whether it holds runs or not
+                  (`fleet.Registration.beat`, an upsert), whether it holds runs or not
   heartbeats      every worker's heartbeat
   stop_worker     graceful stop: draining, a grace of a few stops, abort, hand back
                   (`requeue_run`), exit (its row removed); its replacement beats a new row
-  reap            one round of the leader's dead-worker service (`workers.reap_dead_workers`)
+  reap            one round of the leader's dead-worker service (`fleet.reap_dead_workers`)
                   after aging every worker row to its last beat on the fake clock (beats are
                   stamped with the database's clock)
   stall           worker w stalls for DEAD_WORKER_SECONDS + 1 while the others' heartbeats run,
                   then the leader reaps: w's runs are retaken by others while its attempts
                   are parked; they go on later, and its next heartbeat beats its row back
-  prune           one round of the leader's retention service (`maintenance.prune_expired`,
+  prune           one round of the leader's retention service (`retention.prune_expired`,
                   RETENTION_DAYS completed and canceled 0, failed 31 s), in batches of 1
                   or 500, one batch a status or all; in half the examples (`start` draws it) the
                   quiescence drain runs one too each time a run finishes, and in half it cancels
@@ -136,8 +136,9 @@ from hypothesis.stateful import (
 )
 
 import tasks_engine
-from tasks_engine import first_steps, flow, maintenance, transitions, workers
+from tasks_engine import transitions
 from tasks_engine.conf import engine_settings
+from tasks_engine.db.sql import db_clock
 from tasks_engine.exceptions import (
     DeadlineExceededError,
     LeaseLostError,
@@ -146,8 +147,10 @@ from tasks_engine.exceptions import (
 )
 from tasks_engine.models import OpLedger, WorkflowRun
 from tasks_engine.models import Worker as WorkerRow
-from tasks_engine.sql import db_clock
+from tasks_engine.runtime import first_steps
+from tasks_engine.services import fleet, retention
 from tasks_engine.states import FINISHED
+from tasks_engine.transitions import claim_mode
 from tasks_engine.worker.heartbeat import Heartbeat, WorkerHooks
 from tasks_engine.worker.slots import Held
 
@@ -271,7 +274,7 @@ def env() -> SimEnv:
 
 class SimWorker:
     """A simulated worker process: a new id on every (re)start, as a real one has, and a worker
-    row (`workers.Registration`) that it beats when it starts and at every heartbeat."""
+    row (`fleet.Registration`) that it beats when it starts and at every heartbeat."""
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
@@ -281,7 +284,7 @@ class SimWorker:
         # What Registration reads of its worker process.
         self.pairs = env().pairs
         self.config = SimpleNamespace(concurrency=CONCURRENCY)
-        self.registration = workers.Registration(self)  # type: ignore[arg-type]
+        self.registration = fleet.Registration(self)  # type: ignore[arg-type]
         self.heartbeat = _heartbeat(self)
 
     def held(self) -> list[Attempt]:
@@ -321,7 +324,7 @@ class SimWorker:
         self.generation += 1
         self.draining = threading.Event()
         self.attempts = []
-        self.registration = workers.Registration(self)  # type: ignore[arg-type]
+        self.registration = fleet.Registration(self)  # type: ignore[arg-type]
         self.heartbeat = _heartbeat(self)
 
 
@@ -411,7 +414,7 @@ class EngineSimulation(RuleBasedStateMachine):
         self.env = env()
         reset_tables()
         first_steps.reset()  # each example learns first steps (claims start them) on its own
-        flow.forget_keyed()  # and whether keyed runs exist: plain claims until one is enqueued
+        claim_mode.forget_keyed()  # plain claims until a keyed run is enqueued
         self.env.clock.reset()
         self.log = harness.reset_log()
         self.workers = [SimWorker(i) for i in range(WORKERS)]
@@ -706,7 +709,7 @@ class EngineSimulation(RuleBasedStateMachine):
 
     @rule()
     def reap(self) -> None:
-        """One round of the leader's dead-worker service (`workers.reap_dead_workers`): the
+        """One round of the leader's dead-worker service (`fleet.reap_dead_workers`): the
         runs of every worker whose row beat more than DEAD_WORKER_SECONDS ago (on the fake
         clock) become claimable at once, and the rows go; the others' runs and rows stay."""
         dead_after = engine_settings().dead_worker_seconds
@@ -714,7 +717,7 @@ class EngineSimulation(RuleBasedStateMachine):
         rows = set(WorkerRow.objects.values_list("id", flat=True))
         running = WorkflowRun.objects.filter(status="running")
         before = {r[0]: r[1:] for r in running.values_list("id", "worker_id", "available_at")}
-        workers.reap_dead_workers()
+        fleet.reap_dead_workers()
         now = self.env.clock.now()
         reaped = rows - set(WorkerRow.objects.values_list("id", flat=True))
         after = dict(
@@ -765,7 +768,7 @@ class EngineSimulation(RuleBasedStateMachine):
 
     @rule(batch=st.sampled_from([1, PRUNE_BATCH]), max_batches=st.sampled_from([1, None]))
     def prune(self, batch: int, max_batches: int | None) -> None:
-        """One round of the leader's retention service (`maintenance.prune_expired`, with
+        """One round of the leader's retention service (`retention.prune_expired`, with
         RETENTION_DAYS short enough for this fake clock). It deletes finished runs only, and
         never a finished child whose parent is unfinished (the parent reads it when it
         resumes) nor a finished parent with an unfinished child."""
@@ -774,7 +777,7 @@ class EngineSimulation(RuleBasedStateMachine):
     def _prune(self, batch: int, max_batches: int | None) -> None:
         before = read_state()
         done = list(OpLedger.objects.filter(status="done").values_list("op_key", "run_id"))
-        maintenance.prune_expired(batch=batch, max_batches=max_batches)
+        retention.prune_expired(batch=batch, max_batches=max_batches)
         after = read_state()
         pruned = [run for run_id, run in before.runs.items() if run_id not in after.runs]
         # An op's result goes with its run: a later run with the same op key runs it again.

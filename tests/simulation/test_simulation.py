@@ -20,7 +20,8 @@ from django.conf import settings
 from django.db import connection
 from hypothesis.stateful import run_state_machine_as_test
 
-from tasks_engine import clock, executor, step_timeouts
+from tasks_engine import clock
+from tasks_engine.runtime import executor, step_timeouts
 from tasks_engine.worker import heartbeat
 
 from . import harness, machine

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from tasks_engine import services
+from tasks_engine.services import registry
 
 
 def probe() -> None:
@@ -22,4 +22,4 @@ def probed_pids(path: str) -> list[int]:
 
 
 if os.environ.get("LEADER_PROBE"):
-    services.register("test-leader-probe", probe, every=0.2)
+    registry.register("test-leader-probe", probe, every=0.2)

@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from outbox.relay import Relay, RelayConfig
-from tasks_engine.cli import OneLineErrors, positive_float, positive_int
+from tasks_engine.management.cli import OneLineErrors, positive_float, positive_int
 
 
 class Command(OneLineErrors, BaseCommand):

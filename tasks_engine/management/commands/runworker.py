@@ -7,14 +7,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from tasks_engine import metrics
 from tasks_engine.checks import worker_checks
 from tasks_engine.conf import engine_settings
 from tasks_engine.definitions import registry
+from tasks_engine.observe import metrics
 from tasks_engine.worker import Worker, WorkerConfig, bounds, supervisor
 from tasks_engine.worker.loop import connections_per_process
 
-from ...cli import (
+from ..cli import (
     OneLineErrors,
     non_negative_float,
     non_negative_int,

@@ -22,11 +22,11 @@ from tasks_engine.exceptions import (
     UnknownStepError,
     UnknownTaskError,
 )
-from tasks_engine.logs import mask_secrets
 from tasks_engine.models import WorkflowRun
+from tasks_engine.observe.logs import mask_secrets
 from tasks_engine.states import RunStatus
 
-from ...cli import OneLineErrors, _one_line, json_value, positive_int, retention_days
+from ..cli import OneLineErrors, _one_line, json_value, positive_int, retention_days
 
 
 class Command(OneLineErrors, BaseCommand):
@@ -220,12 +220,12 @@ class Command(OneLineErrors, BaseCommand):
         return {"json": masked, "text": "\n".join(lines) or "(no runs)"}
 
     def do_prune(self, o: dict[str, Any]) -> dict[str, Any]:
-        from tasks_engine import maintenance
+        from tasks_engine.services import retention
 
         if o["older_than"] is None:
-            counts = maintenance.prune_expired()
+            counts = retention.prune_expired()
         else:
-            counts = maintenance.prune(timedelta(days=o["older_than"]))
+            counts = retention.prune(timedelta(days=o["older_than"]))
         text = ", ".join(f"{k}: {v}" for k, v in counts.items())
         return {"json": counts, "text": f"pruned {text}"}
 
@@ -258,7 +258,7 @@ class Command(OneLineErrors, BaseCommand):
         return {"json": {"name": name, "paused": pause, "changed": changed}, "text": text}
 
     def do_workers(self, o: dict[str, Any]) -> dict[str, Any]:
-        from tasks_engine.workers import list_workers
+        from tasks_engine.services.fleet import list_workers
 
         views = list_workers()
         lines = [
@@ -270,8 +270,8 @@ class Command(OneLineErrors, BaseCommand):
         return _listing(views, lines, "(no workers)")
 
     def do_replay_check(self, o: dict[str, Any]) -> dict[str, Any]:
-        from tasks_engine import replay_check
         from tasks_engine.definitions import registry
+        from tasks_engine.runtime import replay_check
 
         task = o["task"]
         known = task is None or any(n == task for n, _ in registry.pairs())

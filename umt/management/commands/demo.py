@@ -24,7 +24,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks_engine.cli import positive_float, positive_int
+from tasks_engine.management.cli import positive_float, positive_int
 from umt.acquisition import plan_acquisition, report_download_done
 from umt.models import AcquisitionPlan, LibraryItem
 from umt.timeline import Timeline

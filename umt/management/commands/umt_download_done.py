@@ -22,7 +22,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from tasks_engine.cli import OneLineErrors
+from tasks_engine.management.cli import OneLineErrors
 from umt.acquisition import UnknownDownload, report_download_done
 
 

@@ -1,3 +1,0 @@
-"""The engine's hot statements as named queries (`postgresql.sql`, `sqlite.sql`), each under a
-`-- name --` header and a description line, with `%(name)s` parameters. `tasks_engine.sql`
-parses them once and looks them up by name for the database in use."""

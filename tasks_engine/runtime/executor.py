@@ -1,0 +1,227 @@
+"""Run one claimed run: replay its history, call the handler, record the outcome."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from .. import clock, transitions
+from ..conf import engine_settings
+from ..definitions import Workflow, registry
+from ..exceptions import (
+    DeadlineExceededError,
+    EngineUnavailable,
+    LeaseLostError,
+    Suspend,
+    TaskCanceledError,
+    UnknownTaskError,
+    WorkerStopping,
+)
+from ..models import WorkflowRun
+from ..observe import metrics, tracing
+from ..observe.logs import run_logger
+from ..values.serialization import encode_error, to_jsonable
+from .attempt_handle import AttemptHandle
+from .context import TaskContext
+from .history import ReplayHistory, current_pass, load_history
+from .step_base import RunState
+from .step_observer import observe_waits_ended_by_deadline
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A claimed run ready to execute: its workflow, the context its handler gets, and the
+    handle the worker holds to renew, cancel, time out and flush it from other threads."""
+
+    workflow: Workflow
+    ctx: TaskContext
+    handle: AttemptHandle
+
+
+def build_context(
+    run: WorkflowRun,
+    lease: transitions.Lease,
+    draining: threading.Event,
+    prestarted: tuple[str, int] | None = None,
+) -> tuple[Workflow, TaskContext]:
+    """`prepare` for callers that drive a run on their own thread (tests, `testing`)."""
+    prepared = prepare(run, lease, draining, prestarted)
+    return prepared.workflow, prepared.ctx
+
+
+def prepare(
+    run: WorkflowRun,
+    lease: transitions.Lease,
+    draining: threading.Event,
+    prestarted: tuple[str, int] | None = None,
+) -> Prepared:
+    """The run's workflow, context and handle. `prestarted`: the first step's attempt its
+    claim started (`Claimed.prestarted`, first_steps.py), taken by the run's first step."""
+    wf = registry.find(run.task_name, run.version)
+    if wf is None:
+        raise UnknownTaskError(f"unknown task {run.task_name}@{run.version}")
+    if run.attempts > 1:
+        transitions.close_interrupted_attempts(lease)
+        history, count = load_history(run.pk)
+    else:
+        history, count = {}, 0
+    handle = AttemptHandle(
+        lease,
+        has_parent=run.parent_run_id is not None,
+        cancel_requested=run.cancel_requested_at is not None,
+    )
+    state = RunState(
+        handle=handle,
+        history=ReplayHistory(history, current_pass(run.failures, run.pass_offset), count),
+        step_retry=wf.step_retry,
+        deadline_at=run.deadline_at,
+        max_attempts_per_run=engine_settings().max_step_attempts_per_run,
+        draining=draining,
+        fresh=run.attempts == 1 and run.failures == 0 and run.pass_offset == 0,
+        prestarted=prestarted,
+    )
+    ctx = TaskContext(
+        input=None,
+        run_id=run.pk,
+        task_name=run.task_name,
+        version=run.version,
+        queue=run.queue,
+        trace_id=tracing.run_trace_id(run.trace_id, run.pk),
+        priority=run.priority,
+        attempt=run.attempts,
+        state=state,
+        logger=lambda: run_logger(run),
+    )
+    return Prepared(wf, ctx, handle)
+
+
+def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
+    """Drive the handler once and write the outcome. Returns what happened, for logs and tests.
+    Observed: a span for the claim (observe/tracing.py) and the run's outcome counted
+    (observe/metrics.py); a completion is both once written (`_completion_written`): a cancel
+    may have won."""
+    with tracing.claim_span(ctx) as span:
+        ctx._state.span = span
+        try:
+            outcome = _drive(run, wf, ctx)
+        except BaseException:
+            tracing.end_claim(span, None)
+            raise
+    if outcome != "completed":
+        tracing.end_claim(span, outcome)
+        metrics.record_run_outcome(run.task_name, outcome)
+    return outcome
+
+
+def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
+    state = ctx._state
+    lease, handle = state.lease, state.handle
+    if handle.cancel_requested:
+        transitions.cancel_running_run(lease, has_parent=handle.has_parent)
+        return "canceled"
+    if run.deadline_at is not None and clock.now() >= run.deadline_at:
+        passed = DeadlineExceededError("deadline passed")
+        transitions.fail_run(lease, encode_error(passed), has_parent=handle.has_parent)
+        observe_waits_ended_by_deadline(ctx)
+        return "failed"
+    try:
+        ctx.input = wf.load_input(run.input)
+        output = to_jsonable(wf.fn(ctx), f"the output of {wf.key}")
+    except Suspend:
+        return "suspended"
+    except EngineUnavailable:
+        raise  # the slot treats it as a database outage; nothing can be written now
+    except BaseException as exc:  # noqa: BLE001 - every outcome of user code is recorded
+        return _after_exception(run, wf, ctx, exc)
+    if ctx.abort_signal.aborted or state.fatal is not None:
+        return _after_exception(run, wf, ctx, state.fatal or ctx.abort_signal.reason)
+    state.first_step_begins(ctx.task_name, ctx.version, None)  # ends without one
+    unreached = state.history.unreached()
+    progress = handle.take_dirty_progress()
+    written = transitions.complete_run(
+        lease,
+        output,
+        unreached,
+        has_parent=handle.has_parent,
+        progress=progress,
+        ended=functools.partial(_completion_written, run, state.span),
+    )
+    if written == "failed":  # it returned past its deadline: the run failed instead
+        ctx.logger.error("run failed", error="DeadlineExceededError", why="deadline passed")
+        return "failed"
+    if unreached:
+        ctx.logger.warning("completed without reaching recorded steps", unreached=unreached)
+    return "completed"
+
+
+def _completion_written(run: WorkflowRun, span: Any, status: str | None) -> None:
+    """The completion's write is done (for a detached one, on the writer's thread): end the
+    claim's span with what it wrote and count it (None: a detached write that failed, its run
+    dropped; nothing to count). A cancel that committed after the handler's last look at it
+    won: the run ended canceled, its output not kept. It holds the run and the span, not the
+    run's context: holding the context until the writer settled cost a worker about 20 us of
+    CPU a run (bench/PROFILE.md, eleventh session), likely the cyclic collector's, as contexts
+    then outlived its young generation."""
+    try:  # observability only: it must never fail the writer that reports it
+        tracing.end_claim(span, status)
+        if status is None:
+            return
+        metrics.record_run_outcome(run.task_name, status)
+        if status == "canceled":
+            run_logger(run).info("run canceled", why="the cancel committed as the handler returned")
+    except Exception:  # noqa: BLE001 - a broken log handler cannot be logged to either
+        pass
+
+
+def _after_exception(run: WorkflowRun, wf: Workflow, ctx: TaskContext, exc: Any) -> str:
+    state = ctx._state
+    lease, handle = state.lease, state.handle
+    reason = ctx.abort_signal.reason
+    if isinstance(reason, WorkerStopping):
+        # A graceful stop aborted the step: give the run back now rather than let it wait for
+        # its lease to expire (the abort is not the step's failure and does not count).
+        transitions.requeue_run(lease, clock.now(), progress=state.progress_to_carry())
+        ctx.logger.info("run handed back", why=str(reason))
+        return "handed-back"
+    if isinstance(reason, LeaseLostError) or isinstance(exc, LeaseLostError):
+        ctx.logger.warning("lease lost; dropping the run", error=str(reason or exc))
+        return "lease-lost"
+    state.first_step_begins(ctx.task_name, ctx.version, None)  # ends without one
+    if isinstance(reason, TaskCanceledError) or (
+        handle.cancel_requested and isinstance(exc, TaskCanceledError)
+    ):
+        transitions.cancel_running_run(lease, has_parent=handle.has_parent)
+        ctx.logger.info("run canceled")
+        return "canceled"
+    if isinstance(reason, DeadlineExceededError):
+        exc = reason
+    if state.fatal is not None:
+        exc = state.fatal
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(str(exc))
+    error = encode_error(exc)
+    failures = run.failures + 1
+    if (
+        state.fatal is None
+        and not isinstance(exc, DeadlineExceededError)
+        and wf.retry.is_retryable(exc)
+        and failures < wf.retry.max_attempts
+    ):
+        delay = wf.retry.delay(failures)
+        transitions.requeue_run(
+            lease,
+            clock.now() + timedelta(seconds=delay),
+            error=error,
+            count_failure=True,
+            progress=state.progress_to_carry(),
+        )
+        ctx.logger.warning("workflow failed, retrying", failures=failures, error=str(exc))
+        return "retrying"
+    transitions.fail_run(
+        lease, error, has_parent=handle.has_parent, progress=state.progress_to_carry()
+    )
+    ctx.logger.error("run failed", error=error["type"], message=error["message"])
+    return "failed"
