@@ -72,6 +72,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy .
+	$(BIN)/lint-imports
 
 # Ours vs PgQueuer, Procrastinate, DBOS and django-tasks-db on a throwaway cluster (peers in
 # bench/.venv-peers): about 20 min on the shared 2-core machine, peers install included; writes

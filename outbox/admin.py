@@ -13,7 +13,7 @@ from django.utils.html import format_html
 
 from tasks_engine.admin.audit import record
 from tasks_engine.admin.lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
-from tasks_engine.observe.logs import mask_secrets
+from tasks_engine.values.secrets import mask_secrets
 
 from .events import revive_dead
 from .models import OutboxEvent

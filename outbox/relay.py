@@ -30,7 +30,8 @@ from tasks_engine import clock
 from tasks_engine.db.notify import listening_possible
 from tasks_engine.db.outages import DB_ERRORS, Outage
 from tasks_engine.observe import tracing
-from tasks_engine.observe.logs import get_logger, redact_text
+from tasks_engine.observe.logs import get_logger
+from tasks_engine.values.secrets import redact_text
 
 from .conf import OutboxSettings, outbox_settings
 from .models import EventStatus, OutboxEvent

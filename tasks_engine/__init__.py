@@ -39,6 +39,7 @@ __all__ = [
     "LeaseLostError",
     "NonDeterminismError",
     "NonRetryableError",
+    "OpInfo",
     "RetryPolicy",
     "RunView",
     "Signaled",
@@ -89,6 +90,7 @@ if TYPE_CHECKING:
         wait,
     )
     from .runtime.context import TaskContext
+    from .runtime.fencing import OpInfo
 
 
 def __getattr__(name: str) -> Any:
@@ -100,4 +102,8 @@ def __getattr__(name: str) -> Any:
         from .runtime.context import TaskContext
 
         return TaskContext
+    if name == "OpInfo":  # what `ctx.step.op` passes to its function
+        from .runtime.fencing import OpInfo
+
+        return OpInfo
     raise AttributeError(f"module 'tasks_engine' has no attribute {name!r}")

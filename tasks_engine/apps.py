@@ -37,9 +37,9 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 def register_services() -> None:
     """The engine's own maintenance services, run by the leader (services/leader.py)."""
     from . import schedules, transitions
-    from .services import fleet, registry, retention
+    from .services import registry, retention
 
-    registry.register("dead-workers", fleet.reap_dead_workers, every=DEAD_WORKERS_EVERY)
+    registry.register("dead-workers", transitions.reap_dead_workers, every=DEAD_WORKERS_EVERY)
     registry.register(
         "orphaned-cancels", transitions.end_orphaned_cancels, every=DEAD_WORKERS_EVERY
     )

@@ -365,7 +365,7 @@ def _live_workers_on_sqlite() -> int:
     from django.db import DatabaseError
 
     from .models import Worker
-    from .services.fleet import alive
+    from .transitions import alive
 
     try:
         return Worker.objects.filter(alive()).count()

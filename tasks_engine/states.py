@@ -1,5 +1,5 @@
 """Run and step statuses, and the table of every run transition: its cause, the functions
-in `transitions/` that write it, and who calls them.
+in `transitions/` that write it, and who calls them; and which pass a run is in.
 
 `tests/test_states.py` checks that the table and `transitions/` agree.
 """
@@ -138,3 +138,11 @@ def leaving_table() -> str:
                 functions = ", ".join(f"`{f}`" for f in edge.functions.split(", "))
                 lines.append(f"| `{src}` | `{dst}` | {edge.cause} | {functions} | {edge.callers} |")
     return "\n".join(lines) + "\n"
+
+
+def current_pass(failures: int, pass_offset: int) -> int:
+    """The number of the pass a run's next claim executes: its workflow retries so far
+    (`failures`) on top of the passes before the last operator retry (`pass_offset`, which
+    `retry_run` sets when it resets `failures`). The worker and `replay-check` both read a
+    history in this pass, so a terminal error of an earlier pass is not raised again."""
+    return failures + pass_offset + 1

@@ -36,8 +36,7 @@ from django.db import connection, connections, transaction
 from django.test import TransactionTestCase
 
 from tasks_engine import clock
-from tasks_engine.runtime import first_steps
-from tasks_engine.transitions import claim_mode
+from tasks_engine.transitions import claim_mode, first_steps
 
 from .helpers import FakeClock, WorkerProcess
 
@@ -115,7 +114,7 @@ def _delete_every_row(alias: str) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_first_step_guesses_carried_over() -> Iterator[None]:
-    """What one test's runs taught runtime/first_steps.py stays in that test."""
+    """What one test's runs taught transitions/first_steps.py stays in that test."""
     first_steps.reset()
     yield
     first_steps.reset()

@@ -1,5 +1,5 @@
-"""A claim that starts the first step of a fresh run (runtime/first_steps.py): the guess, its use by
-the step, and every way it can be wrong. PostgreSQL claims guess; SQLite's never do."""
+"""A claim that starts the first step of a fresh run (transitions/first_steps.py): the guess,
+its use by the step, and every way it can be wrong. PostgreSQL claims guess; SQLite's never do."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from django.utils import timezone
 import tasks_engine
 from tasks_engine import transitions
 from tasks_engine.models import StepAttempt, WorkflowRun
-from tasks_engine.runtime import executor, first_steps
-from tasks_engine.transitions import claim_mode
+from tasks_engine.runtime import executor
+from tasks_engine.transitions import claim_mode, first_steps
 from tests.helpers import FakeClock, drain
 
 pytestmark = pytest.mark.django_db

@@ -11,6 +11,8 @@ and the few outside the author's side not broken yet in KNOWN_CYCLES.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,3 +217,16 @@ def test_the_reader_sees_a_loop() -> None:
         "a.py:1 (top-level)",
         "b.py:4 (function-level)",
     ]
+
+
+def test_the_rooms_keep_their_layer_contract() -> None:
+    """pyproject.toml's [tool.importlinter] contracts: the rooms of tasks_engine top to bottom
+    (each imports only rooms below it, every room listed), the engine alone, and the outbox
+    and UMT on the engine's surface. Checked as `make lint` checks them, so that CI fails on a
+    violation too."""
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    result = subprocess.run(
+        [str(lint_imports), "--no-cache"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout

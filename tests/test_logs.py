@@ -20,7 +20,9 @@ from tasks_engine import RetryPolicy, TaskContext, workflow
 from tasks_engine.definitions import registry
 from tasks_engine.models import WorkflowRun
 from tasks_engine.observe import logs
-from tasks_engine.observe.logs import REDACTED, get_logger, redact_secrets, redact_text
+from tasks_engine.observe.logs import get_logger, redact_secrets
+from tasks_engine.values import secrets
+from tasks_engine.values.secrets import REDACTED, redact_text
 from tasks_engine.values.serialization import encode_error
 from tests.browser.rundata import make_run
 from tests.helpers import FakeClock, drain
@@ -241,11 +243,11 @@ def test_free_text_pairs_are_redacted(text: str, expected: str) -> None:
 
 def test_every_secret_word_passes_the_cheap_pre_check() -> None:
     """The pre-check skips strings without a hint: each secret name must contain one."""
-    words = [*logs.SECRET_WORDS, *logs.SECRET_SUFFIXES, *logs.SECRET_PREFIXES]
-    words += [a + b for a, b in logs.SECRET_PAIRS] + [*logs.SECRET_WHOLE_KEYS]
-    words += [*logs.SECRET_QUERY_PARAMS]
+    words = [*secrets.SECRET_WORDS, *secrets.SECRET_SUFFIXES, *secrets.SECRET_PREFIXES]
+    words += [a + b for a, b in secrets.SECRET_PAIRS] + [*secrets.SECRET_WHOLE_KEYS]
+    words += [*secrets.SECRET_QUERY_PARAMS]
     for word in words:
-        assert any(hint in word for hint in logs.NAME_HINTS), word
+        assert any(hint in word for hint in secrets.NAME_HINTS), word
 
 
 def test_prose_about_tokens_is_not_mangled() -> None:

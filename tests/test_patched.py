@@ -282,7 +282,7 @@ def test_replay_check_passes_a_run_an_operator_retried_that_no_worker_claimed_ye
 def test_replay_check_and_the_worker_read_a_run_in_the_same_pass(
     code: dict[str, str], fake_clock: FakeClock
 ) -> None:
-    from tasks_engine.runtime.history import current_pass
+    from tasks_engine.states import current_pass
 
     run_id = tasks_engine.enqueue("fails_at_b").run_id
     drain(fake_clock, horizon=0)

@@ -126,8 +126,7 @@ def test_psycopg_keeps_the_conversion_of_the_longest_statements(settings: Any) -
         pytest.skip("psycopg")
     from psycopg import _queries
 
-    from tasks_engine.runtime import first_steps
-    from tasks_engine.transitions import claim_mode, flow_claims_pg, hot_sql
+    from tasks_engine.transitions import claim_mode, first_steps, flow_claims_pg, hot_sql
     from tasks_engine.transitions.claims import _filters, claim_ctes
 
     connection.ensure_connection()

@@ -14,7 +14,8 @@ from tasks_engine.db.sql import db_clock
 from tasks_engine.definitions import registry
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.models import WorkflowRun
-from tasks_engine.services.fleet import list_workers, reap_dead_workers, unserved_runs
+from tasks_engine.services.fleet import list_workers, unserved_runs
+from tasks_engine.transitions import reap_dead_workers
 from tasks_engine.worker import Worker, WorkerConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)

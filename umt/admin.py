@@ -13,7 +13,7 @@ from django.utils.html import format_html, format_html_join
 
 from tasks_engine.admin.lookups import RefuseNulLookupsMixin
 from tasks_engine.models import WorkflowRun
-from tasks_engine.observe.logs import redact_text
+from tasks_engine.values.secrets import redact_text
 
 from .acquisition import announce, retry_plan
 from .models import AcquisitionPlan, ClientLogin, LibraryItem

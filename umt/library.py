@@ -56,8 +56,7 @@ from .models import AcquisitionPlan, LibraryItem
 from .testpoints import stop_here
 
 if TYPE_CHECKING:
-    from tasks_engine import TaskContext
-    from tasks_engine.runtime.fencing import OpInfo
+    from tasks_engine import OpInfo, TaskContext
 
 HASH_ALGORITHM = "xxh3_128"  # what LibraryItem.hash_algorithm records for a copy made here
 HASH_WINDOW = 8 * 1024 * 1024  # the most the hasher (or the read/write fallback) holds at once

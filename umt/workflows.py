@@ -45,7 +45,7 @@ from tasks_engine import (
     workflow,
 )
 from tasks_engine.models import OpLedger
-from tasks_engine.observe.logs import redact_text
+from tasks_engine.values.secrets import redact_text
 
 from .acquisition import DOWNLOAD_DONE
 from .conf import umt_settings

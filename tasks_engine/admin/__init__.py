@@ -28,8 +28,8 @@ from django.utils.timesince import timesince
 
 from .. import clock
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
-from ..observe.logs import mask_secrets
 from ..states import RunStatus
+from ..values.secrets import mask_secrets
 from . import stats as admin_stats
 from .cancel_actions import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
@@ -278,7 +278,7 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
 
 class MaskedFieldsMixin:
     """A row's read-only page shows the fields named in `masked_fields` (data a workflow stored)
-    through `<field>_masked` display methods, with secrets masked (`logs.mask_secrets`); each
+    through `<field>_masked` display methods, with secrets masked (`values/secrets.py`); each
     admin declares those methods and lists them in `readonly_fields`."""
 
     masked_fields: tuple[str, ...] = ()

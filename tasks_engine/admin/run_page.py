@@ -3,7 +3,7 @@
 Pure presentation: reads rows (a fixed number of queries, whatever the run's size) and turns
 them into plain values for `tasks_engine/templates/admin/tasks_engine/workflowrun/change_form.html`.
 Data a workflow stored (input, output, progress, errors, fact payloads, op results) is shown
-with its secrets masked (`shown_json`, `logs.mask_secrets`): view-only staff see these pages.
+with its secrets masked (`shown_json`, `values/secrets.py`): view-only staff see these pages.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from .. import clock
 from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
 from ..observe import tracing
-from ..observe.logs import mask_secrets
 from ..states import ACTIVE
+from ..values.secrets import mask_secrets
 
 # Rows shown per section; the engine caps step attempts per run at MAX_STEP_ATTEMPTS_PER_RUN.
 MAX_STEPS = 1000

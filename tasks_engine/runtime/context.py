@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import TaskCanceledError
-from ..observe.logs import mask_secrets
+from ..values.secrets import mask_secrets
 from .fencing import run_fenced
 from .step_api import StepAPI
 

@@ -23,10 +23,11 @@ from ..exceptions import (
 from ..models import WorkflowRun
 from ..observe import metrics, tracing
 from ..observe.logs import run_logger
+from ..states import current_pass
 from ..values.serialization import encode_error, to_jsonable
 from .attempt_handle import AttemptHandle
 from .context import TaskContext
-from .history import ReplayHistory, current_pass, load_history
+from .history import ReplayHistory, load_history
 from .step_base import RunState
 from .step_observer import observe_waits_ended_by_deadline
 

@@ -34,14 +34,6 @@ SLEEP_KEY_LONGEST: int = (
 FACT_NAME_LONGEST: int = Fact._meta.get_field("name").max_length  # type: ignore[assignment]
 
 
-def current_pass(failures: int, pass_offset: int) -> int:
-    """The number of the pass a run's next claim executes: its workflow retries so far
-    (`failures`) on top of the passes before the last operator retry (`pass_offset`, which
-    `retry_run` sets when it resets `failures`). The worker and `replay-check` both read a
-    history in this pass, so a terminal error of an earlier pass is not raised again."""
-    return failures + pass_offset + 1
-
-
 @dataclass
 class Attempt:
     id: int

@@ -31,10 +31,10 @@ from ..exceptions import NonDeterminismError
 from ..models import OpLedger, StepAttempt, WorkflowRun
 from ..observe import tracing
 from ..observe.logs import get_logger
-from ..states import ACTIVE, StepKind
+from ..states import ACTIVE, StepKind, current_pass
 from .attempt_handle import AttemptHandle
 from .context import TaskContext
-from .history import Attempt, ReplayHistory, StepRecord, current_pass
+from .history import Attempt, ReplayHistory, StepRecord
 from .step_api import StepAPI
 from .step_base import RunState
 

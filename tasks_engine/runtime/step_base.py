@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import clock, transitions
 from ..exceptions import MaxStepAttemptsExceeded, NonDeterminismError, Suspend, TaskCanceledError
 from ..states import StepKind
+from ..transitions import first_steps
 from ..values.serialization import rebuild_error
-from . import first_steps
 from .attempt_handle import AttemptHandle
 from .history import (
     FACT_NAME_LONGEST,

@@ -25,8 +25,8 @@ from typing import Any
 
 from ..exceptions import LeaseLostError, Suspend, TaskCanceledError
 from ..observe import metrics, tracing
-from ..observe.logs import redact_text
 from ..states import StepKind
+from ..values.secrets import redact_text
 
 
 class _Unobserved:

@@ -22,7 +22,8 @@ from .. import clock
 from ..engine import enqueue
 from ..exceptions import IdempotencyConflict, UnknownTaskError
 from ..models import Schedule
-from ..observe.logs import get_logger, redact_text
+from ..observe.logs import get_logger
+from ..values.secrets import redact_text
 from .instants import idempotency_key
 from .specs import ScheduleSpec, defined
 

@@ -1,4 +1,4 @@
-"""Worker rows: who is up, what it serves, what it holds; and the dead-worker service.
+"""Worker rows: who is up, what it serves, what it holds.
 
 Each `runworker` process keeps one `Worker` row, written by one upsert every `BEAT_SECONDS`
 from its heartbeat thread (the thread that renews its leases: a worker whose leases cannot be
@@ -6,11 +6,12 @@ renewed should not look alive either). Beats are stamped with the database's clo
 on hosts with skewed clocks compare fairly. A graceful stop deletes the row.
 
 A worker whose beat is older than DEAD_WORKER_SECONDS is dead (`kill -9`, a lost host): the
-leader's `reap_dead_workers` service sets its runs' lease expiry to its last beat (and their
-`due_at` to the reap, for the claim-delay metric), so the claim's expired-lease source takes
-them at once instead of at lease expiry, and deletes the row. That is safe even for a worker
-that was only stalled: its writes are fenced by the lease token, and a lease nobody took over
-is still its own (the heartbeat renews it, and the next beat re-inserts the row).
+leader's dead-worker service (`transitions.reap_dead_workers`: it writes run rows) sets its
+runs' lease expiry to its last beat (and their `due_at` to the reap, for the claim-delay
+metric), so the claim's expired-lease source takes them at once instead of at lease expiry,
+and deletes the row. That is safe even for a worker that was only stalled: its writes are
+fenced by the lease token, and a lease nobody took over is still its own (the heartbeat
+renews it, and the next beat re-inserts the row).
 """
 
 from __future__ import annotations
@@ -21,21 +22,18 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import Count, Q
+from django.db.models import Count
 
 from .. import clock
 from ..conf import engine_settings
-from ..db.sql import db_clock, db_now, db_now_sql, execute, p_dt, p_json, placeholders, skip_locked
+from ..db.sql import db_clock, db_now_sql, execute, p_dt, p_json
 from ..models import Worker, WorkflowRun
-
-if TYPE_CHECKING:
-    from ..worker.loop import Worker as WorkerProcess
+from ..transitions.dead_workers import alive
+from .worker_process import WorkerProcess
 
 WORKER = Worker._meta.db_table
-RUN = WorkflowRun._meta.db_table
 UNFINISHED = ("pending", "running", "waiting")
 
 
@@ -77,7 +75,7 @@ class Registration:
                 self.pid,
                 p_json(list(w.queues or [])),
                 p_json([f"{n}@{v}" for n, v in w.pairs]),
-                w.config.concurrency,
+                w.concurrency,
                 p_dt(self.started_at),
                 *now_params,
                 len(w.held()),
@@ -189,13 +187,6 @@ def served(task: str, version: int, queue: str) -> bool | None:
     return any(_serves(w, task, version, queue) for w in live)
 
 
-def alive() -> Q:
-    """Workers whose beat is at most DEAD_WORKER_SECONDS old, on the database's clock, in the
-    query itself (no round trip to read the clock first)."""
-    dead_after = timedelta(seconds=engine_settings().dead_worker_seconds)
-    return Q(last_heartbeat__gte=db_now() - dead_after)
-
-
 def live_filters() -> list[tuple[list[str], list[str]]]:
     """(queues, tasks) of every live worker."""
     rows = Worker.objects.filter(alive()).values_list("queues", "tasks")
@@ -205,44 +196,3 @@ def live_filters() -> list[tuple[list[str], list[str]]]:
 def _serves(worker: tuple[list[str], list[str]], task: str, version: int, queue: str) -> bool:
     queues, tasks = worker
     return f"{task}@{version}" in tasks and (not queues or queue in queues)
-
-
-# -- the dead-worker service -----------------------------------------------------------------
-
-
-def reap_dead_workers() -> dict[str, int]:
-    """One round of the leader's dead-worker service: for every worker whose beat is older than
-    DEAD_WORKER_SECONDS, make its running runs claimable now and delete its row, in one short
-    transaction. Returns {"workers": n, "runs": m}.
-
-    The runs' lease expiry becomes the dead worker's last beat, not this leader's clock:
-    claimers compare the expiry with their own clocks, and a leader whose clock ran ahead
-    would keep the runs from them for the difference. The last beat is on the database's
-    clock and DEAD_WORKER_SECONDS old or more, so neither the leader's clock nor a database
-    clock that far ahead of a claimer's delays the takeover. The runs' `due_at` is the reap
-    (database clock): the claim keeps it for a running run whose `due_at` is past its expiry,
-    so the claim-delay metric counts from when the runs became claimable, not from the beat."""
-    cutoff_sql, cutoff_params = db_now_sql(-engine_settings().dead_worker_seconds)
-    # Not sql.execute(): a statement shape per number of dead workers is not worth preparing.
-    with transaction.atomic(), connection.cursor() as cur:
-        # Locked, so a late beat of one of them waits and then re-inserts its row.
-        cur.execute(
-            f"SELECT id FROM {WORKER} WHERE last_heartbeat < {cutoff_sql}{skip_locked()}",
-            cutoff_params,
-        )
-        dead = [r[0] for r in cur.fetchall()]
-        if not dead:
-            return {"workers": 0, "runs": 0}
-        now_sql, now_params = db_now_sql()
-        ids = placeholders(len(dead))
-        last_beat = f"(SELECT w.last_heartbeat FROM {WORKER} w WHERE w.id = {RUN}.worker_id)"
-        cur.execute(
-            f"""UPDATE {RUN} SET available_at = {last_beat}, due_at = {now_sql}
-                WHERE status = 'running' AND worker_id IN ({ids})
-                    AND available_at > {last_beat}""",
-            [*now_params, *dead],
-        )
-        runs = cur.rowcount
-        cur.execute(f"DELETE FROM {WORKER} WHERE id IN ({ids})", dead)
-        workers = cur.rowcount
-    return {"workers": workers, "runs": runs}

@@ -25,7 +25,6 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from django.db import connection
 
@@ -34,9 +33,7 @@ from ..db.outages import DB_ERRORS, Outage
 from ..db.sql import db_now, db_now_sql, execute, fetchall
 from ..models import LeaderLease
 from . import registry
-
-if TYPE_CHECKING:
-    from ..worker.loop import Worker
+from .worker_process import WorkerProcess
 
 ROLE = "maintenance"
 LEASE = LeaderLease._meta.db_table
@@ -154,7 +151,7 @@ class Leader(threading.Thread):
     and tried again next round; if this thread itself dies, the worker stops (like the
     heartbeat), rather than run on without anyone doing maintenance."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerProcess) -> None:
         super().__init__(name="tasks-leader", daemon=True)
         self.worker = worker
         self.log = worker.log

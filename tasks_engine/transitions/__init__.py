@@ -31,6 +31,7 @@ from ._common import (
     outage_guard,
 )
 from .claims import ClaimRequest, anything_due_before, claim_runs, create_run, renew_leases
+from .dead_workers import alive, reap_dead_workers
 from .hot import DIRECT, HotWrite, write_alone, write_group
 from .outcomes import (
     cancel_active,
@@ -85,6 +86,7 @@ __all__ = [
     "Parking",
     "Renewal",
     "Writer",
+    "alive",
     "anything_due_before",
     "attempt_write",
     "cancel_active",
@@ -110,6 +112,7 @@ __all__ = [
     "outage_guard",
     "park_run",
     "park_run_unless",
+    "reap_dead_workers",
     "renew_leases",
     "request_cancel",
     "requeue_run",

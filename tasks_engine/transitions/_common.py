@@ -133,7 +133,7 @@ class Lease:
 class Claimed:
     lease: Lease
     run: WorkflowRun  # the row as the claim left it: no second read needed
-    # The first step's attempt the claim started (runtime/first_steps.py): (step name, step id).
+    # The first step's attempt the claim started (first_steps.py): (step name, step id).
     prestarted: tuple[str, int] | None = None
     at: float = field(default_factory=time.monotonic, compare=False)  # when claimed
 

@@ -29,8 +29,7 @@ from ..db.sql import (
     r_uuid,
 )
 from ..models import WorkflowRun
-from ..runtime import first_steps
-from . import claim_mode
+from . import claim_mode, first_steps
 from ._common import RUN, Claimed, Lease, LeaseKey, Renewal
 
 
@@ -176,7 +175,7 @@ def claim_ctes(
 
 @dataclass(frozen=True)
 class Prestart:
-    """The first-step guesses a claim sent (runtime/first_steps.py); its `ks` CTE exists if any."""
+    """The first-step guesses a claim sent (first_steps.py); its `ks` CTE exists if any."""
 
     guesses: dict[str, str]
 
@@ -262,7 +261,7 @@ def claim_update() -> str:
     """What a claim writes to each run it takes (the plain and the guarded claim alike).
     `due_at` (the claim-delay metric's start) is when the run became claimable: its
     `available_at`, except for a dead worker's run, whose lease expiry the leader set to the
-    worker's last beat and whose `due_at` to the reap (`workers.reap_dead_workers`); a
+    worker's last beat and whose `due_at` to the reap (`dead_workers.reap_dead_workers`); a
     running run's `due_at` is otherwise its claim's, before its lease expiry."""
     return (
         f"UPDATE {RUN} SET status = 'running', lease_token = {new_token_sql()}, worker_id = %s,"

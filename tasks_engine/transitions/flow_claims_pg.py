@@ -36,8 +36,7 @@ from ..conf import QueueLimits, engine_settings
 from ..db import pooler
 from ..db.sql import p_dt, query, statement_cursor
 from ..models import QueueClaim
-from ..runtime import first_steps
-from . import claim_mode
+from . import claim_mode, first_steps
 from ._common import RUN, Claimed
 from .claims import (
     CLAIM_COLUMNS,

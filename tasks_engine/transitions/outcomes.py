@@ -14,10 +14,10 @@ from ..db import notify
 from ..db.sql import execute, fetchall, is_postgres, p_dt, p_json, p_uuid
 from ..exceptions import DeadlineExceededError, LeaseLostError
 from ..models import StepAttempt, Worker, WorkflowRun
-from ..services.fleet import alive
 from ..states import ACTIVE, RunStatus
 from ..values.serialization import encode_error
 from ._common import RUN, STEP, Lease, attempt_write, holds
+from .dead_workers import alive
 from .hot import HotWrite, write_alone, writer_for
 from .steps import _close_running_attempts, flush_deferred
 

@@ -23,8 +23,7 @@ from .. import clock
 from ..db import notify
 from ..exceptions import UnknownRunError, UnknownStepError
 from ..models import Fact, StepAttempt, WorkflowRun
-from ..runtime.history import current_pass
-from ..states import FINISHED, RunStatus
+from ..states import FINISHED, RunStatus, current_pass
 from .outcomes import lock_parent
 
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELED)

@@ -35,7 +35,7 @@ def close_interrupted_attempts(lease: Lease) -> int:
 @attempt_write
 def drop_prestarted_step(lease: Lease, step_id: int) -> int:
     """Delete the first step's attempt a claim started on a wrong guess
-    (runtime/first_steps.py), still `running` under this attempt's token: no body ever ran for
+    (first_steps.py), still `running` under this attempt's token: no body ever ran for
     it."""
     sql = f"DELETE FROM {STEP} WHERE id = %s AND status = 'running' AND lease_token = %s"
     return execute(sql, [step_id, p_uuid(lease.token)])

@@ -246,10 +246,10 @@ def input_hash(value: Any, what: str = "the input") -> str:
 def encode_error(exc: BaseException) -> dict[str, str]:
     """The stored form of an error: shown in the admin and by `manage.py tasks inspect`.
 
-    Secrets are redacted as in the logs (`logs.redact_text`), and NUL characters, which
+    Secrets are redacted as in the logs (`secrets.redact_text`), and NUL characters, which
     PostgreSQL's jsonb refuses (the row would fail to store), become U+FFFD.
     """
-    from ..observe.logs import redact_text
+    from .secrets import redact_text
 
     cls = type(exc)
     message = str(exc).replace("\x00", "\ufffd")

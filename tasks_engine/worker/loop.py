@@ -258,6 +258,10 @@ class Worker:
         """Slots executing, queued for or reserving a run (the tasks_worker_slots_busy gauge)."""
         return self.slots.busy()
 
+    @property
+    def concurrency(self) -> int:
+        return self.config.concurrency
+
     def held(self) -> list[Held]:
         return self.slots.held()
 

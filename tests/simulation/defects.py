@@ -105,11 +105,11 @@ def inject(monkeypatch: Any) -> frozenset[str]:
     from tasks_engine.exceptions import StepTimeoutError
     from tasks_engine.runtime import step_api
     from tasks_engine.runtime.step_timeouts import StepTimer
-    from tasks_engine.services import fleet, retention
+    from tasks_engine.services import retention
 
     names = injected()
     if names & {"reap-ignores-worker", "reap-keeps-leases"}:
-        monkeypatch.setattr(fleet, "reap_dead_workers", functools.partial(_reap, names))
+        monkeypatch.setattr(transitions, "reap_dead_workers", functools.partial(_reap, names))
     if names & {n for n in INJECTABLE if n.startswith("prune-")}:
         monkeypatch.setattr(retention, "_prune_batch", functools.partial(_prune_batch, names))
     if "step-timer-ignored" in names:
@@ -154,13 +154,13 @@ def _no_transaction(atomic: Any, step: str = "") -> Iterator[None]:
 
 
 def _reap(names: frozenset[str]) -> dict[str, int]:
-    """workers.reap_dead_workers, broken as `names` say."""
+    """transitions.reap_dead_workers, broken as `names` say."""
     from django.db import connection, transaction
 
     from tasks_engine import clock
     from tasks_engine.conf import engine_settings
     from tasks_engine.db.sql import db_now_sql, p_dt, placeholders
-    from tasks_engine.services.fleet import RUN, WORKER
+    from tasks_engine.transitions.dead_workers import RUN, WORKER
 
     cutoff_sql, cutoff_params = db_now_sql(-engine_settings().dead_worker_seconds)
     with transaction.atomic(), connection.cursor() as cur:

@@ -33,7 +33,7 @@ Rules
   heartbeats      every worker's heartbeat
   stop_worker     graceful stop: draining, a grace of a few stops, abort, hand back
                   (`requeue_run`), exit (its row removed); its replacement beats a new row
-  reap            one round of the leader's dead-worker service (`fleet.reap_dead_workers`)
+  reap            one round of the leader's dead-worker service (`transitions.reap_dead_workers`)
                   after aging every worker row to its last beat on the fake clock (beats are
                   stamped with the database's clock)
   stall           worker w stalls for DEAD_WORKER_SECONDS + 1 while the others' heartbeats run,
@@ -147,10 +147,9 @@ from tasks_engine.exceptions import (
 )
 from tasks_engine.models import OpLedger, WorkflowRun
 from tasks_engine.models import Worker as WorkerRow
-from tasks_engine.runtime import first_steps
 from tasks_engine.services import fleet, retention
 from tasks_engine.states import FINISHED
-from tasks_engine.transitions import claim_mode
+from tasks_engine.transitions import claim_mode, first_steps
 from tasks_engine.worker.heartbeat import Heartbeat, WorkerHooks
 from tasks_engine.worker.slots import Held
 
@@ -709,7 +708,7 @@ class EngineSimulation(RuleBasedStateMachine):
 
     @rule()
     def reap(self) -> None:
-        """One round of the leader's dead-worker service (`fleet.reap_dead_workers`): the
+        """One round of the leader's dead-worker service (`transitions.reap_dead_workers`): the
         runs of every worker whose row beat more than DEAD_WORKER_SECONDS ago (on the fake
         clock) become claimable at once, and the rows go; the others' runs and rows stay."""
         dead_after = engine_settings().dead_worker_seconds
@@ -717,7 +716,7 @@ class EngineSimulation(RuleBasedStateMachine):
         rows = set(WorkerRow.objects.values_list("id", flat=True))
         running = WorkflowRun.objects.filter(status="running")
         before = {r[0]: r[1:] for r in running.values_list("id", "worker_id", "available_at")}
-        fleet.reap_dead_workers()
+        transitions.reap_dead_workers()
         now = self.env.clock.now()
         reaped = rows - set(WorkerRow.objects.values_list("id", flat=True))
         after = dict(

@@ -198,7 +198,7 @@ class FirstStep(BaseModel):
 
 @workflow(name="first_step_varies", input=FirstStep)
 def first_step_varies(ctx: TaskContext) -> dict:
-    """Begins with the step its input names, a sleep, or no step: runtime/first_steps.py's
+    """Begins with the step its input names, a sleep, or no step: transitions/first_steps.py's
     guess of its first step can be wrong."""
     first = ctx.input.first
     if not first:

@@ -108,7 +108,7 @@ WHERE id IN (
 RETURNING {columns}
 
 -- claim_prestart --
--- The claim's start of each fresh run's first step, as this worker guessed it (runtime/first_steps.py), in CTE `ks` after the claim's `k`: the attempt StepBase._start would insert, written in the claim's commit. Only a run's first claim, with no step recorded, no cancel requested (the start fence's condition; the claim holds the row) and its deadline not passed. %(first_steps)s: {"name@version": step name}.
+-- The claim's start of each fresh run's first step, as this worker guessed it (transitions/first_steps.py), in CTE `ks` after the claim's `k`: the attempt StepBase._start would insert, written in the claim's commit. Only a run's first claim, with no step recorded, no cancel requested (the start fence's condition; the claim holds the row) and its deadline not passed. %(first_steps)s: {"name@version": step name}.
 ks AS (
     INSERT INTO tasks_engine_stepattempt (run_id, name, kind, status, attempt, run_pass,
         counted, worker_id, lease_token, started_at)

@@ -23,8 +23,8 @@ from tasks_engine.exceptions import (
     UnknownTaskError,
 )
 from tasks_engine.models import WorkflowRun
-from tasks_engine.observe.logs import mask_secrets
 from tasks_engine.states import RunStatus
+from tasks_engine.values.secrets import mask_secrets
 
 from ..cli import OneLineErrors, _one_line, json_value, positive_int, retention_days
 
