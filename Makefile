@@ -87,6 +87,7 @@ bench: $(STAMP)
 # from the nav fails the build (not --quiet: it hides the warnings strict mode counts). Output
 # in site/.
 docs: $(STAMP)
+	scripts/fetch-mermaid
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
