@@ -53,10 +53,13 @@ __all__ = [
     "UnstorableValueError",
     "Workflow",
     "cancel",
+    "cancel_runs",
     "enqueue",
+    "enqueue_many",
     "get_run",
     "list_runs",
     "retry_run",
+    "retry_runs",
     "signal",
     "wait",
     "workflow",
@@ -64,6 +67,7 @@ __all__ = [
 
 _ENGINE = {
     "enqueue",
+    "enqueue_many",
     "signal",
     "cancel",
     "retry_run",
@@ -74,8 +78,10 @@ _ENGINE = {
     "Signaled",
     "RunView",
 }
+_BULK = {"cancel_runs", "retry_runs"}
 
 if TYPE_CHECKING:
+    from .bulk import cancel_runs, retry_runs
     from .context import TaskContext
     from .engine import (
         Enqueued,
@@ -83,6 +89,7 @@ if TYPE_CHECKING:
         Signaled,
         cancel,
         enqueue,
+        enqueue_many,
         get_run,
         list_runs,
         retry_run,
@@ -96,6 +103,10 @@ def __getattr__(name: str) -> Any:
         from . import engine
 
         return getattr(engine, name)
+    if name in _BULK:
+        from . import bulk
+
+        return getattr(bulk, name)
     if name == "TaskContext":
         from .context import TaskContext
 

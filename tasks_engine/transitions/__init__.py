@@ -5,11 +5,12 @@ no row means the attempt lost its lease, and raises `LeaseLostError`. On Postgre
 takes a share lock on the run row, so a concurrent reclaim either waits for the write or makes
 it fail; on SQLite each statement runs under the single writer lock.
 
-Modules: `claims` (create, claim, renew), `hot` (the hot writes: a step's start, the deferred
-step completion, a run's completion; alone or as a group, through the attempt's `Writer`),
-`steps` (attempts), `outcomes` (complete, fail, requeue, park, cancel, wake), `waiting` (facts,
-parking under the row lock), `retry` (an operator's retry), `awaiting` (runs someone waits
-on). Everything is re-exported here; callers use `transitions.<name>`.
+Modules: `creating` (new runs, one or many in one statement), `claims` (claim, renew), `hot`
+(the hot writes: a step's start, the deferred step completion, a run's completion; alone or as
+a group, through the attempt's `Writer`), `steps` (attempts), `outcomes` (complete, fail,
+requeue, park, cancel, wake; cancels of many runs at once), `waiting` (facts, parking under
+the row lock), `retry` (an operator's retry, of one run or a batch), `awaiting` (runs someone
+waits on). Everything is re-exported here; callers use `transitions.<name>`.
 
 Lock order: a parent's run row before its child's; a run row before its step attempts.
 """
@@ -30,7 +31,8 @@ from ._common import (
     holds,
     outage_guard,
 )
-from .claims import ClaimRequest, anything_due_before, claim_runs, create_run, renew_leases
+from .claims import ClaimRequest, anything_due_before, claim_runs, renew_leases
+from .creating import NewRun, create_runs
 from .hot import DIRECT, HotWrite, write_alone, write_group
 from .outcomes import (
     cancel_active,
@@ -82,6 +84,7 @@ __all__ = [
     "HotWrite",
     "Lease",
     "LeaseKey",
+    "NewRun",
     "Parking",
     "Renewal",
     "Writer",
@@ -95,7 +98,7 @@ __all__ = [
     "claim_runs",
     "close_interrupted_attempts",
     "complete_run",
-    "create_run",
+    "create_runs",
     "defer_step_completion",
     "drop_prestarted_step",
     "end_orphaned_cancels",
