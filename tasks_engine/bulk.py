@@ -31,6 +31,7 @@ from .transitions.retry import RETRYABLE
 BATCH = 500
 BATCH_TRIES = 5
 Progress = Callable[[int, int], None]  # (runs changed so far, runs looked at so far)
+Changed = Callable[[list[uuid.UUID]], None]  # a committed batch's changed runs
 
 
 def cancel_runs(
@@ -48,8 +49,7 @@ def cancel_runs(
     A running run already asked to stop is not counted again."""
     check_reason(reason)
     runs = matching(task=task, status=status, queue=queue, tags=tags, created_before=created_before)
-    runs = runs.filter(status__in=list(ACTIVE))
-    return _in_batches(runs, lambda ids: transitions.cancel_batch(ids, reason or ""), progress)
+    return cancel_queryset(runs, reason, progress=progress)
 
 
 def retry_runs(
@@ -68,9 +68,41 @@ def retry_runs(
     retried. `by` names who retried, for each run's retry history."""
     check_reason(reason)
     runs = matching(task=task, status=status, queue=queue, tags=tags, created_before=created_before)
-    runs = runs.filter(status__in=list(RETRYABLE))
+    return retry_queryset(runs, reason, by=by, progress=progress)
+
+
+def cancel_queryset(
+    runs: QuerySet[WorkflowRun],
+    reason: str | None,
+    *,
+    progress: Progress | None = None,
+    changed: Changed | None = None,
+) -> int:
+    """`cancel_runs` of the runs of a queryset the caller filtered (the admin's list):
+    `changed(ids)` hears of each batch's canceled runs once it has committed."""
+    check_reason(reason)
+    active = runs.filter(status__in=list(ACTIVE))
     return _in_batches(
-        runs, lambda ids: transitions.retry_batch(ids, reason=reason or "", by=by), progress
+        active, lambda ids: transitions.cancel_batch(ids, reason or ""), progress, changed
+    )
+
+
+def retry_queryset(
+    runs: QuerySet[WorkflowRun],
+    reason: str | None,
+    *,
+    by: str = "",
+    progress: Progress | None = None,
+    changed: Changed | None = None,
+) -> int:
+    """`retry_runs` of the runs of a queryset the caller filtered (see `cancel_queryset`)."""
+    check_reason(reason)
+    retryable = runs.filter(status__in=list(RETRYABLE))
+    return _in_batches(
+        retryable,
+        lambda ids: transitions.retry_batch(ids, reason=reason or "", by=by),
+        progress,
+        changed,
     )
 
 
@@ -111,8 +143,9 @@ def matching(
 
 def _in_batches(
     runs: QuerySet[WorkflowRun],
-    act: Callable[[list[uuid.UUID]], int],
+    act: Callable[[list[uuid.UUID]], list[uuid.UUID]],
     progress: Progress | None,
+    on_changed: Changed | None,
 ) -> int:
     changed = seen = 0
     after: uuid.UUID | None = None
@@ -121,14 +154,19 @@ def _in_batches(
         ids = list(page.order_by("pk").values_list("pk", flat=True)[:BATCH])
         if not ids:
             return changed
-        changed += _retrying(act, ids)
+        done = _retrying(act, ids)
+        if on_changed is not None and done:
+            on_changed(done)
+        changed += len(done)
         seen += len(ids)
         after = ids[-1]
         if progress is not None:
             progress(changed, seen)
 
 
-def _retrying(act: Callable[[list[uuid.UUID]], int], ids: list[uuid.UUID]) -> int:
+def _retrying(
+    act: Callable[[list[uuid.UUID]], list[uuid.UUID]], ids: list[uuid.UUID]
+) -> list[uuid.UUID]:
     """One batch; a deadlock with a worker's write (or SQLite's busy lock) rolled it back
     whole, so it is tried again after a short pause."""
     for attempt in range(BATCH_TRIES):

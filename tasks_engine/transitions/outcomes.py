@@ -261,9 +261,9 @@ def cancel_all_active(runs: list[WorkflowRun], reason: str) -> None:
     cancel_children_of([run.pk for run in runs], reason)
 
 
-def cancel_batch(run_ids: list[uuid.UUID], reason: str) -> int:
+def cancel_batch(run_ids: list[uuid.UUID], reason: str) -> list[uuid.UUID]:
     """engine.cancel_runs' batch, in one transaction: each run still unfinished (and not a
-    running run already asked to stop) is canceled as `engine.cancel` does; how many were."""
+    running run already asked to stop) is canceled as `engine.cancel` does; the ids of those."""
     with transaction.atomic():
         lock_parents(run_ids)  # parent rows before their children's, as every run end takes them
         runs = [
@@ -274,7 +274,7 @@ def cancel_batch(run_ids: list[uuid.UUID], reason: str) -> int:
             if run.status != RunStatus.RUNNING or run.cancel_requested_at is None
         ]
         cancel_all_active(runs, reason)
-    return len(runs)
+    return [run.pk for run in runs]
 
 
 def _holders_gone(runs: list[WorkflowRun]) -> set[uuid.UUID]:

@@ -62,9 +62,9 @@ def retry_run(
     return True
 
 
-def retry_batch(run_ids: list[uuid.UUID], *, reason: str = "", by: str = "") -> int:
+def retry_batch(run_ids: list[uuid.UUID], *, reason: str = "", by: str = "") -> list[uuid.UUID]:
     """engine.retry_runs' batch, in one transaction: each run `retry_run` would retry now is
-    sent back as it does (without from_step); how many were."""
+    sent back as it does (without from_step); the ids of those."""
     with transaction.atomic():
         lock_parents(run_ids)  # parent rows first, as every run end takes them
         runs = list(
@@ -81,7 +81,7 @@ def retry_batch(run_ids: list[uuid.UUID], *, reason: str = "", by: str = "") -> 
             is None
         ]
         _send_back(keep, reason=reason, by=by, from_step=None)
-    return len(keep)
+    return [run.pk for run in keep]
 
 
 def _send_back(runs: list[WorkflowRun], *, reason: str, by: str, from_step: str | None) -> None:
