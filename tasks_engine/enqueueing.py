@@ -88,19 +88,19 @@ def _repeats(task_name: str, runs: list[NewRun]) -> dict[int, int]:
 def _held_by_idempotency_key(
     task_name: str, runs: list[NewRun], todo: list[int], answers: list[Answer | None]
 ) -> None:
-    keyed = [i for i in todo if runs[i].idempotency_key is not None]
-    held: dict[str, tuple[uuid.UUID, str]] = {}
-    for chunk in _chunks(sorted({runs[i].idempotency_key for i in keyed}), LOOKUP_CHUNK):
+    keys = {i: key for i in todo if (key := runs[i].idempotency_key) is not None}
+    held: dict[str | None, tuple[uuid.UUID, str]] = {}
+    for chunk in _chunks(sorted(set(keys.values())), LOOKUP_CHUNK):
         rows = WorkflowRun.objects.filter(task_name=task_name, idempotency_key__in=chunk)
         for key, pk, digest in rows.values_list("idempotency_key", "pk", "input_hash"):
             held[key] = (pk, digest)
-    for i in keyed:
-        found = held.get(runs[i].idempotency_key)  # type: ignore[arg-type]
+    for i, key in keys.items():
+        found = held.get(key)
         if found is None:
             continue
         if found[1] != runs[i].input_hash:
             raise IdempotencyConflict(
-                f"idempotency key {runs[i].idempotency_key!r} of task {task_name!r} is taken by"
+                f"idempotency key {key!r} of task {task_name!r} is taken by"
                 f" run {found[0]} with a different input"
             )
         answers[i] = (found[0], True)
@@ -110,13 +110,15 @@ def _held_by_queueing_key(
     runs: list[NewRun], todo: list[int], answers: list[Answer | None]
 ) -> None:
     """The queued runs holding the queueing keys (run_queueing_key_unique's rows)."""
-    keyed = [i for i in todo if answers[i] is None and runs[i].queueing_key is not None]
-    holders: dict[str, uuid.UUID] = {}
-    for chunk in _chunks(sorted({runs[i].queueing_key for i in keyed}), LOOKUP_CHUNK):
+    keys = {
+        i: key for i in todo if answers[i] is None and (key := runs[i].queueing_key) is not None
+    }
+    holders: dict[str | None, uuid.UUID] = {}
+    for chunk in _chunks(sorted(set(keys.values())), LOOKUP_CHUNK):
         rows = WorkflowRun.objects.filter(queueing_key__in=chunk, **QUEUED)
         holders.update(rows.values_list("queueing_key", "pk"))
-    for i in keyed:
-        holder = holders.get(runs[i].queueing_key)  # type: ignore[arg-type]
+    for i, key in keys.items():
+        holder = holders.get(key)
         if holder is not None:
             answers[i] = (holder, True)
 

@@ -56,7 +56,7 @@ def test_cancel_all_matching_acts_on_the_whole_filter_after_a_confirmation(
     assert set(canceled.values_list("cancel_reason", flat=True)) == {"bulk"}
     assert WorkflowRun.objects.filter(status="pending", tags={"customer": "7"}).count() == 3
     logged = LogEntry.objects.filter(change_message="Canceled: bulk")
-    assert sorted(logged.values_list("object_id", flat=True)) == sorted(
+    assert sorted(str(i) for i in logged.values_list("object_id", flat=True)) == sorted(
         str(pk) for pk in canceled.values_list("pk", flat=True)
     )
 

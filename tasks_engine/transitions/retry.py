@@ -73,7 +73,9 @@ def retry_batch(run_ids: list[uuid.UUID], *, reason: str = "", by: str = "") -> 
             .order_by("pk")
         )
         parent_ids = {run.parent_run_id for run in runs if run.parent_run_id is not None}
-        parents = dict(WorkflowRun.objects.filter(pk__in=parent_ids).values_list("pk", "status"))
+        parents: dict[uuid.UUID | None, str] = dict(
+            WorkflowRun.objects.filter(pk__in=parent_ids).values_list("pk", "status")
+        )
         keep = [
             run
             for run in runs

@@ -206,7 +206,7 @@ class Command(OneLineErrors, BaseCommand):
         )
         rows = [{"run_id": str(r.run_id), "deduplicated": r.deduplicated} for r in done]
         text = "\n".join(
-            r["run_id"] + (" (deduplicated)" if r["deduplicated"] else "") for r in rows
+            f"{r.run_id}" + (" (deduplicated)" if r.deduplicated else "") for r in done
         )
         return {"json": rows, "text": text or "(no inputs)"}
 
