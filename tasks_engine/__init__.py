@@ -54,10 +54,13 @@ __all__ = [
     "UnstorableValueError",
     "Workflow",
     "cancel",
+    "cancel_runs",
     "enqueue",
+    "enqueue_many",
     "get_run",
     "list_runs",
     "retry_run",
+    "retry_runs",
     "signal",
     "wait",
     "workflow",
@@ -65,6 +68,7 @@ __all__ = [
 
 _ENGINE = {
     "enqueue",
+    "enqueue_many",
     "signal",
     "cancel",
     "retry_run",
@@ -75,6 +79,7 @@ _ENGINE = {
     "Signaled",
     "RunView",
 }
+_BULK = {"cancel_runs", "retry_runs"}
 
 if TYPE_CHECKING:
     from .engine import (
@@ -83,27 +88,35 @@ if TYPE_CHECKING:
         Signaled,
         cancel,
         enqueue,
+        enqueue_many,
         get_run,
         list_runs,
         retry_run,
         signal,
         wait,
     )
+    from .operations.bulk import cancel_runs, retry_runs
     from .runtime.context import TaskContext
     from .runtime.fencing import OpInfo
 
 
-def __getattr__(name: str) -> Any:
-    if name in _ENGINE:
-        from . import engine
+if not TYPE_CHECKING:  # type checkers see the names above, not a catch-all for any name
 
-        return getattr(engine, name)
-    if name == "TaskContext":
-        from .runtime.context import TaskContext
+    def __getattr__(name: str) -> Any:
+        if name in _ENGINE:
+            from . import engine
 
-        return TaskContext
-    if name == "OpInfo":  # what `ctx.step.op` passes to its function
-        from .runtime.fencing import OpInfo
+            return getattr(engine, name)
+        if name in _BULK:
+            from .operations import bulk
 
-        return OpInfo
-    raise AttributeError(f"module 'tasks_engine' has no attribute {name!r}")
+            return getattr(bulk, name)
+        if name == "TaskContext":
+            from .runtime.context import TaskContext
+
+            return TaskContext
+        if name == "OpInfo":  # what `ctx.step.op` passes to its function
+            from .runtime.fencing import OpInfo
+
+            return OpInfo
+        raise AttributeError(f"module 'tasks_engine' has no attribute {name!r}")

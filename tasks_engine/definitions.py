@@ -17,6 +17,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from .exceptions import NonRetryableError, UnknownTaskError
 from .values.durations import MAX_DURATION, duration_seconds
 from .values.serialization import TOO_DEEP, nested_too_deeply, to_jsonable, unstorable
+from .values.tags import check_tags
 from .values.text import check_text
 
 if TYPE_CHECKING:
@@ -138,6 +139,8 @@ class Workflow:
     # (tasks_engine/schedules/). Checked by `manage.py check`, not here.
     schedule: str | None = None
     schedule_timezone: str = "UTC"
+    # Tags every run of the workflow carries, under the enqueue's own (tasks_engine/tags.py).
+    tags: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -308,9 +311,11 @@ def workflow(
     deadline: timedelta | None = None,
     schedule: str | None = None,
     schedule_timezone: str = "UTC",
+    tags: dict[str, str] | None = None,
 ) -> Any:
     """Register a workflow. Usable bare (`@workflow`) or with arguments. `deadline`: runs
-    enqueued without a `deadline_at` get created + deadline."""
+    enqueued without a `deadline_at` get created + deadline. `tags`: every run's defaults,
+    under the enqueue's own (ValueError here for a pair the rule refuses)."""
     if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
         raise TypeError("workflow input must be a pydantic BaseModel subclass")
     _check_definition(name, version, queue, retry, step_retry, priority)
@@ -320,6 +325,7 @@ def workflow(
         ):
             raise TypeError(f"{what} must be a non-empty string or a callable of the input")
     _check_limit(concurrency_limit)
+    default_tags = check_tags(tags, "workflow tags")
     if deadline is not None and (
         not isinstance(deadline, timedelta) or not timedelta(0) < deadline <= MAX_DURATION
     ):
@@ -345,6 +351,7 @@ def workflow(
             deadline=deadline,
             schedule=schedule,
             schedule_timezone=schedule_timezone,
+            tags=default_tags,
         )
         return registry.register(wf)
 

@@ -4,20 +4,26 @@ transitions do the writes."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pydantic
 from django.db import transaction
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from . import transitions
 from .db import notify
+from .db.sql import is_postgres
 from .definitions import Workflow, check_priority, is_integer, registry
-from .exceptions import IdempotencyConflict, UnknownRunError, UnknownStepError
-from .models import QUEUED, Fact, StepAttempt, WorkflowRun
+from .exceptions import UnknownRunError, UnknownStepError
+from .models import Fact, StepAttempt, WorkflowRun
 from .observe import tracing
 from .run_waiter import wait_finished
 from .states import FINISHED, RunStatus
+from .transitions import enqueueing
+from .values import tags as run_tags
 from .values.serialization import check_reason, input_hash, to_jsonable
 from .values.text import check_text
 
@@ -77,6 +83,7 @@ class RunView:
     queueing_key: str | None = None
     waiting_on: str = ""
     retries: list[dict[str, Any]] = field(default_factory=list)  # retry_run: at, by, reason
+    tags: dict[str, str] = field(default_factory=dict)
     steps: list[StepView] = field(default_factory=list)
 
     @property
@@ -128,6 +135,7 @@ def _view(run: WorkflowRun, steps: list[StepView] | None = None) -> RunView:
         queueing_key=run.queueing_key,
         waiting_on=run.waiting_on,
         retries=list(run.retries or []),
+        tags=dict(run.tags or {}),
         steps=steps or [],
     )
 
@@ -203,29 +211,91 @@ def enqueue(
     queueing_key: str | None = None,
     parent_run_id: uuid.UUID | None = None,
     parent_step: str = "",
+    tags: dict[str, str] | None = None,
 ) -> Enqueued:
     """Create a run on the caller's connection: it commits or rolls back with the caller.
     `concurrency_key` and `concurrency_limit` override the workflow's, as `queueing_key` does
     (docs/FLOW_CONTROL.md). With a queueing key that a queued run holds (pending, never
-    started), that run is the answer (`deduplicated=True`) and nothing is written."""
+    started), that run is the answer (`deduplicated=True`) and nothing is written. `tags` go
+    over the workflow's own; a child run (`parent_run_id`) also carries its parent's."""
+    wf = _workflow(task, version)
+    data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
+    options = _options(
+        wf,
+        queue=queue,
+        priority=priority,
+        available_at=available_at,
+        deadline_at=deadline_at,
+        trace_id=trace_id,
+        tags=tags,
+        parent_run_id=parent_run_id,
+    )
+    run = _new_run(
+        wf,
+        data,
+        options,
+        idempotency_key=idempotency_key,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+        queueing_key=queueing_key,
+    )
+    run.parent_run_id, run.parent_step = parent_run_id, parent_step
+    [(run_id, deduplicated)] = enqueueing.answer(wf.name, [run])
+    return Enqueued(run_id, deduplicated)
+
+
+def enqueue_many(
+    task: str | Workflow,
+    inputs: Iterable[Any],
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    idempotency_keys: Sequence[str | None] | None = None,
+    available_at: datetime | None = None,
+    tags: dict[str, str] | None = None,
+) -> list[Enqueued]:
+    """Create a run per input, in a few statements, on the caller's connection (inside its
+    transaction if any), and answer each as `enqueue` would, in order. All or nothing: an
+    invalid input raises `pydantic.ValidationError` naming its index, an idempotency key taken
+    with another input `IdempotencyConflict`, and nothing is written."""
+    wf = _workflow(task, None)
+    if isinstance(inputs, str | bytes | dict) or not isinstance(inputs, Iterable):
+        raise TypeError(f"inputs must be a list of inputs, not {type(inputs).__name__}")
+    items = list(inputs)
+    keys = _idempotency_keys(idempotency_keys, len(items))
+    options = _options(wf, queue=queue, priority=priority, available_at=available_at, tags=tags)
+    stored = _validated(wf, items)  # pydantic.ValidationError: nothing written
+    runs = [_new_item(wf, i, data, options, keys[i]) for i, data in enumerate(stored)]
+    if not runs:
+        return []
+    with transaction.atomic():  # a conflict found after the insert takes it back
+        answers = enqueueing.answer(wf.name, runs)
+    return [Enqueued(run_id, deduplicated) for run_id, deduplicated in answers]
+
+
+def _workflow(task: str | Workflow, version: int | None) -> Workflow:
     if version is not None and not is_integer(version):
         # "1" was looked up as "unknown task a@1" beside a registered a@1; True and 1.0 ran as 1
         raise TypeError(f"version must be an integer, not {version!r}")
     if isinstance(task, Workflow):
         version = task.version if version is None else version
         task = task.name
-    wf = registry.get(task, version)
-    data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
-    key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
-    limit = wf.limit_for(key, concurrency_limit)
-    queueing = wf.queueing_key_for(data, queueing_key)  # ValueError: nothing written
-    for what, value in (
-        ("queue", queue),
-        ("idempotency_key", idempotency_key),
-        ("concurrency_key", key),
-        ("queueing_key", queueing),
-        ("trace_id", trace_id or None),  # "": a new one, as None
-    ):
+    return registry.get(task, version)
+
+
+def _options(
+    wf: Workflow,
+    *,
+    queue: str | None,
+    priority: int | None,
+    available_at: datetime | None,
+    deadline_at: datetime | None = None,
+    trace_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    parent_run_id: uuid.UUID | None = None,
+) -> dict[str, Any]:
+    """The columns an enqueue gives all its runs, checked (ValueError, TypeError)."""
+    for what, value in (("queue", queue), ("trace_id", trace_id or None)):  # "": a new one
         if value is not None:
             _check_text(what, value)
     if priority is not None:
@@ -233,68 +303,100 @@ def enqueue(
     for what, when in (("available_at", available_at), ("deadline_at", deadline_at)):
         if when is not None:
             check_time(what, when)
-    digest = input_hash(data, f"the input of {wf.key}")  # UnstorableValueError: unwritten
-    fields: dict[str, Any] = {
-        "task_name": wf.name,
-        "version": wf.version,
+    own = run_tags.check_tags(tags)
+    inherited = _parent_tags(parent_run_id) if parent_run_id is not None else {}
+    return {
         "queue": wf.queue if queue is None else queue,
         "priority": wf.priority if priority is None else priority,
-        "input": data,
-        "idempotency_key": idempotency_key,
-        "input_hash": digest,
         "trace_id": trace_id or tracing.new_trace_id(),
         "available_at": available_at,
         "deadline_at": deadline_at,
         "deadline_after": wf.deadline,  # without deadline_at: created + the workflow's
-        "parent_run_id": parent_run_id,
-        "parent_step": parent_step,
-        "concurrency_key": key,
-        "concurrency_limit": limit,
-        "queueing_key": queueing,
+        "tags": run_tags.merged({**wf.tags, **inherited}, own) or None,
     }
-    # A key is taken by a row that a concurrent transaction may yet end (committed, the
-    # queued run claimed): the insert waits for it, and the lookup below then finds the
-    # holder, or nothing and the insert is tried again.
-    for _ in range(_TAKEN_TRIES):
-        run_id = transitions.create_run(**fields)
-        if run_id is not None:
-            return Enqueued(run_id, False)
-        if idempotency_key is not None:
-            found = _existing(wf.name, idempotency_key, digest)
-            if found is not None:
-                return found
-        if queueing is not None and (held := _queued_with(queueing)) is not None:
-            return Enqueued(held, True)
-    raise RuntimeError(
-        f"enqueue of {wf.key}: a key stayed taken by runs that were gone when looked up"
-        f" ({_TAKEN_TRIES} tries)"
+
+
+def _parent_tags(parent_run_id: uuid.UUID) -> dict[str, str]:
+    """A child carries its parent's tags (over its workflow's defaults)."""
+    found = WorkflowRun.objects.filter(pk=parent_run_id).values_list("tags", flat=True).first()
+    return dict(found or {})
+
+
+def _new_run(
+    wf: Workflow,
+    data: Any,
+    options: dict[str, Any],
+    *,
+    idempotency_key: str | None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+    queueing_key: str | None = None,
+) -> transitions.NewRun:
+    """One run of `wf` with its validated input `data`, its keys checked (ValueError; the
+    input's size and depth: UnstorableValueError)."""
+    key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
+    limit = wf.limit_for(key, concurrency_limit)
+    queueing = wf.queueing_key_for(data, queueing_key)  # ValueError: nothing written
+    for what, value in (
+        ("idempotency_key", idempotency_key),
+        ("concurrency_key", key),
+        ("queueing_key", queueing),
+    ):
+        if value is not None:
+            _check_text(what, value)
+    return transitions.NewRun(
+        task_name=wf.name,
+        version=wf.version,
+        input=data,
+        input_hash=input_hash(data, f"the input of {wf.key}"),
+        idempotency_key=idempotency_key,
+        concurrency_key=key,
+        concurrency_limit=limit,
+        queueing_key=queueing,
+        **options,
     )
 
 
-_TAKEN_TRIES = 5
+def _validated(wf: Workflow, items: list[Any]) -> list[Any]:
+    """Every input validated; the errors of all the bad ones in one `pydantic.ValidationError`
+    whose locations start with the input's index."""
+    stored: list[Any] = []
+    errors: list[InitErrorDetails] = []
+    for i, item in enumerate(items):
+        try:
+            stored.append(wf.validate_input(item))
+        except pydantic.ValidationError as exc:
+            errors += [
+                {
+                    "type": PydanticCustomError(e["type"], "{message}", {"message": e["msg"]}),
+                    "loc": (i, *e["loc"]),
+                    "input": e["input"],
+                }
+                for e in exc.errors(include_url=False)
+            ]
+    if errors:
+        raise pydantic.ValidationError.from_exception_data(f"inputs of {wf.key}", errors)
+    return stored
 
 
-def _queued_with(queueing_key: str) -> uuid.UUID | None:
-    """The queued run holding `queueing_key` (run_queueing_key_unique's rows)."""
-    held = WorkflowRun.objects.filter(queueing_key=queueing_key, **QUEUED)
-    row: uuid.UUID | None = held.values_list("pk", flat=True).first()
-    return row
+def _new_item(
+    wf: Workflow, index: int, data: Any, options: dict[str, Any], key: str | None
+) -> transitions.NewRun:
+    """`_new_run` for the input at `index` of enqueue_many: its errors name the index."""
+    try:
+        return _new_run(wf, data, options, idempotency_key=key)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"inputs[{index}]: {exc}") from exc
 
 
-def _existing(task_name: str, key: str, digest: str) -> Enqueued | None:
-    row = (
-        WorkflowRun.objects.filter(task_name=task_name, idempotency_key=key)
-        .values_list("pk", "input_hash")
-        .first()
-    )
-    if row is None:
-        return None
-    if row[1] != digest:
-        raise IdempotencyConflict(
-            f"idempotency key {key!r} of task {task_name!r} is taken by run {row[0]} "
-            "with a different input"
-        )
-    return Enqueued(row[0], True)
+def _idempotency_keys(keys: Sequence[str | None] | None, count: int) -> list[str | None]:
+    if keys is None:
+        return [None] * count
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise TypeError(f"idempotency_keys must be a list, not {type(keys).__name__}")
+    if len(keys) != count:
+        raise ValueError(f"idempotency_keys has {len(keys)} keys for {count} inputs")
+    return list(keys)
 
 
 def get_run(run_id: uuid.UUID | str) -> RunView | None:
@@ -330,8 +432,10 @@ def list_runs(
     task: str | None = None,
     status: str | None = None,
     version: int | None = None,
+    tags: dict[str, str] | None = None,
     limit: int = 50,
 ) -> list[RunView]:
+    """The newest runs first, at most `limit`; with `tags`, those that carry every pair."""
     if status is not None and status not in RunStatus.values:
         raise ValueError(f"unknown status {status!r}; one of {', '.join(RunStatus.values)}")
     if version is not None and not is_integer(version):
@@ -345,6 +449,7 @@ def list_runs(
         qs = qs.filter(version=version)
     if status is not None:
         qs = qs.filter(status=status)
+    qs = run_tags.with_tags(qs, run_tags.check_tags(tags), postgres=is_postgres())
     # A LIMIT past the 64-bit range is refused by both databases (bigint out of range); no
     # table holds that many runs, so it means "all" as the largest one the statement takes.
     return [_view(run) for run in qs[: min(max(limit, 0), LIMIT_MAX)]]

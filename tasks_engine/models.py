@@ -74,6 +74,9 @@ class WorkflowRun(models.Model):
     # At most one queued run per key: while a run with the key waits to start for the first
     # time, an enqueue with the same key returns that run (run_queueing_key_unique).
     queueing_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # Pairs to find runs by (tasks_engine/tags.py). NULL without any: no entry in the tag
+    # index, which exists on PostgreSQL only (migration 0016: GIN jsonb_path_ops).
+    tags = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -48,8 +48,9 @@ class Edge(NamedTuple):
 
 START = Edge(
     "enqueue",
-    "create_run",
-    "engine.enqueue: callers, run_child, schedules, the django.tasks backend",
+    "create_runs",
+    "engine.enqueue (callers, run_child, schedules, the django.tasks backend) and"
+    " engine.enqueue_many",
 )
 
 # (from, to) -> the edge. `tests/test_states.py` reads transitions/ to check that every

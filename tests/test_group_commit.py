@@ -112,19 +112,19 @@ def test_the_claim_never_takes_a_run_the_same_statement_writes(fake_clock: FakeC
 
 def test_the_claim_filter_quotes_task_names() -> None:
     weird = 'we"ird,{name}\\with'
-    transitions.create_run(
-        task_name=weird,
-        version=1,
-        queue="default",
-        priority=0,
-        input={},
-        idempotency_key=None,
-        input_hash="",
-        trace_id="",
-        available_at=clock.now() - timedelta(seconds=1),
-        deadline_at=None,
-        parent_run_id=None,
-        parent_step="",
+    transitions.create_runs(
+        [
+            transitions.NewRun(
+                task_name=weird,
+                version=1,
+                queue="default",
+                priority=0,
+                input={},
+                input_hash="",
+                trace_id="",
+                available_at=clock.now() - timedelta(seconds=1),
+            )
+        ]
     )
     assert transitions.claim_runs("w", [("weird", 1)], None, 1, 30) == []
     [c] = transitions.claim_runs("w", [(weird, 1)], None, 1, 30)

@@ -13,7 +13,7 @@ import json
 import uuid
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -27,6 +27,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
+from ..db.sql import is_postgres
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from ..states import RunStatus
 from ..values.secrets import mask_secrets
@@ -34,6 +35,7 @@ from . import stats as admin_stats
 from .cancel_actions import CANCEL, CancelMixin
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
+from .matching import MatchingMixin
 from .operator_actions import unknown_object
 from .paging import CappedPaginator, RunPaginator
 from .queue_pages import QueuesMixin
@@ -97,7 +99,7 @@ class ReadOnlyAdmin(RefuseMalformedSelectionMixin, RefuseNulLookupsMixin, admin.
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
+class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
     list_display = (
         "short_id",
         "task",
@@ -118,18 +120,31 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
         ("created_at", admin.DateFieldListFilter),
     )
     search_fields = ("id",)  # shows the search box; get_search_results does the matching
-    search_help_text = "Exact run id (or its first 8 characters), idempotency key or trace id."
+    search_help_text = (
+        "Exact run id (or its first 8 characters), idempotency key or trace id;"
+        " tag:KEY=VALUE (several: every pair must match)."
+    )
     ordering = ("-created_at",)
     sortable_by = ("created",)
     actions = ("cancel_selected", "retry_selected")
 
     def get_urls(self) -> list[Any]:
-        return self.cancel_urls() + self.retry_urls() + self.queues_urls() + super().get_urls()
+        return (
+            self.cancel_urls()
+            + self.retry_urls()
+            + self.matching_urls()
+            + self.queues_urls()
+            + super().get_urls()
+        )
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
     ) -> tuple[QuerySet, bool]:
-        return search_runs(queryset, search_term), False
+        try:
+            return search_runs(queryset, search_term, postgres=is_postgres()), False
+        except ValueError as exc:  # a tag:K=V the tag rule refuses
+            messages.error(request, str(exc))
+            return queryset.none(), False
 
     def get_paginator(
         self,
@@ -223,6 +238,8 @@ class WorkflowRunAdmin(CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
             "status_bars": admin_stats.status_bars(counts),
             "throughput": admin_stats.throughput(),
             "current_status": current,
+            "can_cancel_matching": self.may(request, CANCEL),
+            "can_retry_matching": self.may(request, RETRY),
             **fleet_summary(),
             **(extra_context or {}),
         }

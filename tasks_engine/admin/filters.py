@@ -15,6 +15,7 @@ from django.contrib import admin
 from django.db.models import Q, QuerySet
 
 from ..definitions import registry
+from ..values import tags as run_tags
 
 HEX = re.compile(r"^[0-9a-f]{4,32}$")
 
@@ -83,9 +84,10 @@ class QueueFilter(_RegistryFilter):
         return [(q, q) for q in sorted(queues)]
 
 
-def search_runs(queryset: QuerySet, term: str) -> QuerySet:
+def search_runs(queryset: QuerySet, term: str, *, postgres: bool = False) -> QuerySet:
     """Exact search: a run id (full, or its first hex digits as shown in the list),
-    an idempotency key, or a trace id.
+    an idempotency key, or a trace id; or tags, `tag:K=V` (several, space-separated: every
+    pair must match; ValueError for one the tag rule refuses).
 
     An id match is looked up first, through the primary key index; only when none is found
     are idempotency keys and stored trace ids compared (each on its partial index). A full run
@@ -95,6 +97,10 @@ def search_runs(queryset: QuerySet, term: str) -> QuerySet:
     term = term.strip()
     if not term:
         return queryset
+    words = term.split()
+    if all(word.startswith("tag:") for word in words):
+        pairs = run_tags.parse_pairs([word.removeprefix("tag:") for word in words])
+        return run_tags.with_tags(queryset, pairs, postgres=postgres)
     by_id = _id_match(term)
     if by_id is not None:
         found = queryset.filter(by_id)

@@ -5,11 +5,12 @@ no row means the attempt lost its lease, and raises `LeaseLostError`. On Postgre
 takes a share lock on the run row, so a concurrent reclaim either waits for the write or makes
 it fail; on SQLite each statement runs under the single writer lock.
 
-Modules: `claims` (create, claim, renew), `hot` (the hot writes: a step's start, the deferred
-step completion, a run's completion; alone or as a group, through the attempt's `Writer`),
-`steps` (attempts), `outcomes` (complete, fail, requeue, park, cancel, wake), `waiting` (facts,
-parking under the row lock), `retry` (an operator's retry), `awaiting` (runs someone waits
-on). Everything is re-exported here; callers use `transitions.<name>`.
+Modules: `creating` (new runs, one or many in one statement), `claims` (claim, renew), `hot`
+(the hot writes: a step's start, the deferred step completion, a run's completion; alone or as
+a group, through the attempt's `Writer`), `steps` (attempts), `outcomes` (complete, fail,
+requeue, park, cancel, wake; cancels of many runs at once), `waiting` (facts, parking under
+the row lock), `retry` (an operator's retry, of one run or a batch), `awaiting` (runs someone
+waits on). Everything is re-exported here; callers use `transitions.<name>`.
 
 Lock order: a parent's run row before its child's; a run row before its step attempts.
 """
@@ -30,26 +31,33 @@ from ._common import (
     holds,
     outage_guard,
 )
-from .claims import ClaimRequest, anything_due_before, claim_runs, create_run, renew_leases
+from .claims import ClaimRequest, anything_due_before, claim_runs, renew_leases
+from .creating import NewRun, create_runs
 from .dead_workers import alive, reap_dead_workers
 from .hot import DIRECT, HotWrite, write_alone, write_group
 from .outcomes import (
     cancel_active,
+    cancel_all_active,
+    cancel_batch,
     cancel_children,
+    cancel_children_of,
     cancel_idle_run,
+    cancel_idle_runs,
     cancel_running_run,
     complete_run,
     end_orphaned_cancels,
     fail_run,
     lock_parent,
+    lock_parents,
     park_run,
     request_cancel,
+    request_cancels,
     requeue_run,
     set_progress,
     wake_parent,
     wake_run,
 )
-from .retry import retry_refusal, retry_run
+from .retry import retry_batch, retry_refusal, retry_run
 from .steps import (
     close_interrupted_attempts,
     defer_step_completion,
@@ -83,6 +91,7 @@ __all__ = [
     "HotWrite",
     "Lease",
     "LeaseKey",
+    "NewRun",
     "Parking",
     "Renewal",
     "Writer",
@@ -90,14 +99,18 @@ __all__ = [
     "anything_due_before",
     "attempt_write",
     "cancel_active",
+    "cancel_all_active",
+    "cancel_batch",
     "cancel_children",
+    "cancel_children_of",
     "cancel_idle_run",
+    "cancel_idle_runs",
     "cancel_running_run",
     "child_outcome",
     "claim_runs",
     "close_interrupted_attempts",
     "complete_run",
-    "create_run",
+    "create_runs",
     "defer_step_completion",
     "drop_prestarted_step",
     "end_orphaned_cancels",
@@ -109,13 +122,16 @@ __all__ = [
     "lock_for_child",
     "lock_held_run",
     "lock_parent",
+    "lock_parents",
     "outage_guard",
     "park_run",
     "park_run_unless",
     "reap_dead_workers",
     "renew_leases",
     "request_cancel",
+    "request_cancels",
     "requeue_run",
+    "retry_batch",
     "retry_refusal",
     "retry_run",
     "set_progress",

@@ -14,7 +14,6 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.base import ModelState
 
 from .. import clock
-from ..db import notify
 from ..db.sql import (
     Params,
     fetchall,
@@ -22,7 +21,6 @@ from ..db.sql import (
     json_rows,
     new_token_sql,
     p_dt,
-    p_json,
     p_uuid,
     query,
     r_dt,
@@ -65,72 +63,6 @@ def _pg_array(values: list[str]) -> str:
     """A PostgreSQL text[] literal: every element quoted, quotes and backslashes escaped."""
     quoted = ('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values)
     return "{" + ",".join(quoted) + "}"
-
-
-# -- creating ---------------------------------------------------------------------------------
-
-
-def create_run(
-    *,
-    task_name: str,
-    version: int,
-    queue: str,
-    priority: int,
-    input: Any,
-    idempotency_key: str | None,
-    input_hash: str,
-    trace_id: str,
-    available_at: datetime | None,
-    deadline_at: datetime | None,
-    parent_run_id: uuid.UUID | None,
-    parent_step: str,
-    concurrency_key: str | None = None,
-    concurrency_limit: int | None = None,
-    queueing_key: str | None = None,
-    deadline_after: timedelta | None = None,
-) -> uuid.UUID | None:
-    """Insert a pending run on the caller's connection (and transaction) in one statement,
-    which on PostgreSQL also NOTIFYs idle workers (delivered at commit). With an idempotency
-    key that is taken, or a queueing key that a queued run holds, nothing is inserted and None
-    is returned. `deadline_after`: without a `deadline_at`, the deadline is the run's creation
-    time plus this."""
-    now = clock.now()
-    if deadline_at is None and deadline_after is not None:
-        deadline_at = now + deadline_after
-    run_id = uuid.uuid4()
-    if queueing_key is not None:  # either key may be the one taken
-        conflict = " ON CONFLICT DO NOTHING"
-    elif idempotency_key is not None:
-        conflict = (
-            " ON CONFLICT (task_name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
-        )
-    else:
-        conflict = ""
-    # The queueing key's column only when one is given: every other enqueue keeps the
-    # statement it had.
-    keyed = (", queueing_key", ", %s") if queueing_key is not None else ("", "")
-    sql = f"""
-        INSERT INTO {RUN} (id, task_name, version, queue, status, priority, input,
-            idempotency_key, input_hash, trace_id, attempts, failures, worker_id, available_at,
-            waiting_on, deadline_at, cancel_reason, parent_run_id, parent_step, unreached_steps,
-            concurrency_key, concurrency_limit, created_at, updated_at{keyed[0]})
-        VALUES (%s, %s, %s, %s, 'pending', %s, %s, %s, %s, %s, 0, 0, '', %s, '', %s, '', %s, %s,
-            '[]', %s, %s, %s, %s{keyed[1]}){conflict}
-        RETURNING id
-    """
-    params: list[Any] = [p_uuid(run_id), task_name, version, queue, priority, p_json(input)]
-    params += [idempotency_key, input_hash, trace_id, p_dt(available_at or now), p_dt(deadline_at)]
-    params += [p_uuid(parent_run_id), parent_step, concurrency_key, concurrency_limit]
-    params += [p_dt(now), p_dt(now)]
-    if queueing_key is not None:
-        params.append(queueing_key)
-    if notify.enabled():
-        sql = f"WITH created AS ({sql}) SELECT id, pg_notify(%s, %s) FROM created"
-        params += [notify.CHANNEL, queue]
-    rows = fetchall(sql, params)
-    if rows and concurrency_key is not None:
-        claim_mode.note_keyed()
-    return run_id if rows else None
 
 
 # -- claiming ---------------------------------------------------------------------------------

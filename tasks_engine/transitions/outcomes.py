@@ -8,6 +8,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
+from django.db.models import DateTimeField, Value
+from django.db.models.functions import Coalesce
 
 from .. import clock
 from ..db import notify
@@ -205,12 +207,18 @@ def cancel_running_run(lease: Lease, *, has_parent: bool = False) -> None:
 
 
 def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
-    """Pending or waiting (or running with no live holder: `_holder_gone`) -> canceled, its
+    """Pending or waiting (or running with no live holder: `_holders_gone`) -> canceled, its
     attempts left running closed as abandoned, uncounted. The caller holds the row lock."""
+    cancel_idle_runs([run], reason)
+
+
+def cancel_idle_runs(runs: list[WorkflowRun], reason: str) -> None:
+    """`cancel_idle_run` of several runs in one statement each for runs and attempts."""
     now = clock.now()
-    WorkflowRun.objects.filter(pk=run.pk, status=run.status).update(
+    ids = [run.pk for run in runs]
+    WorkflowRun.objects.filter(pk__in=ids, status__in=list(ACTIVE)).update(
         status="canceled",
-        cancel_requested_at=run.cancel_requested_at or now,
+        cancel_requested_at=Coalesce("cancel_requested_at", Value(now, DateTimeField())),
         cancel_reason=reason,
         finished_at=now,
         updated_at=now,
@@ -218,35 +226,72 @@ def cancel_idle_run(run: WorkflowRun, reason: str) -> None:
         lease_token=None,
         waiting_on="",
     )
-    StepAttempt.objects.filter(run_id=run.pk, status="running").update(
+    StepAttempt.objects.filter(run_id__in=ids, status="running").update(
         status="abandoned", counted=False, finished_at=now
     )
-    if run.parent_run_id is not None:
-        wake_parent(run.pk)
+    for run in runs:
+        if run.parent_run_id is not None:
+            wake_parent(run.pk)
 
 
 def cancel_active(run: WorkflowRun, reason: str) -> None:
     """Cancel an unfinished run whose row lock the caller holds, and its children: a pending or
     waiting run ends now; a running one is asked to stop (its holder ends it)."""
-    if run.status == RunStatus.RUNNING and not _holder_gone(run):
-        request_cancel(run, reason)
-        notify.wake_workers(run.queue, cancel=True)
-    else:
-        cancel_idle_run(run, reason)
-    cancel_children(run.pk, reason or f"parent run {run.pk} canceled")
+    cancel_all_active([run], reason)
 
 
-def _holder_gone(run: WorkflowRun) -> bool:
-    """A running run that no live worker holds: its worker is dead (its beat is older than
+def cancel_all_active(runs: list[WorkflowRun], reason: str) -> None:
+    """`cancel_active` of several runs whose row locks the caller holds, a statement for all of
+    them at each step (engine.cancel passes one, cancel_runs a batch)."""
+    gone = _holders_gone([run for run in runs if run.status == RunStatus.RUNNING])
+    asked = [run for run in runs if run.status == RunStatus.RUNNING and run.pk not in gone]
+    idle = [run for run in runs if run.status != RunStatus.RUNNING or run.pk in gone]
+    if asked:
+        request_cancels(asked, reason)
+        for queue in sorted({run.queue for run in asked}):
+            notify.wake_workers(queue, cancel=True)
+    if idle:
+        cancel_idle_runs(idle, reason)
+    cancel_children_of([run.pk for run in runs], reason)
+
+
+def cancel_batch(run_ids: list[uuid.UUID], reason: str) -> list[uuid.UUID]:
+    """engine.cancel_runs' batch, in one transaction: each run still unfinished (and not a
+    running run already asked to stop) is canceled as `engine.cancel` does; the ids of those."""
+    with transaction.atomic():
+        lock_parents(run_ids)  # parent rows before their children's, as every run end takes them
+        runs = [
+            run
+            for run in WorkflowRun.objects.select_for_update()
+            .filter(pk__in=run_ids, status__in=list(ACTIVE))
+            .order_by("pk")
+            if run.status != RunStatus.RUNNING or run.cancel_requested_at is None
+        ]
+        cancel_all_active(runs, reason)
+    return [run.pk for run in runs]
+
+
+def _holders_gone(runs: list[WorkflowRun]) -> set[uuid.UUID]:
+    """The running runs that no live worker holds: their worker is dead (its beat is older than
     DEAD_WORKER_SECONDS: its runs are anyone's to reclaim), or gone (reaped) with the lease
-    expired. A cancel request would wait for a claim to end it, and when no live worker
+    expired. A cancel request would wait for a claim to end such a run, and when no live worker
     serves the run's (task, version) and queue (a version a deploy retired) none ever comes:
-    the run stayed `running` with the request for good. The lease is taken from it (its
-    token cleared), so a holder that was only partitioned writes nothing more."""
-    holder = Worker.objects.filter(pk=run.worker_id).first() if run.worker_id else None
-    if holder is not None:
-        return not Worker.objects.filter(alive(), pk=holder.pk).exists()
-    return run.available_at is not None and run.available_at <= clock.now()
+    the run stayed `running` with the request for good. The lease is taken from it (its token
+    cleared), so a holder that was only partitioned writes nothing more."""
+    holders = {run.worker_id for run in runs if run.worker_id}
+    if not runs:
+        return set()
+    known = set(Worker.objects.filter(pk__in=holders).values_list("pk", flat=True))
+    live = set(Worker.objects.filter(alive(), pk__in=holders).values_list("pk", flat=True))
+    now = clock.now()
+    gone = set()
+    for run in runs:
+        if run.worker_id in known:
+            if run.worker_id not in live:
+                gone.add(run.pk)
+        elif run.available_at is not None and run.available_at <= now:
+            gone.add(run.pk)
+    return gone
 
 
 ORPHAN_BATCH = 100
@@ -254,7 +299,7 @@ ORPHAN_BATCH = 100
 
 def end_orphaned_cancels() -> int:
     """The leader's service: end, as `canceled`, the running runs whose cancel was requested
-    while a worker still held them and whose holder has died since (`_holder_gone`; the lease
+    while a worker still held them and whose holder has died since (`_holders_gone`; the lease
     expired). A claim would end them, but none comes when no live worker serves the run's
     (task, version) or queue: a deploy that retired a version while a killed worker held a
     run of it left the run `running`, with the request, for good. Returns how many ended."""
@@ -278,7 +323,7 @@ def end_orphaned_cancels() -> int:
                 run is not None
                 and run.status == RunStatus.RUNNING
                 and run.cancel_requested_at is not None
-                and _holder_gone(run)
+                and _holders_gone([run])
             ):
                 cancel_idle_run(run, run.cancel_reason)
                 ended += 1
@@ -287,19 +332,36 @@ def end_orphaned_cancels() -> int:
 
 def cancel_children(run_id: uuid.UUID, reason: str) -> None:
     """Cancel every unfinished child of a run (parent's row locked first, then the child's)."""
-    children = WorkflowRun.objects.select_for_update().filter(
-        parent_run_id=run_id, status__in=list(ACTIVE)
+    cancel_children_of([run_id], reason)
+
+
+def cancel_children_of(run_ids: list[uuid.UUID], reason: str) -> None:
+    """Cancel every unfinished child of these runs; without a reason, each child's says which
+    parent was canceled."""
+    children = list(
+        WorkflowRun.objects.select_for_update()
+        .filter(parent_run_id__in=run_ids, status__in=list(ACTIVE))
+        .order_by("pk")
     )
-    for child in children:
-        cancel_active(child, reason)
+    if reason or not children:
+        if children:
+            cancel_all_active(children, reason)
+        return
+    for parent_id in sorted({child.parent_run_id for child in children}, key=str):
+        siblings = [child for child in children if child.parent_run_id == parent_id]
+        cancel_all_active(siblings, f"parent run {parent_id} canceled")
 
 
 def request_cancel(run: WorkflowRun, reason: str) -> None:
     """Running: record the request; the holder sees it at its next heartbeat (or NOTIFY)."""
+    request_cancels([run], reason)
+
+
+def request_cancels(runs: list[WorkflowRun], reason: str) -> None:
     now = clock.now()
-    WorkflowRun.objects.filter(pk=run.pk, cancel_requested_at__isnull=True).update(
-        cancel_requested_at=now, cancel_reason=reason, updated_at=now
-    )
+    WorkflowRun.objects.filter(
+        pk__in=[run.pk for run in runs], cancel_requested_at__isnull=True
+    ).update(cancel_requested_at=now, cancel_reason=reason, updated_at=now)
 
 
 def wake_run(run: WorkflowRun) -> None:
@@ -313,6 +375,15 @@ def wake_run(run: WorkflowRun) -> None:
 @attempt_write
 def set_progress(lease: Lease, progress: dict[str, Any]) -> None:
     WorkflowRun.objects.filter(pk=lease.run_id, lease_token=lease.token).update(progress=progress)
+
+
+def lock_parents(child_ids: list[uuid.UUID]) -> None:
+    """`lock_parent` of a batch of runs, in id order (two batches lock in the same order)."""
+    if not (is_postgres() and child_ids):
+        return
+    parents = WorkflowRun.objects.filter(pk__in=child_ids, parent_run__isnull=False)
+    locked = WorkflowRun.objects.select_for_update().filter(pk__in=parents.values("parent_run_id"))
+    list(locked.order_by("pk").values_list("pk", flat=True))
 
 
 def lock_parent(child_id: uuid.UUID) -> None:

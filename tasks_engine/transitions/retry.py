@@ -13,18 +13,19 @@ is the way back: its fresh pass starts its children again.
 
 from __future__ import annotations
 
+import json
 import uuid
-from typing import Any
 
 from django.db import transaction
 from django.db.models import Max
 
 from .. import clock
 from ..db import notify
+from ..db.sql import execute, is_postgres, json_rows, p_dt, p_uuid, query
 from ..exceptions import UnknownRunError, UnknownStepError
 from ..models import Fact, StepAttempt, WorkflowRun
 from ..states import FINISHED, RunStatus, current_pass
-from .outcomes import lock_parent
+from .outcomes import lock_parent, lock_parents
 
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELED)
 
@@ -51,35 +52,70 @@ def retry_run(
                     f"run {run_id} recorded no step {from_step!r}"
                     + (f"; its steps: {', '.join(names)}" if names else "; it recorded none")
                 )
-        now = clock.now()
         if first is not None:
             later = steps.filter(id__gte=first)
             Fact.objects.filter(
                 run_id=run_id, consumed_by__in=later.values_list("name", flat=True)
             ).update(consumed_by="")
             later.update(superseded=True)
-        WorkflowRun.objects.filter(pk=run_id).update(
-            status=RunStatus.PENDING,
-            available_at=now,
-            updated_at=now,
-            pass_offset=_passes_so_far(run),
-            failures=0,  # a fresh workflow retry budget
-            error=None,
-            output=None,
-            finished_at=None,
-            cancel_requested_at=None,
-            cancel_reason="",
-            waiting_on="",
-            worker_id="",  # no worker holds the fresh pass until one claims it
-            unreached_steps=[],
-            awaited=False,
-            retries=[
-                *(run.retries or []),
-                {"at": now.isoformat(), "by": by, "reason": reason, "from_step": from_step},
-            ],
-        )
-        notify.wake_workers(run.queue)
+        _send_back([run], reason=reason, by=by, from_step=from_step)
     return True
+
+
+def retry_batch(run_ids: list[uuid.UUID], *, reason: str = "", by: str = "") -> list[uuid.UUID]:
+    """engine.retry_runs' batch, in one transaction: each run `retry_run` would retry now is
+    sent back as it does (without from_step); the ids of those."""
+    with transaction.atomic():
+        lock_parents(run_ids)  # parent rows first, as every run end takes them
+        runs = list(
+            WorkflowRun.objects.select_for_update()
+            .filter(pk__in=run_ids, status__in=RETRYABLE)
+            .order_by("pk")
+        )
+        parent_ids = {run.parent_run_id for run in runs if run.parent_run_id is not None}
+        parents: dict[uuid.UUID | None, str] = dict(
+            WorkflowRun.objects.filter(pk__in=parent_ids).values_list("pk", "status")
+        )
+        keep = [
+            run
+            for run in runs
+            if why_not_retryable(run.status, run.parent_run_id, parents.get(run.parent_run_id))
+            is None
+        ]
+        _send_back(keep, reason=reason, by=by, from_step=None)
+    return [run.pk for run in keep]
+
+
+def _send_back(runs: list[WorkflowRun], *, reason: str, by: str, from_step: str | None) -> None:
+    """Failed or canceled -> pending, due now, in one statement for all `runs` (row locks
+    held): a fresh workflow retry budget, the pass numbering carried on, the retry recorded."""
+    if not runs:
+        return
+    now = clock.now()
+    recorded = dict(
+        StepAttempt.objects.filter(run_id__in=[run.pk for run in runs])
+        .values("run_id")
+        .annotate(p=Max("run_pass"))
+        .values_list("run_id", "p")
+    )
+    entry = {"at": now.isoformat(), "by": by, "reason": reason, "from_step": from_step}
+    postgres = is_postgres()
+    rows = []
+    for run in runs:
+        retries = [*(run.retries or []), entry]
+        rows.append(
+            {
+                "id": p_uuid(run.pk),
+                "pass_offset": _passes_so_far(run, recorded.get(run.pk)),
+                "retries": retries if postgres else json.dumps(retries),
+            }
+        )
+    execute(
+        query("retry_runs"),
+        {"now": p_dt(now), "awaited": False, "rows": json_rows(rows)},
+    )
+    for queue in sorted({run.queue for run in runs}):
+        notify.wake_workers(queue)
 
 
 def retry_refusal(run_id: uuid.UUID) -> str | None:
@@ -109,10 +145,10 @@ def why_not_retryable(
     return None
 
 
-def _passes_so_far(run: WorkflowRun) -> int:
+def _passes_so_far(run: WorkflowRun, recorded: int | None) -> int:
     """The number of the last pass that began (a failed run's `failures` counted it already;
-    a canceled one's did not), or of the latest pass any attempt recorded if that is higher."""
+    a canceled one's did not), or of the latest pass any attempt recorded (`recorded`) if that
+    is higher."""
     this = current_pass(run.failures, run.pass_offset)  # the pass a claim would execute next
     began = this - 1 if run.status == RunStatus.FAILED else this
-    recorded: Any = StepAttempt.objects.filter(run_id=run.pk).aggregate(p=Max("run_pass"))["p"]
     return max(began, recorded or 0)

@@ -154,3 +154,21 @@ def fenced_in_atomic(ctx: TaskContext) -> str:
         return "committed"
 
     return ctx.step.run("hold", body, atomic=True)
+
+
+class Ticks(BaseModel):
+    steps: int = 20
+    seconds: float = 0.02
+
+
+@workflow(name="ticker", input=Ticks)
+def ticker(ctx: TaskContext) -> int:
+    """`steps` steps of `seconds` each (the bulk cancel's race, tests/process/test_bulk.py)."""
+    for i in range(ctx.input.steps):
+        ctx.step.run("tick", partial(_tick, ctx.input.seconds, i))
+    return ctx.input.steps
+
+
+def _tick(seconds: float, i: int) -> int:
+    time.sleep(seconds)
+    return i

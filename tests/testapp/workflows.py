@@ -43,6 +43,12 @@ def noop(ctx: TaskContext) -> dict:
     return {"n": ctx.input.n}
 
 
+@workflow(name="tagged", input=N, tags={"team": "media", "tier": "1"})
+def tagged(ctx: TaskContext) -> int:
+    """Carries default tags (enqueue's own go over them)."""
+    return ctx.input.n
+
+
 @workflow(name="three_steps", input=N)
 def three_steps(ctx: TaskContext) -> list:
     a = ctx.step.run("a", lambda: effect(ctx, "a"))

@@ -156,3 +156,13 @@ WHERE r.id = ANY(ARRAY(SELECT run_id FROM l)) AND r.id NOT IN (SELECT id FROM fr
 SELECT 1 FROM tasks_engine_workflowrun WHERE status = 'pending' AND concurrency_key IS NOT NULL
 UNION ALL SELECT 1 FROM tasks_engine_workflowrun
 WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NOT NULL LIMIT 1
+
+-- retry_runs --
+-- Failed or canceled -> pending, due now, for a batch whose rows the caller locked (transitions/retry.py): each row's pass offset and retry history from %(rows)s, the rest alike.
+UPDATE tasks_engine_workflowrun AS r
+SET status = 'pending', available_at = %(now)s, updated_at = %(now)s,
+    pass_offset = v.pass_offset, failures = 0, error = NULL, output = NULL, finished_at = NULL,
+    cancel_requested_at = NULL, cancel_reason = '', waiting_on = '', worker_id = '',
+    unreached_steps = '[]', awaited = %(awaited)s, retries = v.retries
+FROM json_to_recordset(%(rows)s::json) AS v(id uuid, pass_offset integer, retries jsonb)
+WHERE r.id = v.id

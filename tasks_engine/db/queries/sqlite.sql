@@ -161,3 +161,14 @@ UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = lower(hex(
     updated_at = %(now)s
 WHERE id IN (SELECT value FROM json_each(%(ids)s))
 RETURNING {columns}
+
+-- retry_runs --
+-- Failed or canceled -> pending, due now, for a batch (transitions/retry.py): each row's pass offset and retry history (JSON text) from %(rows)s, the rest alike.
+UPDATE tasks_engine_workflowrun
+SET status = 'pending', available_at = %(now)s, updated_at = %(now)s,
+    pass_offset = v.value ->> '$.pass_offset', failures = 0, error = NULL, output = NULL,
+    finished_at = NULL, cancel_requested_at = NULL, cancel_reason = '', waiting_on = '',
+    worker_id = '', unreached_steps = '[]', awaited = %(awaited)s,
+    retries = v.value ->> '$.retries'
+FROM json_each(%(rows)s) AS v
+WHERE tasks_engine_workflowrun.id = v.value ->> '$.id'

@@ -1,5 +1,5 @@
-"""manage.py tasks enqueue | signal | cancel | retry | inspect | list | prune | workers |
-replay-check | schedules | schedule."""
+"""manage.py tasks enqueue | signal | cancel | retry | inspect | list | cancel-matching |
+retry-matching | prune | workers | replay-check | schedules | schedule."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from pydantic import ValidationError
 
 from tasks_engine import engine
+from tasks_engine.definitions import registry
 from tasks_engine.exceptions import (
     IdempotencyConflict,
     TransactionPoolerError,
@@ -23,7 +24,9 @@ from tasks_engine.exceptions import (
     UnknownTaskError,
 )
 from tasks_engine.models import WorkflowRun
+from tasks_engine.operations import bulk
 from tasks_engine.states import RunStatus
+from tasks_engine.values import tags as run_tags
 from tasks_engine.values.secrets import mask_secrets
 
 from ..cli import OneLineErrors, _one_line, json_value, positive_int, retention_days
@@ -40,9 +43,19 @@ class Command(OneLineErrors, BaseCommand):
             _one_line(p)
             return p
 
-        p = add("enqueue", "start a run of a workflow")
+        p = add("enqueue", "start a run of a workflow, or one per input line (--inputs)")
         p.add_argument("name", help="workflow name (NAME or NAME@VERSION)")
-        p.add_argument("--input", type=json_value, default={}, help="input as JSON (default: {})")
+        given = p.add_mutually_exclusive_group()
+        given.add_argument(
+            "--input", type=json_value, default={}, help="input as JSON (default: {})"
+        )
+        given.add_argument(
+            "--inputs",
+            metavar="FILE",
+            help="one JSON input per line ('-': standard input): a run each, in one"
+            " transaction, all or none",
+        )
+        p.add_argument("--tag", action="append", default=[], metavar="K=V", help="tag the runs")
         p.add_argument("--queue", help="queue (default: the workflow's)")
         p.add_argument("--idempotency-key", help="dedupe runs of this task by key")
         p.add_argument(
@@ -79,8 +92,27 @@ class Command(OneLineErrors, BaseCommand):
         p.add_argument("--status", choices=RunStatus.values, help="only runs in this status")
         p.add_argument("--task", help="only runs of this workflow")
         p.add_argument("--version", type=positive_int, help="only runs of this version")
+        p.add_argument(
+            "--tag", action="append", default=[], metavar="K=V", help="only runs with this tag"
+        )
         p.add_argument("--limit", type=positive_int, default=50, help="(default: %(default)r)")
         p.add_argument("--json", action="store_true", help="print JSON")
+
+        for name, verb, help in (
+            ("cancel-matching", "cancel", "cancel every unfinished run that matches"),
+            ("retry-matching", "retry", "retry every failed or canceled run that matches"),
+        ):
+            p = add(name, f"{help} (at least one filter; progress on stderr)")
+            p.add_argument("--task", help="only runs of this workflow")
+            p.add_argument("--status", choices=RunStatus.values, help="only runs in this status")
+            p.add_argument("--queue", help="only runs of this queue")
+            p.add_argument(
+                "--tag", action="append", default=[], metavar="K=V", help="only runs with it"
+            )
+            p.add_argument(
+                "--reason", required=verb == "cancel", default="", help="why (stored and shown)"
+            )
+            p.add_argument("--json", action="store_true", help="print JSON")
 
         p = add(
             "prune",
@@ -147,6 +179,9 @@ class Command(OneLineErrors, BaseCommand):
         name, at, version = o["name"].partition("@")
         if at and not (version.isascii() and version.isdigit()):  # before anything is written
             raise CommandError(f"expected NAME or NAME@VERSION, got {o['name']!r}")
+        tags = run_tags.parse_pairs(o["tag"]) or None
+        if o["inputs"] is not None:
+            return self._enqueue_many(name, int(version) if at else None, tags, o)
         res = engine.enqueue(
             name,
             o["input"],
@@ -155,9 +190,48 @@ class Command(OneLineErrors, BaseCommand):
             queueing_key=o["queueing_key"],
             priority=o["priority"],
             queue=o["queue"],
+            tags=tags,
         )
         text = f"{res.run_id}" + (" (deduplicated)" if res.deduplicated else "")
         return {"json": {"run_id": str(res.run_id), "deduplicated": res.deduplicated}, "text": text}
+
+    def _enqueue_many(
+        self, name: str, version: int | None, tags: dict[str, str] | None, o: dict[str, Any]
+    ) -> dict[str, Any]:
+        if o["idempotency_key"] is not None or o["queueing_key"] is not None:
+            raise CommandError("--inputs takes no --idempotency-key or --queueing-key")
+        inputs = _input_lines(o["inputs"])
+        task = registry.get(name, version)  # UnknownTaskError before anything is read further
+        done = engine.enqueue_many(
+            task, inputs, queue=o["queue"], priority=o["priority"], tags=tags
+        )
+        rows = [{"run_id": str(r.run_id), "deduplicated": r.deduplicated} for r in done]
+        text = "\n".join(
+            f"{r.run_id}" + (" (deduplicated)" if r.deduplicated else "") for r in done
+        )
+        return {"json": rows, "text": text or "(no inputs)"}
+
+    def do_cancel_matching(self, o: dict[str, Any]) -> dict[str, Any]:
+        count = bulk.cancel_runs(
+            **_filters(o), reason=o["reason"] or None, progress=self._progress("canceled")
+        )
+        return {"json": {"canceled": count}, "text": f"canceled {count} runs"}
+
+    def do_retry_matching(self, o: dict[str, Any]) -> dict[str, Any]:
+        count = bulk.retry_runs(
+            **_filters(o),
+            reason=o["reason"] or None,
+            by=_operator(),
+            progress=self._progress("retried"),
+        )
+        return {"json": {"retried": count}, "text": f"retried {count} runs"}
+
+    def _progress(self, verb: str) -> bulk.Progress:
+        def report(changed: int, seen: int) -> None:
+            self.stderr.write(f"{verb} {changed} of {seen} matching runs so far")
+            self.stderr.flush()
+
+        return report
 
     def do_signal(self, o: dict[str, Any]) -> dict[str, Any]:
         res = engine.signal(
@@ -209,7 +283,11 @@ class Command(OneLineErrors, BaseCommand):
 
     def do_list(self, o: dict[str, Any]) -> dict[str, Any]:
         views = engine.list_runs(
-            task=o["task"], status=o["status"], version=o["version"], limit=o["limit"]
+            task=o["task"],
+            status=o["status"],
+            version=o["version"],
+            tags=run_tags.parse_pairs(o["tag"]) or None,
+            limit=o["limit"],
         )
         lines = [
             f"{v.run_id}  {v.task_name}@{v.version:<3} {v.status:<10}"
@@ -313,6 +391,38 @@ def _retry_refusal(run_id: str) -> str:
         return engine.retry_refusal(run_id) or "the run changed meanwhile; look again"
     except UnknownRunError:
         return "the run is gone"
+
+
+def _filters(o: dict[str, Any]) -> dict[str, Any]:
+    """The filters of cancel-matching and retry-matching (bulk.matching refuses none)."""
+    return {
+        "task": o["task"],
+        "status": o["status"],
+        "queue": o["queue"],
+        "tags": run_tags.parse_pairs(o["tag"]) or None,
+    }
+
+
+def _input_lines(path: str) -> list[Any]:
+    """`--inputs`: one JSON value per line, blank lines skipped; a line that is not JSON is a
+    CommandError naming it, before anything is written."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CommandError(f"--inputs {path}: {exc}") from exc
+    inputs = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            inputs.append(json.loads(line))
+        except ValueError as exc:
+            raise CommandError(f"--inputs {path}: line {number} is not JSON: {exc}") from exc
+    return inputs
 
 
 def _operator() -> str:

@@ -1,0 +1,151 @@
+"""Creating runs: the one statement that inserts pending runs, one of them or thousands.
+
+`enqueue` and `enqueue_many` both write through `create_runs`: every row goes in one INSERT
+whose rows come from one JSON parameter (PostgreSQL `json_to_recordset`, SQLite `json_each`),
+so the statement's text is the same for any number of runs, and on PostgreSQL the same
+statement NOTIFYs idle workers (delivered at commit; PostgreSQL folds a transaction's identical
+notifications into one).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .. import clock
+from ..db import notify
+from ..db.sql import fetchall, is_postgres, json_rows, p_dt, p_uuid, r_uuid
+from . import claim_mode
+from ._common import RUN
+
+
+@dataclass
+class NewRun:
+    """A pending run to insert: its columns, already checked (engine.enqueue)."""
+
+    task_name: str
+    version: int
+    queue: str
+    priority: int
+    input: Any
+    input_hash: str
+    trace_id: str
+    idempotency_key: str | None = None
+    available_at: datetime | None = None
+    deadline_at: datetime | None = None
+    deadline_after: timedelta | None = None  # without deadline_at: created + this
+    parent_run_id: uuid.UUID | None = None
+    parent_step: str = ""
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
+    queueing_key: str | None = None
+    tags: dict[str, str] | None = None
+    id: uuid.UUID = field(default_factory=uuid.uuid4)
+
+
+_COLUMNS = (
+    ("id", "uuid"),
+    ("task_name", "text"),
+    ("version", "integer"),
+    ("queue", "text"),
+    ("priority", "integer"),
+    ("input", "jsonb"),
+    ("idempotency_key", "text"),
+    ("input_hash", "text"),
+    ("trace_id", "text"),
+    ("available_at", "timestamptz"),
+    ("deadline_at", "timestamptz"),
+    ("parent_run_id", "uuid"),
+    ("parent_step", "text"),
+    ("concurrency_key", "text"),
+    ("concurrency_limit", "integer"),
+    ("queueing_key", "text"),
+    ("tags", "jsonb"),
+)
+_NAMES = ", ".join(name for name, _ in _COLUMNS)
+
+
+def _statement(conflict: str, postgres: bool) -> str:
+    if postgres:
+        values = ", ".join(f"r.{name}" for name, _ in _COLUMNS)
+        rows = "json_to_recordset(%s::json) AS r(" + ", ".join(
+            f"{name} {kind}" for name, kind in _COLUMNS
+        )
+        source = f"{rows})"
+    else:
+        values = ", ".join(f"r.value ->> '$.{name}'" for name, _ in _COLUMNS)
+        source = "json_each(%s) AS r WHERE true"  # WHERE: ON CONFLICT would read as a join's ON
+    return f"""
+        INSERT INTO {RUN} ({_NAMES}, status, attempts, failures, worker_id, waiting_on,
+            cancel_reason, unreached_steps, created_at, updated_at)
+        SELECT {values}, 'pending', 0, 0, '', '', '', '[]', %s, %s
+        FROM {source}{conflict}
+        RETURNING id, queue
+    """
+
+
+def _conflict(runs: list[NewRun]) -> str:
+    if any(r.queueing_key is not None for r in runs):  # either key may be the one taken
+        return " ON CONFLICT DO NOTHING"
+    if any(r.idempotency_key is not None for r in runs):
+        return (
+            " ON CONFLICT (task_name, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+        )
+    return ""
+
+
+def create_runs(runs: list[NewRun]) -> set[uuid.UUID]:
+    """Insert pending runs on the caller's connection (and transaction) in one statement; the
+    ids of those inserted. A run whose idempotency key is taken, or whose queueing key a queued
+    run holds, is not inserted (the caller looks up who holds it)."""
+    if not runs:
+        return set()
+    now = clock.now()
+    postgres = is_postgres()
+    sql = _statement(_conflict(runs), postgres)
+    rows = json_rows([_row(r, now, postgres) for r in runs])
+    params: list[Any] = [p_dt(now), p_dt(now), rows]
+    if postgres and notify.enabled():
+        sql = f"WITH created AS ({sql}) SELECT id, pg_notify(%s, queue) FROM created"
+        params.append(notify.CHANNEL)
+    created = {r_uuid(row[0]) for row in fetchall(sql, params)}
+    if created and any(r.concurrency_key is not None for r in runs):
+        claim_mode.note_keyed()
+    return created
+
+
+def _row(run: NewRun, now: datetime, postgres: bool) -> dict[str, Any]:
+    """A run's columns as the statement's JSON reads them. Absent, not null, where there is no
+    value: PostgreSQL would read a JSON null into a jsonb column as the JSON value null."""
+    deadline_at = run.deadline_at
+    if deadline_at is None and run.deadline_after is not None:
+        deadline_at = now + run.deadline_after
+    row: dict[str, Any] = {
+        "id": p_uuid(run.id),
+        "task_name": run.task_name,
+        "version": run.version,
+        "queue": run.queue,
+        "priority": run.priority,
+        "input_hash": run.input_hash,
+        "trace_id": run.trace_id,
+        "parent_step": run.parent_step,
+        "available_at": p_dt(run.available_at or now),
+    }
+    # SQLite stores JSON as Django writes it (json.dumps), and reads `->>` of a JSON string as
+    # its text: the document goes in as that text.
+    row["input"] = run.input if postgres else json.dumps(run.input)
+    if run.tags:
+        row["tags"] = run.tags if postgres else json.dumps(run.tags)
+    optional = {
+        "idempotency_key": run.idempotency_key,
+        "deadline_at": p_dt(deadline_at),
+        "parent_run_id": p_uuid(run.parent_run_id),
+        "concurrency_key": run.concurrency_key,
+        "concurrency_limit": run.concurrency_limit,
+        "queueing_key": run.queueing_key,
+    }
+    row.update((k, v) for k, v in optional.items() if v is not None)
+    return row
