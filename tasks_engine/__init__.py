@@ -55,8 +55,12 @@ __all__ = [
     "cancel",
     "enqueue",
     "get_run",
+    "list_queues",
     "list_runs",
+    "pause_queue",
+    "resume_queue",
     "retry_run",
+    "set_queue_limits",
     "signal",
     "wait",
     "workflow",
@@ -74,6 +78,7 @@ _ENGINE = {
     "Signaled",
     "RunView",
 }
+_QUEUES = {"pause_queue", "resume_queue", "set_queue_limits", "list_queues"}
 
 if TYPE_CHECKING:
     from .context import TaskContext
@@ -89,6 +94,7 @@ if TYPE_CHECKING:
         signal,
         wait,
     )
+    from .queues import list_queues, pause_queue, resume_queue, set_queue_limits
 
 
 def __getattr__(name: str) -> Any:
@@ -96,6 +102,10 @@ def __getattr__(name: str) -> Any:
         from . import engine
 
         return getattr(engine, name)
+    if name in _QUEUES:
+        from . import queues
+
+        return getattr(queues, name)
     if name == "TaskContext":
         from .context import TaskContext
 

@@ -39,6 +39,7 @@ from .definitions import Workflow, registry
 from .durations import duration_seconds
 from .engine import RunView, Signaled, StepView
 from .models import WorkflowRun
+from .queues import state as queue_state
 from .states import RunStatus
 from .text import check_text
 from .transitions.flow_claims import rate_frees_at
@@ -108,7 +109,7 @@ def rate_window_frees(
     (its sliding window frees a place: docs/FLOW_CONTROL.md); None when no due run waits on
     a rate limit."""
     now = clock.now()
-    limits = engine_settings().queues
+    limits = queue_state.limits()
     rated = [q for q, lim in limits.items() if lim.rate is not None]
     if not rated or not pairs:
         return None

@@ -17,6 +17,7 @@ from django.test.utils import CaptureQueriesContext
 import tasks_engine
 from tasks_engine import executor, transitions
 from tasks_engine.models import StepAttempt
+from tasks_engine.queues import state as queue_state
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +34,10 @@ def statements(captured: CaptureQueriesContext) -> int:
 
 
 def run_once(task: str) -> tuple[int, int, str]:
-    """(claim statements, execution statements, outcome) of one pass of the next run."""
+    """(claim statements, execution statements, outcome) of one pass of the next run. The
+    queue snapshot (paused queues, limit overrides) is read before: once per half poll
+    interval, not per claim (queues/state.py)."""
+    queue_state.current()
     with CaptureQueriesContext(connection) as claim_q:
         [claimed] = transitions.claim_runs("w", [(task, 1)], None, 1, 30)
     with CaptureQueriesContext(connection) as exec_q:

@@ -33,6 +33,8 @@ from ..logs import get_logger
 from ..notify import Listener, listening_possible
 from ..outages import DB_ERRORS, MAX_BACKOFF_SECONDS, Outage, drop_if_cut, misconfigured
 from ..pooler import behind_transaction_pooler
+from ..queues import control as queue_control
+from ..queues import state as queue_state
 from ..workers import Registration
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat, WorkerHooks
@@ -271,6 +273,8 @@ class Worker:
     def on_notify(self, payloads: list[str]) -> None:
         if any(p.startswith("cancel:") for p in payloads):
             self.heartbeat.kick.set()
+        if any(p.startswith(queue_control.CHANGED) for p in payloads):
+            queue_state.forget()  # a queue paused, resumed or re-limited: claim with its news
         self.wake.set()
 
     # -- start and stop -----------------------------------------------------------------------
