@@ -34,6 +34,7 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 def register_services() -> None:
     """The engine's own maintenance services, run by the leader (leader.py)."""
     from . import maintenance, schedules, services, transitions, workers
+    from .queues import timers as paused_timers
 
     services.register("dead-workers", workers.reap_dead_workers, every=DEAD_WORKERS_EVERY)
     services.register(
@@ -45,3 +46,4 @@ def register_services() -> None:
         every=RETENTION_EVERY,
     )
     services.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)
+    services.register("paused-queues", paused_timers.run_once, every=paused_timers.EVERY_SECONDS)
