@@ -59,9 +59,7 @@ def test_pause_list_resume(settings: Any) -> None:
         (["queue", "resume", "io", "--reason", "why"], "--reason is for pause only"),
     ],
 )
-def test_errors_are_one_line_exit_non_zero_and_write_nothing(
-    args: list[str], message: str
-) -> None:
+def test_errors_are_one_line_exit_non_zero_and_write_nothing(args: list[str], message: str) -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "tasks", *args],
         cwd=ROOT,

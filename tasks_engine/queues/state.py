@@ -46,6 +46,15 @@ class Snapshot:
 
 _current = Snapshot()
 _lock = threading.Lock()
+# A worker's own poll interval (`runworker --poll-interval`), when it runs in this process;
+# else POLL_INTERVAL.
+_poll_interval: list[float | None] = [None]
+
+
+def use_poll_interval(seconds: float) -> None:
+    """The worker in this process polls every `seconds`: the snapshot is read again once half
+    of that old, so a pause reaches it within one of its poll intervals."""
+    _poll_interval[0] = seconds
 
 
 def current() -> Snapshot:
@@ -53,7 +62,8 @@ def current() -> Snapshot:
     settings = engine_settings()
     snap = _current
     age = time.monotonic() - snap.read_at
-    if snap.settings is settings and age < settings.poll_interval / 2:
+    poll = _poll_interval[0] if _poll_interval[0] is not None else settings.poll_interval
+    if snap.settings is settings and age < poll / 2:
         return snap
     return _read(settings)
 

@@ -76,6 +76,7 @@ class Worker:
         if prefetch is None:
             prefetch = config.concurrency * PREFETCH_PER_SLOT
         self.slots = SlotPool(config.concurrency, prefetch)
+        queue_state.use_poll_interval(config.poll_interval)
         self.slots.caps = flow.worker_caps(flow.limited_queues(self.queues))
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
