@@ -6,6 +6,7 @@ to none, and a raised one reaches the workers."""
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import time
@@ -56,11 +57,15 @@ def test_no_run_of_a_paused_queue_is_claimed_after_the_pause_plus_one_poll(worke
     )
     assert [
         (t - committed).total_seconds() for t in late.values_list("started_at", flat=True)
-    ] == []  # noqa: E501
+    ] == []
     assert count("racing", "pending") > 0  # the workers had more to claim
     tasks_engine.resume_queue("racing")
     wait_for(lambda: count("racing", "completed") == 400, 120, "every run after the resume")
     stop(procs)
+
+
+def done(runs: list[Any]) -> bool:
+    return WorkflowRun.objects.filter(pk__in=runs, status="completed").count() == len(runs)
 
 
 def test_a_pause_survives_restarting_every_worker(workers: Any) -> None:
@@ -69,11 +74,7 @@ def test_a_pause_survives_restarting_every_worker(workers: Any) -> None:
     for generation in range(2):
         marker = [tasks_engine.enqueue("b", {}, queue="free").run_id for _ in range(3)]
         procs = start_three(workers)
-        wait_for(
-            lambda m=marker: WorkflowRun.objects.filter(pk__in=m, status="completed").count() == 3,
-            60,
-            f"generation {generation} to run the free queue",
-        )
+        wait_for(functools.partial(done, marker), 60, f"generation {generation}: free queue")
         time.sleep(3 * POLL)
         assert WorkflowRun.objects.filter(pk__in=held, status="pending").count() == 3
         stop(procs)
