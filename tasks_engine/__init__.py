@@ -58,9 +58,13 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "get_run",
+    "list_queues",
     "list_runs",
+    "pause_queue",
+    "resume_queue",
     "retry_run",
     "retry_runs",
+    "set_queue_limits",
     "signal",
     "wait",
     "workflow",
@@ -80,6 +84,7 @@ _ENGINE = {
     "RunView",
 }
 _BULK = {"cancel_runs", "retry_runs"}
+_QUEUES = {"pause_queue", "resume_queue", "set_queue_limits", "list_queues"}
 
 if TYPE_CHECKING:
     from .engine import (
@@ -96,6 +101,7 @@ if TYPE_CHECKING:
         wait,
     )
     from .operations.bulk import cancel_runs, retry_runs
+    from .operations.queues import list_queues, pause_queue, resume_queue, set_queue_limits
     from .runtime.context import TaskContext
     from .runtime.fencing import OpInfo
 
@@ -107,6 +113,10 @@ if not TYPE_CHECKING:  # type checkers see the names above, not a catch-all for 
             from . import engine
 
             return getattr(engine, name)
+        if name in _QUEUES:
+            from .operations import queues
+
+            return getattr(queues, name)
         if name in _BULK:
             from .operations import bulk
 

@@ -37,7 +37,7 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 def register_services() -> None:
     """The engine's own maintenance services, run by the leader (services/leader.py)."""
     from . import schedules, transitions
-    from .services import registry, retention
+    from .services import paused_timers, registry, retention
 
     registry.register("dead-workers", transitions.reap_dead_workers, every=DEAD_WORKERS_EVERY)
     registry.register(
@@ -49,3 +49,4 @@ def register_services() -> None:
         every=RETENTION_EVERY,
     )
     registry.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)
+    registry.register("paused-queues", paused_timers.run_once, every=paused_timers.EVERY_SECONDS)

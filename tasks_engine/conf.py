@@ -170,16 +170,20 @@ def _queue_limits(name: Any, spec: Any) -> QueueLimits:
     concurrency = _positive(where, spec, "concurrency")
     per_worker = _positive(where, spec, "worker_concurrency")
     rate = spec.get("rate_limit")
-    parsed = None
-    if rate is not None:
-        m = _RATE.fullmatch(rate) if isinstance(rate, str) else None
-        if m is None or int(m.group(1)) < 1:
-            raise ValueError(
-                f"{where}['rate_limit'] must look like '30/m' (N/s, N/m or N/h, N >= 1),"
-                f" not {rate!r}"
-            )
-        parsed = (int(m.group(1)), _WINDOW[m.group(2)])
+    parsed = None if rate is None else parse_rate(rate, f"{where}['rate_limit']")
     return QueueLimits(concurrency=concurrency, rate=parsed, worker_concurrency=per_worker)
+
+
+def parse_rate(rate: Any, where: str) -> tuple[int, float]:
+    """A rate limit `"N/s"`, `"N/m"` or `"N/h"` as (N, window seconds); ValueError naming
+    `where` otherwise."""
+    m = _RATE.fullmatch(rate) if isinstance(rate, str) else None
+    if m is None or int(m.group(1)) < 1 or int(m.group(1)) > INT32_MAX:
+        raise ValueError(f"{where} must look like '30/m' (N/s, N/m or N/h, N >= 1), not {rate!r}")
+    return int(m.group(1)), _WINDOW[m.group(2)]
+
+
+INT32_MAX = 2**31 - 1  # the claim counts in int: a larger N could not be compared
 
 
 def _positive(where: str, spec: dict[str, Any], option: str) -> int | None:

@@ -366,3 +366,31 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Queue(models.Model):
+    """A queue's runtime state (operations/queues.py): paused or not, and limits that override
+    `TASKS_ENGINE["QUEUES"]` for it. Queues are open: a queue needs no row, and most have
+    none; a row is written the first time an operator pauses a queue or sets its limits.
+    Workers read the whole table (a few rows) once per poll interval
+    (transitions/queue_state.py)."""
+
+    name = models.CharField(max_length=100, primary_key=True)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, help_text="Why it was paused.")
+    # NULL / "": the queue's limit from TASKS_ENGINE["QUEUES"] (none if it has none there).
+    concurrency = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Runs of the queue running at once, fleet-wide."
+    )
+    rate_limit = models.CharField(
+        max_length=32, blank=True, help_text="Claims of the queue's runs per window: N/s, N/m, N/h."
+    )
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("pause_queue", "Can pause and resume queues")]
+
+    def __str__(self) -> str:
+        return self.name

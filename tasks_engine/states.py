@@ -98,10 +98,11 @@ TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
         "timer due (sleep, timeout, deadline)", "claim_runs", "a worker's claim"
     ),
     (RunStatus.WAITING, RunStatus.PENDING): Edge(
-        "fact signalled, or child finished",
-        "wake_run, wake_parent",
+        "fact signalled, or child finished; or timer due in a paused queue",
+        "wake_run, wake_parent, pend_paused_timers",
         "engine.signal (wake_run); a child's end in complete_run, fail_run,"
-        " cancel_running_run or cancel_idle_run (wake_parent)",
+        " cancel_running_run or cancel_idle_run (wake_parent); the leader's paused-queues"
+        " service (pend_paused_timers: the run waits as pending until the queue is resumed)",
     ),
     (RunStatus.PENDING, RunStatus.CANCELED): Edge(
         "canceled before it ran",

@@ -40,6 +40,7 @@ from .engine import RunView, Signaled, StepView
 from .models import WorkflowRun
 from .runtime import executor
 from .states import RunStatus
+from .transitions import queue_state
 from .transitions.flow_claims import rate_frees_at
 from .values.durations import duration_seconds
 from .values.text import check_text
@@ -109,7 +110,7 @@ def rate_window_frees(
     (its sliding window frees a place: docs/FLOW_CONTROL.md); None when no due run waits on
     a rate limit."""
     now = clock.now()
-    limits = engine_settings().queues
+    limits = queue_state.limits()
     rated = [q for q, lim in limits.items() if lim.rate is not None]
     if not rated or not pairs:
         return None

@@ -36,7 +36,7 @@ from django.db import connection, connections, transaction
 from django.test import TransactionTestCase
 
 from tasks_engine import clock
-from tasks_engine.transitions import claim_mode, first_steps
+from tasks_engine.transitions import claim_mode, first_steps, queue_state
 
 from .helpers import FakeClock, WorkerProcess
 
@@ -127,6 +127,15 @@ def _no_keyed_claims_carried_over() -> Iterator[None]:
     left it on, and a later test of the group's claim-along found no claim in its group.)"""
     yield
     claim_mode.forget_keyed()
+
+
+@pytest.fixture(autouse=True)
+def _no_queue_state_carried_over() -> Iterator[None]:
+    """A test's paused queues and limit overrides are rows its end removes: the next test
+    reads the queue table again instead of this process's snapshot (queues/state.py)."""
+    queue_state.reset()
+    yield
+    queue_state.reset()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import tasks_engine
 from tasks_engine import transitions
 from tasks_engine.models import StepAttempt
 from tasks_engine.runtime import executor
+from tasks_engine.transitions import queue_state
 
 pytestmark = pytest.mark.django_db
 
@@ -34,7 +35,10 @@ def statements(captured: CaptureQueriesContext) -> int:
 
 
 def run_once(task: str) -> tuple[int, int, str]:
-    """(claim statements, execution statements, outcome) of one pass of the next run."""
+    """(claim statements, execution statements, outcome) of one pass of the next run. The
+    queue snapshot (paused queues, limit overrides) is read before: once per half poll
+    interval, not per claim (transitions/queue_state.py)."""
+    queue_state.current()
     with CaptureQueriesContext(connection) as claim_q:
         [claimed] = transitions.claim_runs("w", [(task, 1)], None, 1, 30)
     with CaptureQueriesContext(connection) as exec_q:

@@ -1,6 +1,13 @@
-"""The queues page (`admin/tasks_engine/workflowrun/queues/`): each queue's limits from
-TASKS_ENGINE["QUEUES"], its running, pending and waiting runs and the age of its oldest pending
-run, and the busiest concurrency keys. Read-only, like the rest of the admin."""
+"""The queues page (`admin/tasks_engine/workflowrun/queues/`): every known queue (in QUEUES,
+named by a workflow, with active runs or a row) with its state (paused, and why), its limits in
+effect (QUEUES with the operator's overrides), its running, pending and waiting runs and the
+age of its oldest pending run; and the busiest concurrency keys.
+
+Operators act on a queue through operations/queues.py: pause and resume
+(`queues/<name>/pause/` and `.../resume/`, a confirmation with a reason) behind
+`tasks_engine.pause_queue`, and its `concurrency` and `rate_limit` overrides
+(`queues/<name>/limits/`) behind `tasks_engine.change_queue`; staff without the permission
+get 403 and nothing changes. Each change is written to the admin log, on the queue's row."""
 
 from __future__ import annotations
 
@@ -8,16 +15,26 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django import forms
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Max, Min
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path
+from django.urls import path, reverse
 
 from .. import clock
-from ..conf import engine_settings
-from ..models import WorkflowRun
+from ..conf import parse_rate
+from ..models import Queue, WorkflowRun
+from ..operations import queues
+from ..transitions import queue_state
+from ..values.serialization import REASON_MAX_LENGTH, check_reason
+from .audit import record
+from .operator_actions import reason_from
 from .run_page import humanize_seconds
+
+PAUSE_PERMISSION = "tasks_engine.pause_queue"
+CHANGE_PERMISSION = "tasks_engine.change_queue"
 
 ACTIVE = ("pending", "running", "waiting")
 BUSIEST_KEYS = 20
@@ -30,6 +47,9 @@ class Row:
     counts: dict[str, int] = field(default_factory=dict)
     limit: str = ""
     oldest_pending: str = ""
+    paused: bool = False
+    reason: str = ""
+    overridden: tuple[str, ...] = ()
 
     @property
     def running(self) -> int:
@@ -45,11 +65,17 @@ class Row:
 
 
 def queue_rows(now: datetime) -> list[Row]:
-    limits = engine_settings().queues
-    rows: dict[str, Row] = {q: Row(q) for q in limits}
-    active = WorkflowRun.objects.filter(status__in=ACTIVE)
-    for r in active.values("queue", "status").annotate(n=Count("id")).order_by():
-        rows.setdefault(r["queue"], Row(r["queue"])).counts[r["status"]] = r["n"]
+    views = queues.list_queues()
+    limits = queue_state.current().limits()
+    rows: dict[str, Row] = {}
+    for v in views:
+        rows[v.name] = Row(
+            v.name,
+            counts={"pending": v.pending, "running": v.running, "waiting": v.waiting},
+            paused=v.paused,
+            reason=v.reason,
+            overridden=v.overridden,
+        )
     # How long the longest-waiting due run has waited since it was due: a run deferred to later
     # (available_at ahead) is not waiting yet, and a long wait says the queue is stuck or full.
     pending = WorkflowRun.objects.filter(status="pending", available_at__lte=now)
@@ -58,6 +84,8 @@ def queue_rows(now: datetime) -> list[Row]:
     ):
         rows[queue].oldest_pending = humanize_seconds((now - oldest).total_seconds())
     for name, lim in limits.items():
+        if name not in rows:
+            continue
         parts = [f"{lim.concurrency} at once"] if lim.concurrency else []
         if lim.rate:
             n, window = lim.rate
@@ -93,7 +121,17 @@ class QueuesMixin:
     def queues_urls(self) -> list[Any]:
         info = (self.model._meta.app_label, self.model._meta.model_name)
         view = self.admin_site.admin_view(self.queues_view)
-        return [path("queues/", view, name="{}_{}_queues".format(*info))]
+        urls = [path("queues/", view, name="{}_{}_queues".format(*info))]
+        for op in ("pause", "resume", "limits"):
+            urls.append(
+                path(
+                    f"queues/<path:name>/{op}/",
+                    self.admin_site.admin_view(self.queue_op_view),
+                    {"op": op},
+                    name="{}_{}_queue_{}".format(*info, op),
+                )
+            )
+        return urls
 
     def queues_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):  # type: ignore[attr-defined]
@@ -104,5 +142,126 @@ class QueuesMixin:
             "title": "Queues",
             "queues": queue_rows(clock.now()),
             "keys": busiest_keys(),
+            "can_pause": request.user.has_perm(PAUSE_PERMISSION),
+            "can_change": request.user.has_perm(CHANGE_PERMISSION),
         }
         return TemplateResponse(request, "admin/tasks_engine/workflowrun/queues.html", context)
+
+    def queue_op_view(self, request: HttpRequest, name: str, op: str) -> HttpResponse:
+        """GET: the confirmation (pause, resume) or the limits form. POST: the change, through
+        `tasks_engine.operations.queues`, logged with the reason; a bad value changes nothing."""
+        wanted = CHANGE_PERMISSION if op == "limits" else PAUSE_PERMISSION
+        if not self.has_view_permission(request) or not request.user.has_perm(wanted):  # type: ignore[attr-defined]
+            raise PermissionDenied
+        try:
+            queues.check_queue_name(name)
+        except (TypeError, ValueError) as exc:
+            messages.error(request, f"{exc}; nothing changed.")
+            return HttpResponseRedirect(reverse("admin:tasks_engine_workflowrun_queues"))
+        form = LimitsForm(request.POST or None, initial=_current_limits(name))
+        if request.method == "POST":
+            if op == "limits" and form.is_valid():
+                return self._apply(request, name, op, form.cleaned_data)
+            if op != "limits":
+                return self._apply(request, name, op, {"reason": reason_from(request)})
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"{'Limits of' if op == 'limits' else op.capitalize()} queue {name}",
+            "queue": name,
+            "op": op,
+            "form": form,
+            "reason_max": REASON_MAX_LENGTH,
+            "back_url": reverse("admin:tasks_engine_workflowrun_queues"),
+        }
+        return TemplateResponse(
+            request, "admin/tasks_engine/workflowrun/queue_action.html", context
+        )
+
+    def _apply(self, request: HttpRequest, name: str, op: str, data: dict[str, Any]) -> Any:
+        back = HttpResponseRedirect(reverse("admin:tasks_engine_workflowrun_queues"))
+        reason = data.get("reason") or ""
+        try:
+            check_reason(reason)  # its admin log entry must be storable: checked first
+            if op == "pause":
+                changed = queues.pause_queue(name, reason=reason or None)
+                verb = "Paused"
+            elif op == "resume":
+                changed = queues.resume_queue(name)
+                verb = "Resumed"
+            else:
+                concurrency, rate = queues.set_queue_limits(
+                    name, concurrency=data["concurrency"], rate_limit=data["rate_limit"] or None
+                )
+                changed = True
+                verb = (
+                    f"Limits set: concurrency {concurrency or 'from settings'},"
+                    f" rate limit {rate or 'from settings'}"
+                )
+        except (TypeError, ValueError) as exc:
+            messages.error(request, f"{exc}; nothing changed.")
+            return back
+        if not changed:
+            messages.info(
+                request,
+                f"Nothing changed: {name} was {'already' if op == 'pause' else 'not'} paused.",
+            )
+            return back
+        record(request.user, Queue.objects.filter(name=name), verb, reason)
+        messages.success(request, f"{verb.split(':')[0]} {name}.")
+        return back
+
+
+def _current_limits(name: str) -> dict[str, Any]:
+    row = Queue.objects.filter(name=name).first()
+    if row is None:
+        return {}
+    return {"concurrency": row.concurrency, "rate_limit": row.rate_limit}
+
+
+class LimitsForm(forms.Form):
+    """A queue's overrides; blank: the setting's value (TASKS_ENGINE["QUEUES"])."""
+
+    concurrency = forms.IntegerField(
+        required=False, min_value=1, max_value=2**31 - 1, help_text="blank: from the settings"
+    )
+    rate_limit = forms.CharField(
+        required=False, max_length=32, help_text="N/s, N/m or N/h; blank: from the settings"
+    )
+    reason = forms.CharField(required=False, max_length=REASON_MAX_LENGTH, widget=forms.Textarea)
+
+    def clean_rate_limit(self) -> str:
+        value = (self.cleaned_data.get("rate_limit") or "").strip()
+        if value:
+            try:
+                parse_rate(value, "rate limit")
+            except ValueError as exc:
+                raise forms.ValidationError(str(exc)) from None
+        return value
+
+
+@admin.register(Queue)
+class QueueAdmin(admin.ModelAdmin):
+    """Queue rows are changed on the Queues page only; the list leads there, and each row's
+    history page shows its admin log (pauses, resumes, limits)."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return HttpResponseRedirect(reverse("admin:tasks_engine_workflowrun_queues"))
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> HttpResponse:
+        if request.method not in ("GET", "HEAD"):
+            raise PermissionDenied
+        return super().change_view(request, object_id, form_url, extra_context)

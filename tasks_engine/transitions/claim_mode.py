@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 
 from ..conf import QueueLimits, engine_settings
+from . import queue_state
 
 # Keyed runs exist: set by this process's keyed enqueue, or by a worker's probe (`refresh`).
 # Once set, every claim of this process is guarded.
@@ -21,8 +22,9 @@ _probed_at = [float("-inf")]
 
 
 def limited_queues(queues: list[str] | None) -> dict[str, QueueLimits]:
-    """The limited queues a worker serving `queues` (None: all) claims from."""
-    limits = engine_settings().queues
+    """The limited queues a worker serving `queues` (None: all) claims from: QUEUES with the
+    operators' runtime overrides (queue_state.py)."""
+    limits = queue_state.limits()
     if queues is None:
         return dict(limits)
     return {q: limits[q] for q in queues if q in limits}
@@ -58,9 +60,11 @@ def guarded(pairs: list[tuple[str, int]], queues: list[str] | None) -> bool:
 
 
 def refresh() -> None:
-    """Called by a worker's claim loop: at most once per poll interval, look for keyed runs
-    (pending, or waiting with a due timer), so that a worker whose own workflows declare no
-    key still learns of runs another process enqueued with `concurrency_key=`."""
+    """Called by a worker's claim loop: read the queue snapshot if it is due (queue_state.py:
+    so that the claim itself does not), and at most once per poll interval, look for keyed
+    runs (pending, or waiting with a due timer), so that a worker whose own workflows declare
+    no key still learns of runs another process enqueued with `concurrency_key=`."""
+    queue_state.current()
     if _keyed_seen.is_set():
         return
     now = time.monotonic()

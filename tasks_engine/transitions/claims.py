@@ -27,7 +27,7 @@ from ..db.sql import (
     r_uuid,
 )
 from ..models import WorkflowRun
-from . import claim_mode, first_steps
+from . import claim_mode, first_steps, queue_state
 from ._common import RUN, Claimed, Lease, LeaseKey, Renewal
 
 
@@ -145,10 +145,10 @@ def prestarted_sql(prestart: bool) -> tuple[str, str]:
 
 
 def _claim_parts(req: ClaimRequest) -> tuple[str, str]:
-    filters = _claim_filters(req)
-    return query("claim_sources").format(filters=filters), query("claim_take").format(
-        columns=_COLUMNS
-    )
+    filters, paused = _claim_filters(req), paused_filter()
+    return query("claim_sources").format(filters=filters, paused=paused), query(
+        "claim_take"
+    ).format(columns=_COLUMNS)
 
 
 def _claim_filters(req: ClaimRequest) -> str:
@@ -160,6 +160,17 @@ def _claim_filters(req: ClaimRequest) -> str:
 def filters_for(queues: list[str] | None) -> str:
     filters = " " + query("claim_filter_tasks")
     return filters + (" " + query("claim_filter_queues") if queues else "")
+
+
+def paused_filter() -> str:
+    """The claim's filter on paused queues (named parameter `paused`, which `_claim_params`
+    always sends): none while no queue is paused, so the claim keeps its statement."""
+    return " " + query("claim_filter_paused") if queue_state.paused() else ""
+
+
+def paused_value(paused: frozenset[str]) -> str:
+    names = sorted(paused)
+    return _pg_array(names) if is_postgres() else json.dumps(names)
 
 
 def _claim_params(
@@ -174,6 +185,7 @@ def _claim_params(
         "not_these": _ids_json([*req.held, *(exclude or ())]),
         "task_keys": task_keys,
         "queues": queues,
+        "paused": paused_value(queue_state.paused()),
     }
 
 
@@ -255,7 +267,8 @@ def claim_sql(req: ClaimRequest, now: datetime) -> tuple[str, dict[str, Any]]:
         # its rows once more).
         sources, take = _claim_parts(req)
         return f"WITH {sources} {take}", _claim_params(req, now)
-    sql = query("claim").format(filters=_claim_filters(req), columns=_COLUMNS)
+    filters, paused = _claim_filters(req), paused_filter()
+    sql = query("claim").format(filters=filters, paused=paused, columns=_COLUMNS)
     return sql, _claim_params(req, now)
 
 
@@ -345,15 +358,20 @@ def _run_from_row(row: tuple[Any, ...]) -> WorkflowRun:
 def anything_due_before(
     pairs: list[tuple[str, int]], queues: list[str] | None, horizon: datetime
 ) -> bool:
-    """Whether a run this worker could claim becomes due before `horizon` (for --burst)."""
+    """Whether a run this worker could claim becomes due before `horizon` (for --burst): a
+    paused queue's runs are not, its running runs are."""
     if not pairs:
         return False
     task_keys, queue_names = _filter_values(tuple(pairs), tuple(queues or ()), is_postgres())
+    paused = queue_state.paused()
+    not_paused = query("claim_filter_paused").removeprefix("AND ")
+    unpaused = f" AND (status = 'running' OR {not_paused})" if paused else ""
     sql = (
         f"SELECT 1 FROM {RUN} WHERE status IN ('pending', 'running', 'waiting')"
-        f" AND available_at <= %(now)s{filters_for(queues)} LIMIT 1"
+        f" AND available_at <= %(now)s{filters_for(queues)}{unpaused} LIMIT 1"
     )
     params = {"now": p_dt(horizon), "task_keys": task_keys, "queues": queue_names}
+    params["paused"] = paused_value(paused)
     return bool(fetchall(sql, params))
 
 

@@ -22,12 +22,19 @@ from typing import Any
 from django.db import transaction
 
 from .. import clock
-from ..conf import QueueLimits
+from ..conf import QueueLimits, engine_settings
 from ..db.sql import execute, fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
-from ..models import QueueClaim
+from ..models import Queue, QueueClaim
 from . import claim_mode
 from ._common import Claimed
-from .claims import _COLUMNS, ClaimRequest, _claim_filters, _claim_params, returning_claimed
+from .claims import (
+    _COLUMNS,
+    ClaimRequest,
+    _claim_filters,
+    _claim_params,
+    paused_filter,
+    returning_claimed,
+)
 from .flow_claims_pg import claim_guarded_pg
 
 BIG = 1 << 30
@@ -84,7 +91,8 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
 
 def _candidate_keys(req: ClaimRequest, params: dict[str, Any]) -> list[tuple[str, int]]:
     """(key, limit) of every key with a claimable run and room, best head first."""
-    rows = fetchall(query("flow_keys").format(filters=_claim_filters(req)), params)
+    filters = _claim_filters(req) + paused_filter()
+    rows = fetchall(query("flow_keys").format(filters=filters), params)
     rows.sort(key=lambda r: (r[2], -r[3], r_dt(r[4])))
     best: dict[str, int] = {}
     for key, limit, _src, _pri, _at, running in rows:
@@ -111,9 +119,14 @@ def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _L
     runs, and its rate less the claims logged in the window ending now (a sliding window);
     and, for a rate-limited queue, where its log stands."""
     room = BIG
-    if limits.concurrency is not None:
+    # The override as it is now, under the write lock: a lowered limit admits no run the
+    # snapshot's older value would (queue_state.py).
+    concurrency = Queue.objects.filter(name=queue).values_list("concurrency", flat=True).first()
+    if concurrency is None:
+        concurrency = engine_settings().queues.get(queue, QueueLimits()).concurrency
+    if concurrency is not None:
         (n,) = fetchall(query("flow_queue_running"), {"queue": queue})[0]
-        room = limits.concurrency - int(n)
+        room = concurrency - int(n)
     if limits.rate is None:
         return room, None
     count, window = limits.rate
@@ -183,6 +196,7 @@ def _candidates(
     key in an unlimited queue; no key in each limited queue with room; each key with room.
     Each part reads its own partial index, at most as many rows as could be admitted."""
     filters = _claim_filters(req)
+    unpaused = filters + paused_filter()  # an expired lease of a paused queue goes on
     template = query("flow_candidates_part")
     parts: list[str] = []
     params: dict[str, Any] = dict(base)
@@ -194,7 +208,8 @@ def _candidates(
         for name, value in named.items():
             extra = extra.replace(f"%({name})s", f"%({name}{i})s")
             params[f"{name}{i}"] = value
-        parts.append(template.format(i=i, extra=extra, filters=filters, order=order))
+        where = filters if src == 0 else unpaused
+        parts.append(template.format(i=i, extra=extra, filters=where, order=order))
         params.update({f"status{i}": status, f"src{i}": src, f"n{i}": n})
 
     not_ours = " AND id NOT IN (SELECT value FROM json_each(%(not_these)s))"

@@ -35,8 +35,8 @@ from django.db import ProgrammingError, connection
 from ..conf import QueueLimits, engine_settings
 from ..db import pooler
 from ..db.sql import p_dt, query, statement_cursor
-from ..models import QueueClaim
-from . import claim_mode, first_steps
+from ..models import Queue, QueueClaim
+from . import claim_mode, first_steps, queue_state
 from ._common import RUN, Claimed
 from .claims import (
     CLAIM_COLUMNS,
@@ -52,6 +52,9 @@ from .claims import (
 )
 
 CLAIMS = QueueClaim._meta.db_table
+# A queue's concurrency override (its row, if any) is read by the claim statement itself: a
+# limit an operator lowers is seen by the first claim that starts after it commits.
+QUEUES = Queue._meta.db_table
 # pg_advisory_xact_lock(class, hashtext(name)): one class for queues, one for keys. A hash
 # collision only makes two keys share a lock (claims of them are serialised), never admits more.
 QUEUE_LOCK = 0x7E51
@@ -113,20 +116,24 @@ def statements(
     `first_steps_json` (first_steps.published()), the claim also starts the first step of each
     fresh run it takes, as the plain claim does (`claim_prestart`)."""
     filt, fparams = _filters(req.pairs, req.queues)
+    # Due timers and pending runs of paused queues are left out; expired leases go on.
+    pfilt, pparams = _paused_filter()
+    base = engine_settings().queues
     t = p_dt(now)
     walk = walk_size(req.limit)
     names = _text_array(tuple(limited))
     lock_params: list[Any] = [_text_array(tuple(sorted(limited)))]
     lock_params += [t, walk]  # scan
-    lock_params += [t, walk, *fparams]  # woken
-    lock_params += [*fparams]  # roomy
-    lock_params += [t, t, *fparams, walk, req.limit]  # heads, loose
+    lock_params += [t, walk, *fparams, *pparams]  # woken
+    lock_params += [*fparams, *pparams]  # roomy
+    lock_params += [t, t, *fparams, *pparams, walk, req.limit]  # heads, loose
     lock_params += [2 * req.limit, req.limit, req.limit]
     capped = claim_mode.worker_room(req.worker_room, limited)
     queues = [
         {
             "q": q,
-            "conc": lim.concurrency,
+            # The setting's: the claim statement reads the override itself, under the lock.
+            "conc": base.get(q, QueueLimits()).concurrency,
             "rate": lim.rate[0] if lim.rate else None,
             "since": (now - timedelta(seconds=lim.rate[1])).isoformat() if lim.rate else None,
             "wroom": capped.get(q),
@@ -138,16 +145,23 @@ def statements(
     claim_params: list[Any] = [json.dumps(queues)]
     claim_params += [x for q in rated for x in (q["q"], q["since"])]  # pruned
     claim_params += [t, _ids_json(list(req.held)), *fparams, n]  # expired
-    claim_params += [t, names, *fparams, n, t, names, *fparams, n]  # free
-    claim_params += [t, *fparams, n]  # per queue
+    claim_params += [t, names, *fparams, *pparams, n, t, names, *fparams, *pparams, n]  # free
+    claim_params += [t, *fparams, *pparams, n]  # per queue
     claim_params += [t]  # keyed
     claim_params += [n, *claim_update_params(req, now)]
     if rated:
         claim_params.append(t)  # logged
     if first_steps_json is not None:
         claim_params += [t, first_steps_json, t]  # ks
-    first, second = _statements(filt, len(rated), first_steps_json is not None, bool(capped))
+    first, second = _statements(filt, len(rated), first_steps_json is not None, bool(capped), pfilt)
     return first, lock_params, second, claim_params
+
+
+def _paused_filter() -> tuple[str, list[Any]]:
+    paused = queue_state.paused()
+    if not paused:
+        return "", []
+    return " AND queue <> ALL(%s::text[])", [_text_array(tuple(sorted(paused)))]
 
 
 @functools.lru_cache(maxsize=64)
@@ -189,10 +203,12 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
 
 
 @functools.lru_cache(maxsize=16)
-def _statements(filt: str, rated: int, prestart: bool, capped: bool) -> tuple[str, str]:
+def _statements(
+    filt: str, rated: int, prestart: bool, capped: bool, pfilt: str = ""
+) -> tuple[str, str]:
     # Compact: fewer bytes to send (and to convert once: sql.LONGEST_STATEMENT).
-    claim = _claim_statement(filt, rated, prestart, capped)
-    return _compact(_lock_statement(filt)), _compact(claim)
+    claim = _claim_statement(filt, rated, prestart, capped, pfilt)
+    return _compact(_lock_statement(filt + pfilt)), _compact(claim)
 
 
 def _compact(sql: str) -> str:
@@ -281,7 +297,9 @@ def _lock_statement(filt: str) -> str:
     """
 
 
-def _claim_statement(filt: str, rated: int, prestart: bool, capped: bool = False) -> str:
+def _claim_statement(
+    filt: str, rated: int, prestart: bool, capped: bool = False, pfilt: str = ""
+) -> str:
     cols = (
         "id, {src} AS src, priority, available_at, ctid AS tid, queue, concurrency_key AS k"
         f" FROM {RUN}"
@@ -291,9 +309,10 @@ def _claim_statement(filt: str, rated: int, prestart: bool, capped: bool = False
 
     def source(status: str, src: int, extra: str, limit: str) -> str:
         order = "available_at" if src < 2 else "priority DESC, available_at"
+        where = filt if src == 0 else filt + pfilt  # an expired lease of a paused queue goes on
         return (
             f"SELECT {cols.format(src=src)} WHERE status = '{status}' AND available_at <= %s"
-            f"{extra}{filt}"
+            f"{extra}{where}"
             f" ORDER BY {order} LIMIT {limit} {lock}"
         )
 
@@ -357,13 +376,15 @@ def _claim_statement(filt: str, rated: int, prestart: bool, capped: bool = False
         ), queues AS MATERIALIZED (
             SELECT j.q, j.rate IS NOT NULL AS rated, j.since, n.seq AS last_seq,
                 n.claimed_at AS last_at, least(
-                CASE WHEN j.conc IS NULL THEN {BIG} ELSE j.conc - (SELECT count(*) FROM {RUN} r
+                CASE WHEN coalesce(ov.concurrency, j.conc) IS NULL THEN {BIG}
+                    ELSE coalesce(ov.concurrency, j.conc) - (SELECT count(*) FROM {RUN} r
                     WHERE r.status = 'running' AND r.queue = j.q) END,
                 CASE WHEN j.rate IS NULL THEN {BIG}
                     ELSE j.rate - coalesce(n.seq - o.seq + o.claims, 0) END{wroom}
             ) AS room{wcol}
             FROM json_to_recordset(%s::json)
                 AS j(q text, conc int, rate int, since timestamptz{wdef})
+            LEFT JOIN {QUEUES} ov ON ov.name = j.q
             LEFT JOIN LATERAL (
                 SELECT c.seq, c.claimed_at FROM {CLAIMS} c WHERE j.rate IS NOT NULL
                 AND c.queue = j.q ORDER BY c.queue, c.seq DESC LIMIT 1

@@ -400,6 +400,25 @@ def lock_parent(child_id: uuid.UUID) -> None:
         )
 
 
+def pend_paused_timers(queues: list[str], batch: int = 1000) -> int:
+    """Waiting -> pending, due now: runs of the paused `queues` whose timer (sleep, timeout,
+    deadline) is due. No claim takes them while their queue is paused; they wait as pending
+    and are claimed, by priority, once it is resumed. At most `batch` runs (the leader's
+    next round takes the rest); returns how many."""
+    if not queues:
+        return 0
+    now = clock.now()
+    with transaction.atomic():
+        ids = list(
+            WorkflowRun.objects.filter(
+                status="waiting", available_at__lte=now, queue__in=queues
+            ).values_list("pk", flat=True)[:batch]
+        )
+        return WorkflowRun.objects.filter(pk__in=ids, status="waiting").update(
+            status="pending", waiting_on="", updated_at=now
+        )
+
+
 def wake_parent(child_id: uuid.UUID) -> None:
     """A child finished: wake its parent if it waits on this child (same transaction)."""
     now = clock.now()

@@ -33,10 +33,11 @@ from ..db.pooler import behind_transaction_pooler
 from ..definitions import Workflow
 from ..exceptions import LeaseLostError, WorkerStopping
 from ..observe.logs import get_logger
+from ..operations import queues as queue_control
 from ..runtime import executor
 from ..services.fleet import Registration
 from ..services.leader import Leader
-from ..transitions import claim_mode
+from ..transitions import claim_mode, queue_state
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat, WorkerHooks
 from .pulse import Pulse, silence_seconds
@@ -77,6 +78,7 @@ class Worker:
         if prefetch is None:
             prefetch = config.concurrency * PREFETCH_PER_SLOT
         self.slots = SlotPool(config.concurrency, prefetch)
+        queue_state.use_poll_interval(config.poll_interval)
         self.slots.caps = claim_mode.worker_caps(claim_mode.limited_queues(self.queues))
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
@@ -280,6 +282,8 @@ class Worker:
     def on_notify(self, payloads: list[str]) -> None:
         if any(p.startswith("cancel:") for p in payloads):
             self.heartbeat.kick.set()
+        if any(p.startswith(queue_control.CHANGED) for p in payloads):
+            queue_state.forget()  # a queue paused, resumed or re-limited: claim with its news
         self.wake.set()
 
     # -- start and stop -----------------------------------------------------------------------

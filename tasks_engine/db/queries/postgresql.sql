@@ -77,7 +77,7 @@ UNION ALL SELECT 'd', s.id, s.lease_token, s.run_id{pad}
     WHERE s.id = ANY(ARRAY(SELECT step_id FROM dv)) AND s.status = 'completed'
 
 -- claim_sources --
--- The runs a claim may take: expired leases first, then due timers, then pending by priority; each source reads its own partial index, so far-future sleepers and finished rows cost nothing. `not_these` (the runs the worker holds, and those the same statement writes) stay out of the expired source. {filters}: the worker's (name, version) pairs and queues.
+-- The runs a claim may take: expired leases first, then due timers, then pending by priority; each source reads its own partial index, so far-future sleepers and finished rows cost nothing. `not_these` (the runs the worker holds, and those the same statement writes) stay out of the expired source. {filters}: the worker's (name, version) pairs and queues; {paused}: the paused queues left out of due timers and pending runs (`claim_filter_paused`; empty while none is paused). An expired lease is a running run: it goes on.
 expired AS (
     SELECT id, 0 AS src, priority, available_at FROM tasks_engine_workflowrun
     WHERE status = 'running' AND available_at <= %(now)s{filters}
@@ -85,11 +85,11 @@ expired AS (
     ORDER BY available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), woken AS (
     SELECT id, 1 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
+    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}{paused}
     ORDER BY available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
+    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}{paused}
     ORDER BY priority DESC, available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 
@@ -130,6 +130,10 @@ AND task_name || '@' || version = ANY(%(task_keys)s::text[])
 -- claim_filter_queues --
 -- Only the worker's queues, as one text[] parameter.
 AND queue = ANY(%(queues)s::text[])
+
+-- claim_filter_paused --
+-- None of the paused queues (transitions/queue_state.py), as one text[] parameter.
+AND queue <> ALL(%(paused)s::text[])
 
 -- renew_leases --
 -- Extend every lease a worker holds (one JSON row per run and lease token); runs missing from the result are lost. A stale lease of a run whose fresh lease the same worker holds does not match. A row another transaction has locked (a fenced commit inside the holder's own atomic step keeps it locked until that step commits) is not waited for: it comes back with renewed = false if its committed token is still the lease's (no claim can take a locked row meanwhile), so one long transaction never holds up every other renewal.

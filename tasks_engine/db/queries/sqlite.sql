@@ -35,7 +35,7 @@ WHERE id = %(run_id)s AND lease_token = %(token)s
 RETURNING status
 
 -- claim --
--- The runs a claim takes: expired leases first, then due timers, then pending by priority (see postgresql.sql, claim_ctes). {filters}: the worker's (name, version) pairs and queues.
+-- The runs a claim takes: expired leases first, then due timers, then pending by priority (see postgresql.sql, claim_ctes). {filters}: the worker's (name, version) pairs and queues; {paused}: the paused queues left out of due timers and pending runs.
 WITH expired AS (
     SELECT id, 0 AS src, priority, available_at FROM tasks_engine_workflowrun
     WHERE status = 'running' AND available_at <= %(now)s{filters}
@@ -43,11 +43,11 @@ WITH expired AS (
     ORDER BY available_at LIMIT %(limit)s
 ), woken AS (
     SELECT id, 1 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
+    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}{paused}
     ORDER BY available_at LIMIT %(limit)s
 ), due AS (
     SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}
+    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}{paused}
     ORDER BY priority DESC, available_at LIMIT %(limit)s
 )
 UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = lower(hex(randomblob(16))),
@@ -69,6 +69,10 @@ AND task_name || '@' || version IN (SELECT value FROM json_each(%(task_keys)s))
 -- claim_filter_queues --
 -- Only the worker's queues, as one JSON array parameter.
 AND queue IN (SELECT value FROM json_each(%(queues)s))
+
+-- claim_filter_paused --
+-- None of the paused queues (transitions/queue_state.py), as one JSON array parameter.
+AND queue NOT IN (SELECT value FROM json_each(%(paused)s))
 
 -- renew_leases --
 -- Extend every lease a worker holds (a JSON array of [run, lease token]); runs missing from the result are lost. Plain columns come back, never `col IS [NOT] NULL` (SQLite 3.35 to 3.40 folds such a test in RETURNING as if the column were NOT NULL).

@@ -1,5 +1,5 @@
 """manage.py tasks enqueue | signal | cancel | retry | inspect | list | cancel-matching |
-retry-matching | prune | workers | replay-check | schedules | schedule."""
+retry-matching | prune | workers | replay-check | schedules | schedule | queues | queue."""
 
 from __future__ import annotations
 
@@ -29,7 +29,14 @@ from tasks_engine.states import RunStatus
 from tasks_engine.values import tags as run_tags
 from tasks_engine.values.secrets import mask_secrets
 
-from ..cli import OneLineErrors, _one_line, json_value, positive_int, retention_days
+from ..cli import (
+    OneLineErrors,
+    _one_line,
+    json_value,
+    positive_int,
+    queue_name,
+    retention_days,
+)
 
 
 class Command(OneLineErrors, BaseCommand):
@@ -135,6 +142,15 @@ class Command(OneLineErrors, BaseCommand):
         p = add("schedule", "pause or resume a schedule")
         p.add_argument("op", choices=["pause", "resume"], help="pause or resume")
         p.add_argument("schedule", metavar="NAME", help="schedule name")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("queues", "list queues: paused, limits in effect, pending and running runs")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add("queue", "pause or resume a queue (every worker, within one poll interval)")
+        p.add_argument("op", choices=["pause", "resume"], help="pause or resume")
+        p.add_argument("queue", metavar="NAME", type=queue_name, help="queue name")
+        p.add_argument("--reason", help="why (pause only; shown by `tasks queues`)")
         p.add_argument("--json", action="store_true", help="print JSON")
 
         p = add("workers", "list worker processes, the runs they hold, and the leader")
@@ -329,6 +345,33 @@ class Command(OneLineErrors, BaseCommand):
 
         name, pause = o["schedule"], o["op"] == "pause"
         changed = schedules.pause(name) if pause else schedules.resume(name)
+        state = "paused" if pause else "resumed"
+        text = (
+            f"{state} {name}" if changed else f"{name} was {'already' if pause else 'not'} paused"
+        )
+        return {"json": {"name": name, "paused": pause, "changed": changed}, "text": text}
+
+    def do_queues(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine.operations.queues import list_queues
+
+        views = list_queues()
+        lines = [
+            f"{v.name:<24} {'paused' if v.paused else 'active':<7}"
+            f" concurrency={v.concurrency or '-'} rate_limit={v.rate_limit or '-'}"
+            f"{' (overridden: ' + ', '.join(v.overridden) + ')' if v.overridden else ''}"
+            f" pending={v.pending} running={v.running}"
+            f"{'  reason: ' + v.reason if v.reason else ''}"
+            for v in views
+        ]
+        return _listing(views, lines, "(no queues)")
+
+    def do_queue(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine.operations.queues import pause_queue, resume_queue
+
+        name, pause = o["queue"], o["op"] == "pause"
+        if not pause and o["reason"] is not None:
+            raise CommandError("--reason is for pause only")
+        changed = pause_queue(name, reason=o["reason"]) if pause else resume_queue(name)
         state = "paused" if pause else "resumed"
         text = (
             f"{state} {name}" if changed else f"{name} was {'already' if pause else 'not'} paused"
