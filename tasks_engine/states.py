@@ -1,7 +1,7 @@
 """Run and step statuses, and the table of every run transition: its cause, the functions
 in `transitions/` that write it, and who calls them; and which pass a run is in.
 
-`tests/test_states.py` checks that the table and `transitions/` agree.
+`tests/engine/transitions/test_states.py` checks that the table and `transitions/` agree.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ START = Edge(
     " engine.enqueue_many",
 )
 
-# (from, to) -> the edge. `tests/test_states.py` reads transitions/ to check that every
-# function writing a run status is here (or a helper of one that is), and the reverse.
+# (from, to) -> the edge. `tests/engine/transitions/test_states.py` reads transitions/ to check
+# that every function writing a run status is here (or a helper of one that is), and the reverse.
 TRANSITIONS: dict[tuple[RunStatus, RunStatus], Edge] = {
     (RunStatus.PENDING, RunStatus.RUNNING): Edge(
         "claimed by a worker", "claim_runs", "a worker's main loop, or its group commit"

@@ -203,7 +203,8 @@ def prepare_engine_statements(sender: Any, connection: Any, **kwargs: Any) -> No
 
 def keep_long_statements() -> None:
     """psycopg's cache of converted statements takes the engine's longest too (see
-    LONGEST_STATEMENT; tests/test_statements.py fails if psycopg drops the setting)."""
+    LONGEST_STATEMENT; tests/engine/transitions/test_statements.py fails if psycopg drops the
+    setting)."""
     from psycopg import _queries
 
     if _queries.MAX_CACHED_STATEMENT_LENGTH < LONGEST_STATEMENT:

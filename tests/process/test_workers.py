@@ -198,7 +198,7 @@ def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
 @pytest.mark.one_db("an argument error")
 def test_a_bad_worker_argument_fails_with_one_line() -> None:
     """manage.py itself: one line on stderr, exit 1 (a CommandError), nothing written. The
-    other bad arguments are checked in-process (tests/test_command_errors.py)."""
+    other bad arguments are checked in-process (tests/engine/management/test_command_errors.py)."""
     out = run_command("runworker", "--task", "nope@1")
     assert out.returncode == 1
     assert out.stderr == "CommandError: unknown task nope@1\n"

@@ -18,8 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 # Every defect the simulation was built to catch is fixed; so are the ones it found (see the
-# regression tests in tests/test_promises.py, tests/test_claim.py and
-# tests/test_hot_path_faults.py). Add an entry here only with an open issue for it.
+# regression tests in tests/engine/api/test_promises.py, tests/engine/transitions/test_claim.py and
+# tests/engine/worker/test_hot_path_faults.py). Add an entry here only with an open issue for it.
 KNOWN_DEFECTS: frozenset[str] = frozenset()
 
 

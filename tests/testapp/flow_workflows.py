@@ -1,6 +1,6 @@
-"""Workflows for the flow-control tests (tests/test_flow_control.py, tests/process/test_flow.py).
-Each appends `start` and `end` records to a trace file (when given one), from which the tests
-compute how many runs of a queue or key were running at once."""
+"""Workflows for the flow-control tests (tests/engine/transitions/test_flow_control.py,
+tests/process/test_flow.py). Each appends `start` and `end` records to a trace file (when given
+one), from which the tests compute how many runs of a queue or key were running at once."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Workflows an operator retries: a step fails until a gate row exists (tests/test_retry.py)."""
+"""Workflows an operator retries: a step fails until a gate row exists
+(tests/engine/transitions/test_retry.py)."""
 
 from __future__ import annotations
 
