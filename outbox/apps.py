@@ -12,13 +12,16 @@ class OutboxConfig(AppConfig):
         from django.core import checks as django_checks
         from django.utils.module_loading import autodiscover_modules
 
+        from tasks_engine.db.sqlite_bounds import register_hints
         from tasks_engine.services.retention import register_pruner
 
         from . import checks
         from .conf import outbox_settings
         from .maintenance import prune_dispatched
+        from .models import SQLITE_HINTS, OutboxEvent
 
         django_checks.register(checks.check_settings)
+        register_hints("outbox_events", lambda: OutboxEvent._meta.db_table, SQLITE_HINTS)
         register_pruner(
             "outbox_events",
             lambda cutoff, batch, max_batches: prune_dispatched(

@@ -5,6 +5,19 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
+from tasks_engine.db.sqlite_bounds import Hints
+
+# SQLite: statistics for the relay's claim and the prune of dispatched events, so that they
+# read their partial indexes whatever the table's sizes (tasks_engine/db/sqlite_bounds.py).
+SQLITE_HINTS = Hints(
+    seeds=(
+        ("outbox_event_status", "10000 3000 1"),
+        ("outbox_event_due", "100 1 1"),
+        ("outbox_event_dispatched", "9000 1"),
+    ),
+    empty=(("outbox_event_due", "1 1 1"), ("outbox_event_dispatched", "1 1")),
+)
+
 
 class EventStatus(models.TextChoices):
     PENDING = "pending"  # waiting for the relay: due at next_attempt_at (now, or after a backoff)

@@ -26,12 +26,11 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from django.apps import apps
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from ..conf import engine_settings
@@ -219,22 +218,22 @@ RUN_HINTS = Hints(
         ("run_finished", "1 1"),
     ),
 )
-OUTBOX_HINTS = Hints(  # the relay's claim, and the prune of dispatched events
-    seeds=(
-        ("outbox_event_status", "10000 3000 1"),
-        ("outbox_event_due", "100 1 1"),
-        ("outbox_event_dispatched", "9000 1"),
-    ),
-    empty=(("outbox_event_due", "1 1 1"), ("outbox_event_dispatched", "1 1")),
-)
+_OTHER_TABLES: dict[str, tuple[Callable[[], str], Hints]] = {}
+
+
+def register_hints(name: str, table: Callable[[], str], hints: Hints) -> None:
+    """Another app's claimed table (the outbox's events) gets statistics hints too, from the
+    app's `ready()`: `table` names it once the models are loaded. Registered again under the
+    same `name`, the last one counts."""
+    _OTHER_TABLES[name] = (table, hints)
 
 
 def _tables() -> dict[str, Hints]:
     from ..models import WorkflowRun
 
     tables = {WorkflowRun._meta.db_table: RUN_HINTS}
-    if apps.is_installed("outbox"):
-        tables[apps.get_model("outbox", "OutboxEvent")._meta.db_table] = OUTBOX_HINTS
+    for table, hints in _OTHER_TABLES.values():
+        tables[table()] = hints
     return tables
 
 

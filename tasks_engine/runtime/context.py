@@ -64,20 +64,71 @@ class TaskContext:
         state: RunState,
         logger: Callable[[], Any],
     ) -> None:
-        self.input = input
-        self.run_id = run_id
-        self.task_name = task_name
-        self.version = version
-        self.queue = queue
-        self.trace_id = trace_id
-        self.priority = priority
-        self.attempt = attempt
-        self.attempt_token = state.lease.token
-        self.abort_signal = AbortSignal()
+        self._input = input
+        self._run_id = run_id
+        self._task_name = task_name
+        self._version = version
+        self._queue = queue
+        self._trace_id = trace_id
+        self._priority = priority
+        self._attempt = attempt
+        self._attempt_token = state.lease.token
+        self._abort_signal = AbortSignal()
         self._make_logger = logger
         self._logger: Any = None
         self._state = state
-        self.step = StepAPI(self)
+        self._step = StepAPI(self)
+
+    # What a workflow reads of its run: read-only, so that code which assigns to one (a typo
+    # for a local, say) fails at once instead of changing what the engine reads back.
+
+    @property
+    def input(self) -> Any:
+        return self._input
+
+    @property
+    def run_id(self) -> uuid.UUID:
+        return self._run_id
+
+    @property
+    def task_name(self) -> str:
+        return self._task_name
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def queue(self) -> str:
+        return self._queue
+
+    @property
+    def trace_id(self) -> str:
+        return self._trace_id
+
+    @property
+    def priority(self) -> int:
+        return self._priority
+
+    @property
+    def attempt(self) -> int:
+        return self._attempt
+
+    @property
+    def attempt_token(self) -> uuid.UUID:
+        return self._attempt_token
+
+    @property
+    def abort_signal(self) -> AbortSignal:
+        return self._abort_signal
+
+    @property
+    def step(self) -> StepAPI:
+        return self._step
+
+    def _load_input(self, value: Any) -> None:
+        """The executor's: the run's stored input, validated by the workflow's model."""
+        self._input = value
 
     @property
     def logger(self) -> Any:

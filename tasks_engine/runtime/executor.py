@@ -129,7 +129,7 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         observe_waits_ended_by_deadline(ctx)
         return "failed"
     try:
-        ctx.input = wf.load_input(run.input)
+        ctx._load_input(wf.load_input(run.input))
         output = to_jsonable(wf.fn(ctx), f"the output of {wf.key}")
     except Suspend:
         return "suspended"

@@ -141,7 +141,7 @@ def _replay(row: dict[str, Any], history: dict[str, StepRecord], ops: dict[str, 
         return f"no workflow {row['task_name']}@{row['version']} is registered in this code"
     ctx = _replay_context(row, wf, history, ops)
     try:
-        ctx.input = wf.load_input(row["input"])
+        ctx._load_input(wf.load_input(row["input"]))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(x) for x in first.get("loc", ())) or "input"
@@ -194,7 +194,7 @@ def _replay_context(
 class ReplayContext(TaskContext):
     def __init__(self, *, ops: dict[str, Any], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.step = ReplaySteps(self)
+        self._step = ReplaySteps(self)
         self._ops = ops
 
     def with_attempt_token(

@@ -320,3 +320,33 @@ def test_drain_jumps_only_to_timers_of_the_runs_it_claims(fake_clock: FakeClock)
     enqueue("noop", {"n": 1})
     assert testing.drain(fake_clock, pairs=[("noop", 1)]) == ["completed"]
     assert fake_clock.now() == started
+
+
+def test_what_a_workflow_reads_of_its_run_is_read_only() -> None:
+    """Assigning to `ctx.input` (or any field of the run) fails at once: the engine reads them
+    back (the input for logs and replay, the token for fencing), so none may change under it."""
+    from tasks_engine import TaskContext, workflow
+    from tasks_engine.definitions import registry
+
+    @workflow(name="assigns-its-context")
+    def assigns(ctx: TaskContext) -> dict:
+        refused = []
+        for field in ("input", "run_id", "task_name", "version", "queue", "trace_id",
+                      "priority", "attempt", "attempt_token", "abort_signal", "step"):  # fmt: skip
+            try:
+                setattr(ctx, field, None)
+            except AttributeError:
+                refused.append(field)
+        return {"refused": refused, "input": ctx.input}
+
+    try:
+        with testing.WorkflowTester() as t:
+            view = t.run_to_completion(t.start(assigns, {"n": 1}))
+    finally:
+        registry.unregister("assigns-its-context", 1)
+    assert view.status == "completed", view.error
+    assert view.output == {
+        "refused": ["input", "run_id", "task_name", "version", "queue", "trace_id",
+                    "priority", "attempt", "attempt_token", "abort_signal", "step"],
+        "input": {"n": 1},
+    }  # fmt: skip

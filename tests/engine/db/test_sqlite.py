@@ -376,6 +376,22 @@ def test_after_migrate_the_claim_reads_its_partial_indexes() -> None:
 
 
 @sqlite_only
+@pytest.mark.django_db
+def test_the_outbox_registers_its_own_statistics_hints() -> None:
+    """The outbox's events get hints from the outbox's ready(), not from the engine naming the
+    outbox's model: with no rows for ANALYZE to count, the relay's indexes get the seeds."""
+    from outbox.models import SQLITE_HINTS, OutboxEvent
+
+    assert sqlite_bounds.optimize(connection) is True
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT idx, stat FROM sqlite_stat1 WHERE tbl = %s", [OutboxEvent._meta.db_table]
+        )
+        stats = dict(cur.fetchall())
+    assert stats == dict(SQLITE_HINTS.seeds)
+
+
+@sqlite_only
 @pytest.mark.django_db(transaction=True)
 def test_optimize_reaches_connections_that_are_already_open() -> None:
     """A worker's connections live as long as it does: new statistics must reach them, and
