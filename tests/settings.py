@@ -22,3 +22,10 @@ if os.environ.get("TEST_LEADER_LEASE_SECONDS"):
 # ... and SQLite's busy timeout, which a silent child's allowance includes, short.
 if os.environ.get("TEST_SQLITE_TIMEOUT") and DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["OPTIONS"]["timeout"] = float(os.environ["TEST_SQLITE_TIMEOUT"])  # noqa: F405
+# make test runs its PostgreSQL pass in two parts at once (the Makefile's PG_OWN_SERVER_TIERS):
+# the second gets a test database of its own, test_<name>_<suffix>.
+if os.environ.get("TEST_DATABASE_SUFFIX") and DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
+    _default = DATABASES["default"]  # noqa: F405
+    _default.setdefault("TEST", {})["NAME"] = (
+        f"test_{_default['NAME']}_{os.environ['TEST_DATABASE_SUFFIX']}"
+    )
