@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint test-sqlite test-pg test-fast simulate admin bench docs clean
+.PHONY: install demo test lint test-sqlite test-pg test-pg-tiers test-pg-rest test-fast simulate admin bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,13 +20,16 @@ demo: $(STAMP)
 admin: $(STAMP)
 	$(BIN)/python manage.py serveadmin
 
-# The test suite: every test on PostgreSQL, then again on SQLite those whose behaviour can
-# depend on the database (real worker processes included; tests marked one_db do not depend
-# on the dialect and run on the PostgreSQL pass only, ONE_DB_TESTS_ON_PG=1; tests that need
-# PostgreSQL itself -- NOTIFY latency, pg_terminate_backend, a throwaway cluster -- are marked
-# postgres_only and skip there with their reason; the rule: tests/conftest.py). Without a
-# reachable PostgreSQL at PG_URL, the SQLite pass alone, every test in it, saying what that
-# leaves out.
+# The test suite: every test on PostgreSQL and, at the same time, on SQLite those whose
+# behaviour can depend on the database (real worker processes included; tests marked one_db do
+# not depend on the dialect and run on the PostgreSQL pass only, ONE_DB_TESTS_ON_PG=1; tests
+# that need PostgreSQL itself -- NOTIFY latency, pg_terminate_backend, a throwaway cluster --
+# are marked postgres_only and skip there with their reason; the rule: tests/conftest.py).
+# The passes wait on worker processes, sleeps and servers more than they compute, so they run
+# side by side (scripts/at-once), the PostgreSQL pass in its two parts (test-pg-tiers,
+# test-pg-rest): each writes a log of its own, printed whole when it ends; make test fails if
+# any does. Without a reachable PostgreSQL at PG_URL,
+# the SQLite pass alone, every test in it, saying what that leaves out.
 PG_URL ?= postgres://postgres@127.0.0.1:5432/umt
 SQLITE_URL ?= sqlite:///$(CURDIR)/db.sqlite3
 SQLITE_ONLY_NOTE := PostgreSQL is not reachable at $(PG_URL): running the suite on SQLite alone. \
@@ -37,7 +40,10 @@ test: $(STAMP)
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/python manage.py check
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/python manage.py makemigrations --check --dry-run --noinput
 	@if $(BIN)/python scripts/pg-reachable '$(PG_URL)'; then \
-		$(MAKE) --no-print-directory test-pg test-sqlite ONE_DB_TESTS_ON_PG=1; \
+		scripts/at-once \
+			postgresql-tiers '$(MAKE) --no-print-directory test-pg-tiers' \
+			postgresql-rest '$(MAKE) --no-print-directory test-pg-rest' \
+			sqlite '$(MAKE) --no-print-directory test-sqlite ONE_DB_TESTS_ON_PG=1'; \
 	elif [ -n "$$CI" ]; then \
 		echo 'CI: PostgreSQL is not reachable at $(PG_URL); CI runs every test, so this fails' >&2; \
 		exit 1; \
@@ -48,6 +54,21 @@ test: $(STAMP)
 
 test-pg: $(STAMP)
 	DATABASE_URL=$(PG_URL) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# make test's PostgreSQL pass, in two parts run at once: the tiers that bring servers of their
+# own or build things (fault clusters, PgBouncer, qBittorrent, the simulation, the fresh
+# project, the browser), on a test database of their own (TEST_DATABASE_SUFFIX,
+# tests/settings.py), and every other test. The same list picks the first part and leaves it
+# out of the second, so together they are test-pg's tests, each once.
+PG_OWN_SERVER_TIERS := tests/faults tests/qbittorrent tests/simulation tests/fresh tests/browser \
+	tests/test_pgbouncer.py
+test-pg-tiers: $(STAMP)
+	DATABASE_URL=$(PG_URL) TEST_DATABASE_SUFFIX=tiers $(BIN)/python -m pytest \
+		$(PG_OWN_SERVER_TIERS) $(PYTEST_ARGS)
+
+test-pg-rest: $(STAMP)
+	DATABASE_URL=$(PG_URL) $(BIN)/python -m pytest \
+		$(PG_OWN_SERVER_TIERS:%=--ignore=%) $(PYTEST_ARGS)
 
 test-sqlite: $(STAMP)
 	DATABASE_URL=$(SQLITE_URL) ONE_DB_TESTS_ON_PG=$(ONE_DB_TESTS_ON_PG) $(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -17,9 +17,23 @@ from django.db import connection
 from tasks_engine import testing
 from tasks_engine.testing import FakeClock
 
-__all__ = ["ROOT", "FakeClock", "WorkerProcess", "database_url", "drain", "wait_for"]
+__all__ = [
+    "ROOT",
+    "SHORT_PERIODS",
+    "FakeClock",
+    "WorkerProcess",
+    "database_url",
+    "drain",
+    "wait_for",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The environment of worker processes whose test waits for the fleet to notice a death: a
+# worker silent 4 s is dead (a beat each second) and a leader's lease lasts 3 s (renewed every
+# 0.6 s), against the defaults' 10 s and 5 s (tests/settings.py reads them). Still a multiple
+# of the beat and of the renewal, so a live worker or leader under load keeps its place.
+SHORT_PERIODS = {"TEST_DEAD_WORKER_SECONDS": "4", "TEST_LEADER_LEASE_SECONDS": "3"}
 
 
 def drain(

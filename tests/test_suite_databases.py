@@ -1,5 +1,6 @@
 """How the suite uses its databases (tests/conftest.py): which tests `make test`'s SQLite pass
-leaves to its PostgreSQL pass, and the reset after a `transaction=True` test on PostgreSQL."""
+leaves to its PostgreSQL pass, the reset after a `transaction=True` test on PostgreSQL, and
+how `make test` runs its parts at once."""
 
 from __future__ import annotations
 
@@ -96,3 +97,53 @@ def relfilenodes() -> dict[str, int]:
             [["tasks_engine_workflowrun", "auth_user"]],
         )
         return dict(cur.fetchall())
+
+
+@pytest.mark.one_db("runs a shell script")
+def test_the_parts_of_make_test_run_at_once_and_each_output_is_printed_whole(
+    tmp_path: Path,
+) -> None:
+    """scripts/at-once: each part's lines together under its header (never interleaved with
+    another's), and the exit status fails when any part fails, naming it."""
+    slow_ok = "for i in 1 2 3; do echo ok-$i; sleep 0.2; done"
+    quick_bad = "for i in 1 2 3; do echo bad-$i; sleep 0.1; done; exit 3"
+    done = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "at-once"), "ok", slow_ok, "bad", quick_bad],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "failed: bad (exit 3)" in done.stderr
+    out = done.stdout
+    bad, ok = out.index("======== bad: exit 3"), out.index("======== ok: exit 0")
+    assert bad < ok  # printed as each part ends
+    assert out[bad:ok].split("\n")[1:4] == ["bad-1", "bad-2", "bad-3"]
+    assert out[ok:].split("\n")[1:4] == ["ok-1", "ok-2", "ok-3"]
+    passing = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "at-once"), "a", "true", "b", "echo b"],
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+
+
+@pytest.mark.one_db("reads the Makefile")
+def test_the_two_parts_of_the_postgresql_pass_are_test_pgs_tests_each_once() -> None:
+    """test-pg-tiers names the tier paths, test-pg-rest ignores exactly those."""
+    done = subprocess.run(
+        ["make", "-n", "--no-print-directory", "test-pg-tiers", "test-pg-rest", "STAMP="],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    tiers_cmd, rest_cmd = done.stdout.replace("\\\n", " ").split("pytest")[1:3]
+    tiers = [word for word in tiers_cmd.split() if word.startswith("tests/")]
+    ignored = re.findall(r"--ignore=(\S+)", rest_cmd)
+    assert tiers and tiers == ignored
+    assert "TEST_DATABASE_SUFFIX=" in done.stdout.split("pytest")[0]

@@ -40,7 +40,9 @@ def test_sigstopped_worker_cannot_commit_and_keeps_serving(fault_db) -> None:
         4,
         "the frozen worker to wake up, finish its op and have its commit refused",
     )
-    markers = fault_db.query("SELECT value FROM testapp_marker WHERE key = %s", f"fenced:{run_id}")
+    markers = fault_db.query(
+        "SELECT value FROM testapp_marker WHERE key LIKE %s", f"fenced:{run_id}:%"
+    )
     assert markers == [("rescuer",)]
     assert (
         fault_db.scalar(

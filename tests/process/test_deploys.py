@@ -10,7 +10,7 @@ import pytest
 import tasks_engine
 from tasks_engine.models import StepAttempt, Worker, WorkflowRun
 from tasks_engine.services.fleet import unserved_runs
-from tests.helpers import wait_for
+from tests.helpers import SHORT_PERIODS, wait_for
 from tests.testapp.models import SideEffect
 
 pytestmark = [
@@ -26,11 +26,11 @@ def test_cancel_ends_a_run_whose_dead_holder_no_live_worker_replaces(workers) ->
     so and hints "or cancel the runs": the cancel must end the run. It was only recorded as
     a request for a holder that is dead, and the run stayed `running` for good."""
     run_id = tasks_engine.enqueue("slow_middle", {"seconds": 60}).run_id
-    old = workers("--poll-interval", "0.2", tag="old")
+    old = workers("--poll-interval", "0.2", tag="old", env=SHORT_PERIODS)
     wait_for(lambda: SideEffect.objects.filter(key="middle-start").exists(), 30, "the step")
     old.send(signal.SIGKILL)
     old.wait(10)
-    new = workers("--task", "a@2", "--poll-interval", "0.2", tag="new")  # the new deploy
+    new = workers("--task", "a@2", "--poll-interval", "0.2", tag="new", env=SHORT_PERIODS)
     # The new worker's leader reaps the dead one (DEAD_WORKER_SECONDS): the run is unserved.
     only_new = [new.pid]
     wait_for(
@@ -60,13 +60,13 @@ def test_a_cancel_requested_before_the_holder_was_killed_ends_the_run(workers) -
     not watch its abort), then the worker is SIGKILLed and the new deploy does not serve the
     version: the leader of the new generation ends the run."""
     run_id = tasks_engine.enqueue("slow_middle", {"seconds": 60}).run_id
-    old = workers("--poll-interval", "0.2", tag="old")
+    old = workers("--poll-interval", "0.2", tag="old", env=SHORT_PERIODS)
     wait_for(lambda: SideEffect.objects.filter(key="middle-start").exists(), 30, "the step")
     assert tasks_engine.cancel(run_id, "version retired") is True
     assert WorkflowRun.objects.get(pk=run_id).status == "running"  # a request for the holder
     old.send(signal.SIGKILL)
     old.wait(10)
-    workers("--task", "a@2", "--poll-interval", "0.2", tag="new")
+    workers("--task", "a@2", "--poll-interval", "0.2", tag="new", env=SHORT_PERIODS)
     wait_for(
         lambda: WorkflowRun.objects.get(pk=run_id).status == "canceled",
         60,

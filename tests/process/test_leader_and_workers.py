@@ -19,7 +19,7 @@ import tasks_engine
 from tasks_engine.models import LeaderLease, WorkflowRun
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.services.leader import ROLE, current_leader
-from tests.helpers import ROOT, WorkerProcess, database_url, wait_for
+from tests.helpers import ROOT, SHORT_PERIODS, WorkerProcess, database_url, wait_for
 from tests.testapp.leader_probe import probed_pids
 from tests.testapp.models import Marker, SideEffect
 
@@ -81,12 +81,12 @@ def test_tasks_workers_json_lists_live_workers_their_runs_and_the_leader(workers
 @pytest.mark.one_db("the dead-worker service's rule")
 def test_a_killed_worker_costs_seconds_not_its_120s_lease(workers) -> None:
     res = tasks_engine.enqueue("slow_middle", {"seconds": 3})
-    doomed = workers("--lease-seconds", "120", *FAST, tag="doomed")
+    doomed = workers("--lease-seconds", "120", *FAST, tag="doomed", env=SHORT_PERIODS)
     wait_for(lambda: SideEffect.objects.filter(key="middle-start").exists(), 30, "the step")
     lease_ends = WorkflowRun.objects.get(pk=res.run_id).available_at
     doomed.send(signal.SIGKILL)
     doomed.wait(10)
-    rescuer = workers("--lease-seconds", "120", *FAST, tag="rescuer")
+    rescuer = workers("--lease-seconds", "120", *FAST, tag="rescuer", env=SHORT_PERIODS)
     wait_for(
         lambda: SideEffect.objects.filter(key="middle-start").count() == 2,
         90,
@@ -154,11 +154,11 @@ def test_a_stalled_worker_declared_dead_commits_nothing_and_comes_back(workers) 
     stalled worker wakes up, its commit is fenced (the run is another worker's now), it stays
     up, its row comes back with its next beat, and it serves new runs."""
     run_id = tasks_engine.enqueue("fenced_slow", {"seconds": 3}).run_id
-    frozen = workers("--lease-seconds", "120", *FAST, tag="frozen")
+    frozen = workers("--lease-seconds", "120", *FAST, tag="frozen", env=SHORT_PERIODS)
     wait_for(lambda: SideEffect.objects.filter(key="op-start").exists(), 30, "the op to start")
     freeze(frozen)
     try:
-        rescuer = workers("--lease-seconds", "120", *FAST, tag="rescuer")
+        rescuer = workers("--lease-seconds", "120", *FAST, tag="rescuer", env=SHORT_PERIODS)
         wait_for(
             lambda: WorkflowRun.objects.get(pk=run_id).status == "completed",
             90,
@@ -194,7 +194,8 @@ def test_exactly_one_leader_among_three_and_a_killed_one_is_replaced(
     workers, tmp_path: Path
 ) -> None:
     probe = str(tmp_path / "probe")
-    procs = [workers(*FAST, env={"LEADER_PROBE": probe}, tag=f"w{i}") for i in range(3)]
+    env = {"LEADER_PROBE": probe, **SHORT_PERIODS}
+    procs = [workers(*FAST, env=env, tag=f"w{i}") for i in range(3)]
     by_pid = {p.pid: p for p in procs}
     wait_for(lambda: WorkerRow.objects.count() == 3, 30, "three worker rows")
     wait_for(lambda: len(probed_pids(probe)) >= 10, 60, "ten rounds of the probe service")

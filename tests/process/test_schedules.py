@@ -17,7 +17,7 @@ import pytest
 from tasks_engine.models import WorkflowRun
 from tasks_engine.schedules import Cron
 from tasks_engine.services.leader import current_leader
-from tests.helpers import WorkerProcess, wait_for
+from tests.helpers import SHORT_PERIODS, WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -56,7 +56,8 @@ def fires(w: WorkerProcess) -> list[dict[str, Any]]:
 
 @pytest.mark.one_db("the latest-missed-slot rule")
 def test_one_run_per_slot_across_a_leader_killed_between_two_slots(workers) -> None:
-    procs = [workers("--poll-interval", "0.2", env=ENV, tag=f"w{i}") for i in range(3)]
+    env = {**ENV, **SHORT_PERIODS}  # the killed leader's lease runs out sooner
+    procs = [workers("--poll-interval", "0.2", env=env, tag=f"w{i}") for i in range(3)]
     by_pid = {w.pid: w for w in procs}
     first = wait_for(current_leader, 60, "a leader")
     old = by_pid[int(first.worker_id.split(":")[1])]

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import tasks_engine
-from tasks_engine.models import StepAttempt, WorkflowRun
+from tasks_engine.models import StepAttempt, Worker, WorkflowRun
 from tests.helpers import ROOT, database_url, wait_for
 from tests.testapp.models import Marker, SideEffect
 
@@ -119,7 +119,10 @@ def test_an_atomic_step_that_outlives_its_timeout_fails_and_its_write_never_comm
 
 @pytest.mark.both_dbs  # the deadline against the database's clock
 def test_a_default_deadline_fails_a_sleeping_run(workers) -> None:
-    workers(*FAST)
+    w = workers(*FAST)
+    # The 2 s deadline counts from the enqueue: a worker still starting (seconds on a loaded
+    # machine) could let it pass before the first step, which the test expects to run.
+    wait_for(lambda: Worker.objects.filter(pid=w.pid).exists(), 60, "the worker to be up")
     res = tasks_engine.enqueue("deadline_sleeper")
     wait_for(lambda: status(res.run_id) == "failed", 60, "the deadline to fail the run")
     run = WorkflowRun.objects.get(pk=res.run_id)

@@ -182,10 +182,14 @@ def fenced_slow(ctx: TaskContext) -> dict:
         return {"by": os.environ.get("WORKER_TAG", ""), "resumed": info.resumed}
 
     def op() -> dict:
+        # One marker per committing worker (its tag in the key): a stale commit that fencing
+        # let through would add a row beside the rescuer's, not be refused by the unique key.
         return ctx.with_attempt_token(
             f"fenced:{ctx.run_id}",
             outside,
-            commit=lambda r: Marker.objects.create(key=f"fenced:{ctx.run_id}", value=r["by"]),
+            commit=lambda r: Marker.objects.create(
+                key=f"fenced:{ctx.run_id}:{r['by']}", value=r["by"]
+            ),
         )
 
     return ctx.step.run("op", op)
