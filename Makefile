@@ -61,7 +61,7 @@ test-pg: $(STAMP)
 # tests/settings.py), and every other test. The same list picks the first part and leaves it
 # out of the second, so together they are test-pg's tests, each once.
 PG_OWN_SERVER_TIERS := tests/faults tests/qbittorrent tests/simulation tests/fresh tests/browser \
-	tests/test_pgbouncer.py
+	tests/engine/db/test_pgbouncer.py
 test-pg-tiers: $(STAMP)
 	DATABASE_URL=$(PG_URL) TEST_DATABASE_SUFFIX=tiers $(BIN)/python -m pytest \
 		$(PG_OWN_SERVER_TIERS) $(PYTEST_ARGS)
