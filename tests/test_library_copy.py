@@ -7,9 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -176,3 +179,99 @@ def test_the_copy_holds_little_memory_whatever_the_chunk_size(tmp_path: Path) ->
     grew = json.loads(out.stdout.strip().splitlines()[-1])
     assert grew < 64 * 1024 * 1024, f"the copy grew the process by {grew >> 20} MiB"
     assert (tmp_path / "lib" / "Film" / "Film.mkv").read_bytes() == source.read_bytes()
+
+
+COPY_STOPPED_IN_A_CHILD = """
+import sys, threading
+import django
+django.setup()
+from pathlib import Path
+from umt.conf import UmtSettings
+from umt.library import Copier, CopyVerificationError
+
+class Ctx:
+    abort_signal = threading.Event()
+    def progress(self, *args): pass
+    def raise_if_canceled(self): pass
+
+source, dest, partial = map(Path, sys.argv[1:4])
+s = UmtSettings(library_dir=dest.parent.parent, copy_chunk_bytes=1 << 30)  # one chunk
+try:
+    Copier(Ctx(), source, dest, partial, s).run(resumed=False)
+except CopyVerificationError as exc:
+    print("refused:", exc)
+"""
+
+
+def copy_stopped_after_writing(tmp_path: Path, meddle: Any) -> tuple[str, Path]:
+    """A copy in a child process that stops once its chunk is written and before the copy is
+    read back; `meddle(partial)` runs there; returns the child's output and the library."""
+    source, library = tmp_path / "film.mkv", tmp_path / "lib"
+    source.write_bytes(os.urandom(3 * 1024 * 1024 + 123))
+    dest = library / "Film" / "Film.mkv"
+    partial = dest.parent / ".umt-1-test.part"
+    marker = tmp_path / "stopped"
+    child = subprocess.Popen(
+        [sys.executable, "-c", COPY_STOPPED_IN_A_CHILD, str(source), str(dest), str(partial)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "UMT_TEST_STOP_AT": "copy-chunk-written",
+            "UMT_TEST_STOP_MARKER": str(marker),
+        },
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (marker.exists() and child_stopped(child.pid)):
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the copy never reached copy-chunk-written"
+            time.sleep(0.02)
+        assert partial.stat().st_size == source.stat().st_size  # written, not yet verified
+        meddle(source, partial)
+        os.kill(child.pid, signal.SIGCONT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, err
+    return out, library
+
+
+def child_stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.one_db("no database: the copier alone in a child process")
+def test_verification_catches_a_copy_corrupted_after_it_was_written(tmp_path: Path) -> None:
+    """The copy is hashed as the library's filesystem returns it, not from the bytes UMT
+    meant to write: a byte changed in the copy between its write and its read-back fails the
+    copy, and nothing stays in the library."""
+
+    def corrupt(_source: Path, partial: Path) -> None:
+        with partial.open("r+b") as f:
+            f.seek(2 * 1024 * 1024)
+            byte = f.read(1)
+            f.seek(2 * 1024 * 1024)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+    out, library = copy_stopped_after_writing(tmp_path, corrupt)
+    assert "refused: the copy differs from" in out
+    assert everything(library) == []
+
+
+@pytest.mark.one_db("no database: the copier alone in a child process")
+def test_a_source_written_to_during_the_copy_fails_the_copy(tmp_path: Path) -> None:
+    """The source is read once (hashed on its way to the copy): a write to it during the copy
+    is caught by its size and modification time, and nothing stays in the library."""
+
+    def rewrite(source: Path, _partial: Path) -> None:
+        with source.open("r+b") as f:
+            f.seek(1000)
+            f.write(b"changed by the download client")
+
+    out, library = copy_stopped_after_writing(tmp_path, rewrite)
+    assert f"refused: {tmp_path / 'film.mkv'} changed while it was copied" in out
+    assert everything(library) == []
