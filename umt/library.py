@@ -6,23 +6,25 @@ chunks (progress reported and cancel checked between chunks), is verified agains
 fsynced and renamed into place: the library never holds a half file, and on any failure the
 temporary file (and the folders this attempt created) are removed.
 
-Speed (bench/copy_speed.py): the bytes move inside the kernel (copy_file_range, else sendfile,
-else read/write through one bounded buffer), while a helper thread hashes chunk i of the source
-and chunk i-1 of the copy with XXH3-128 (xxhash releases the GIL) and another starts writing
-each copied chunk to the disk, so the final fsync has little left to do. With the page cache
-warm the disk is the wall: the copy and both hashes alone take about what `cp` takes. Memory
-stays bounded whatever the chunk size: the hasher reads or maps at most HASH_WINDOW bytes.
+Speed (bench/copy_speed.py): the source is read once, through a small buffer that stays in
+the CPU's cache, hashed there with XXH3-128 and written to the copy; a helper thread hashes the
+copy one chunk behind, read back from the library's filesystem (mapped: no memory copy; xxhash
+and file I/O release the GIL), and another starts writing each written chunk to the disk, so
+the final fsync has little left to do. With the page cache warm the disk is the wall: a
+durable copy cannot beat copying and fsyncing without any hash, which the bench also times.
+Memory stays bounded whatever the chunk size: CARRY_BUFFER bytes in flight, and the verifier
+maps at most HASH_WINDOW bytes of the copy at once.
 
-What "verified against the source" means: both hashes are taken from the files themselves,
-the source as its filesystem returns it and the copy as the library's filesystem returns it
-(its page cache, which the fsync then writes to the disk), so a short or failed write, a torn
-resumed partial, a stale writer or a source that changed during the copy is caught. A disk
-that later returns other bytes than it acknowledged is not: reading the copy back from the
-platter would need its pages dropped and a second full read of the disk; a checksumming
-filesystem (or a later re-hash against the recorded hash) covers that. The hash recorded in
-the LibraryItem is the one both files share (`hash_algorithm` names it). The LibraryItem row
-is written by the fenced commit of `ctx.with_attempt_token`, so a worker that lost its lease
-cannot write it.
+What "verified against the source" means: the source's hash is taken from the bytes read from
+it, the copy's from the copy as the library's filesystem returns it (its page cache, which the
+fsync then writes to the disk), so a short or failed write, a torn resumed partial or a stale
+writer is caught; a source written to during the copy is caught by its size and modification
+time. A disk that later returns other bytes than it acknowledged is not: reading the copy back
+from the platter would need its pages dropped and a second full read of the disk; a
+checksumming filesystem (or a later re-hash against the recorded hash) covers that. The hash
+recorded in the LibraryItem is the one both files share (`hash_algorithm` names it). The
+LibraryItem row is written by the fenced commit of `ctx.with_attempt_token`, so a worker that
+lost its lease cannot write it.
 
 After a crash the next attempt is told (`info.resumed`) and reconciles: a file already renamed
 into place is verified and kept; a partial copy is continued from its length (and verified as
@@ -35,13 +37,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import errno
 import hashlib
 import mmap
 import os
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,7 +60,8 @@ if TYPE_CHECKING:
     from tasks_engine import OpInfo, TaskContext
 
 HASH_ALGORITHM = "xxh3_128"  # what LibraryItem.hash_algorithm records for a copy made here
-HASH_WINDOW = 8 * 1024 * 1024  # the most the hasher (or the read/write fallback) holds at once
+HASH_WINDOW = 8 * 1024 * 1024  # the most of the copy the verifier maps at once
+CARRY_BUFFER = 1024 * 1024  # the source's bytes on their way to the copy: small, so cache-hot
 PARTIAL_PREFIX = ".umt-"
 PARTIAL_SUFFIX = ".part"
 
@@ -245,42 +247,46 @@ class Copier:
         return 0
 
     def _copy(self, offset: int, total: int) -> str:
-        """Copy source[offset:] onto the partial file while the helper thread hashes what is
-        already there, fsync it, compare the two hashes; return the shared hex digest."""
+        """Copy source[offset:] onto the partial file, hashing the source from the buffer that
+        carries it, while the helper thread hashes the copy one chunk behind (read back from
+        the library's filesystem) and another starts each written chunk's writeback; fsync,
+        compare the two hashes; return the shared hex digest."""
         chunk = max(self.settings.copy_chunk_bytes, 1)
         with (
             self.source.open("rb", buffering=0) as src,
             open(self.partial, "r+b", buffering=0, opener=_create_or_open) as out,
-            ThreadPoolExecutor(1, thread_name_prefix="umt-hash") as hasher,
+            ThreadPoolExecutor(1, thread_name_prefix="umt-verify") as verifier,
             ThreadPoolExecutor(1, thread_name_prefix="umt-writeback") as writeback,
         ):
+            before = _identity(src.fileno())
             check = _PairHash(src.fileno(), out.fileno())
             check.source(0, offset)
             check.copy(0, offset)  # a continued partial file is verified as a whole
-            mover = _KernelCopy(src.fileno(), out.fileno())
-            done, started, behind = offset, time.monotonic(), (offset, 0)
+            done, started = offset, time.monotonic()
+            behind: Future[None] = verifier.submit(_nothing)  # the copy's chunk being hashed
             while done < total:
                 self.ctx.raise_if_canceled()
                 n = min(chunk, total - done)
-                hashing = hasher.submit(check.source_and_copy_behind, (done, n), behind)
-                try:
-                    mover.copy(done, n)
-                finally:
-                    hashing.result()  # the hashes take the chunks in order
+                check.carry(done, n)
+                stop_here("copy-chunk-written")  # written, not yet verified: a test corrupts it
+                behind.result()  # the copy's hash takes the chunks in order
+                behind = verifier.submit(check.copy, done, n)
                 # To the disk now, so the final fsync has little left (not awaited: the disk
                 # may be slower than the copy, and blocks the thread that asks).
                 writeback.submit(_start_writeback, out.fileno(), done, n)
-                behind, done = (done, n), done + n
+                done += n
                 at, of = self.base + done, max(self.grand, total, 1)
                 self.ctx.progress(at, of, f"copying {at * 100 // of}%")
                 self._throttle(done - offset, started)
             self.ctx.progress(self.base + total, max(self.grand, total), "verifying")
             syncing = writeback.submit(os.fsync, out.fileno())
             try:
-                check.copy(*behind)
+                behind.result()
             finally:
                 syncing.result()
             size = os.fstat(out.fileno()).st_size
+            if _identity(src.fileno()) != before:
+                raise CopyVerificationError(f"{self.source} changed while it was copied")
         if size != total:
             raise CopyVerificationError(f"the copy holds {size} bytes, the source {total}")
         if check.source_hash.digest() != check.copy_hash.digest():
@@ -339,99 +345,59 @@ class Copier:
 
 
 class _PairHash:
-    """The source's and the copy's running XXH3-128, each fed its file's chunks in order. The
-    source is read through one bounded buffer (a mapping of a file someone else may truncate
-    would kill the worker with SIGBUS); the copy, UMT's own hidden file, is mapped window by
-    window, which saves a memory copy."""
+    """The source's and the copy's running XXH3-128, each fed its file's bytes in order. The
+    source is hashed from the small buffer that carries it to the copy (read once, hashed while
+    the buffer is in the CPU's cache); the copy, UMT's own hidden file, is read back from its
+    filesystem, mapped window by window (no memory copy). The source is never mapped: a mapping
+    of a file someone else may truncate would kill the worker with SIGBUS."""
 
     def __init__(self, source_fd: int, copy_fd: int) -> None:
         self.source_fd, self.copy_fd = source_fd, copy_fd
         self.source_hash, self.copy_hash = xxhash.xxh3_128(), xxhash.xxh3_128()
-        self.buffer = bytearray(HASH_WINDOW)
+        self.buffer = bytearray(CARRY_BUFFER)
 
     def source(self, start: int, length: int) -> None:
-        _hash_read(self.source_fd, self.source_hash, start, length, self.buffer)
+        """Hash source[start:start+length] without copying it (a continued partial file)."""
+        view, end = memoryview(self.buffer), start + length
+        while start < end:
+            got = _read(self.source_fd, view[: min(len(view), end - start)], start, end)
+            self.source_hash.update(view[:got])
+            start += got
+
+    def carry(self, start: int, length: int) -> None:
+        """source[start:start+length] onto the copy at the same offset, hashed on the way."""
+        view, end = memoryview(self.buffer), start + length
+        while start < end:
+            got = _read(self.source_fd, view[: min(len(view), end - start)], start, end)
+            self.source_hash.update(view[:got])
+            written = 0
+            while written < got:
+                written += os.pwrite(self.copy_fd, view[written:got], start + written)
+            start += got
 
     def copy(self, start: int, length: int) -> None:
         _hash_mapped(self.copy_fd, self.copy_hash, start, length)
 
-    def source_and_copy_behind(self, chunk: tuple[int, int], behind: tuple[int, int]) -> None:
-        """Chunk i of the source (being copied meanwhile) and chunk i-1 of the copy (written)."""
-        self.source(*chunk)
-        self.copy(*behind)
 
-
-class _KernelCopy:
-    """source[start:start+length] onto the copy at the same offset, inside the kernel when it
-    can: copy_file_range (one filesystem, or any on recent kernels), else sendfile (across
-    filesystems), else read/write through one bounded buffer."""
-
-    UNSUPPORTED = {
-        errno.EXDEV,
-        errno.EINVAL,
-        errno.ENOSYS,
-        errno.EOPNOTSUPP,
-        errno.ENOTSUP,
-        errno.ENOTSOCK,  # sendfile to sockets only (macOS)
-    }
-
-    def __init__(self, source_fd: int, copy_fd: int) -> None:
-        self.source_fd, self.copy_fd = source_fd, copy_fd
-        kernel = [self._copy_file_range] if hasattr(os, "copy_file_range") else []
-        self.ways = [*kernel, self._sendfile, self._read_write]
-
-    def copy(self, start: int, length: int) -> None:
-        while True:
-            try:
-                return self.ways[0](start, length)
-            except OSError as exc:
-                if exc.errno not in self.UNSUPPORTED or len(self.ways) == 1:
-                    raise
-                self.ways.pop(0)  # not here: the next way, for this chunk and the rest
-
-    def _copy_file_range(self, start: int, length: int) -> None:
-        end = start + length
-        while start < end:
-            moved = os.copy_file_range(self.source_fd, self.copy_fd, end - start, start, start)
-            start = _advance(start, moved, end)
-
-    def _sendfile(self, start: int, length: int) -> None:
-        end = start + length
-        os.lseek(self.copy_fd, start, os.SEEK_SET)  # sendfile writes at the file position
-        while start < end:
-            start = _advance(
-                start, os.sendfile(self.copy_fd, self.source_fd, start, end - start), end
-            )
-
-    def _read_write(self, start: int, length: int) -> None:
-        end = start + length
-        while start < end:
-            data = os.pread(self.source_fd, min(HASH_WINDOW, end - start), start)
-            _advance(start, len(data), end)
-            view = memoryview(data)
-            while view:
-                written = os.pwrite(self.copy_fd, view, start)
-                view, start = view[written:], start + written
+def _nothing() -> None:
+    pass
 
 
 def _create_or_open(path: str, _flags: int) -> int:
     return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # never O_TRUNC
 
 
-def _advance(start: int, moved: int, end: int) -> int:
-    if moved == 0:
+def _read(fd: int, view: memoryview, start: int, end: int) -> int:
+    got = os.preadv(fd, [view], start)
+    if got == 0:
         raise CopyVerificationError(f"the source shrank to {start} of {end} bytes while copied")
-    return start + moved
+    return got
 
 
-def _hash_read(fd: int, h: Any, start: int, length: int, buffer: bytearray) -> None:
-    view, end = memoryview(buffer), start + length
-    while start < end:
-        got = os.preadv(fd, [view[: min(len(view), end - start)]], start)
-        if got == 0:
-            raise CopyVerificationError(f"the source shrank to {start} of {end} bytes")
-        h.update(view[:got])
-        start += got
+def _identity(fd: int) -> tuple[int, int]:
+    """What a write to the file or a truncation changes (a rename or a new link does not)."""
+    st = os.fstat(fd)
+    return st.st_size, st.st_mtime_ns
 
 
 def _hash_mapped(fd: int, h: Any, start: int, length: int) -> None:

@@ -1,6 +1,7 @@
 """Test points: a place in UMT's code where a worker stops itself (SIGSTOP), so that a test can
-kill it exactly there. Inert unless `UMT_TEST_STOP_AT` names the point; nothing sets it outside
-the fault tests (tests/qbittorrent/test_acquire_faults_qbittorrent.py)."""
+kill it (or change a file) exactly there. Inert unless `UMT_TEST_STOP_AT` names the point;
+nothing sets it outside the fault tests (tests/qbittorrent/test_acquire_faults_qbittorrent.py,
+tests/test_library_copy.py)."""
 
 from __future__ import annotations
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,26 +150,33 @@ class Plan:
 def kib(field):
     return int(re.search(field + r":\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1])
 
-source, library, chunk = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+library, chunk, sources = Path(sys.argv[1]), int(sys.argv[2]), map(Path, sys.argv[3:])
 s = UmtSettings(library_dir=library, copy_chunk_bytes=chunk)
-dest = library / "Film" / "Film.mkv"
 Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) starts again from here
 baseline = kib("VmRSS")
-Copier(Ctx(), source, dest, partial_path(Plan, dest, s), s).run(resumed=False)
+for source in sources:  # one after the other, as a season pack is copied
+    dest = library / "Film" / source.name
+    Copier(Ctx(), source, dest, partial_path(Plan, dest, s), s).run(resumed=False)
 print((kib("VmHWM") - baseline) * 1024)
 """
 
 
-def test_the_copy_holds_little_memory_whatever_the_chunk_size(tmp_path: Path) -> None:
+@pytest.mark.one_db("no database: the copier alone in a child process")
+@pytest.mark.parametrize("files", [1, 4], ids=["single-file", "season-pack"])
+def test_the_copy_holds_little_memory_whatever_the_chunk_size(tmp_path: Path, files: int) -> None:
     """A 128 MiB chunk (progress and cancel once per chunk) does not mean a 128 MiB buffer:
-    the process's peak stays within 64 MiB of what it held before the copy."""
-    source = tmp_path / "film.mkv"
+    the process's peak stays within 64 MiB of what it held before the copy, for one file and
+    for a season pack's files copied one after the other."""
     block = b"".join(i.to_bytes(4, "little") for i in range(256 * 1024))  # 1 MiB
-    with source.open("wb") as f:
-        for _ in range(150):
-            f.write(block)
+    sources = [tmp_path / "download" / f"S01E{n + 1:02d}.mkv" for n in range(files)]
+    sources[0].parent.mkdir()
+    for n, source in enumerate(sources):
+        with source.open("wb") as f:
+            for _ in range(150 // files):
+                f.write(block[n:] + block[:n])
     out = subprocess.run(
-        [sys.executable, "-c", COPY_IN_A_CHILD, str(source), str(tmp_path / "lib"), str(128 << 20)],
+        [sys.executable, "-c", COPY_IN_A_CHILD, str(tmp_path / "lib"), str(128 << 20)]
+        + [str(s) for s in sources],
         capture_output=True,
         text=True,
         check=False,
@@ -175,4 +185,101 @@ def test_the_copy_holds_little_memory_whatever_the_chunk_size(tmp_path: Path) ->
     assert out.returncode == 0, out.stderr
     grew = json.loads(out.stdout.strip().splitlines()[-1])
     assert grew < 64 * 1024 * 1024, f"the copy grew the process by {grew >> 20} MiB"
-    assert (tmp_path / "lib" / "Film" / "Film.mkv").read_bytes() == source.read_bytes()
+    for source in sources:
+        assert (tmp_path / "lib" / "Film" / source.name).read_bytes() == source.read_bytes()
+
+
+COPY_STOPPED_IN_A_CHILD = """
+import sys, threading
+import django
+django.setup()
+from pathlib import Path
+from umt.conf import UmtSettings
+from umt.library import Copier, CopyVerificationError
+
+class Ctx:
+    abort_signal = threading.Event()
+    def progress(self, *args): pass
+    def raise_if_canceled(self): pass
+
+source, dest, partial = map(Path, sys.argv[1:4])
+s = UmtSettings(library_dir=dest.parent.parent, copy_chunk_bytes=1 << 30)  # one chunk
+try:
+    Copier(Ctx(), source, dest, partial, s).run(resumed=False)
+except CopyVerificationError as exc:
+    print("refused:", exc)
+"""
+
+
+def copy_stopped_after_writing(tmp_path: Path, meddle: Any) -> tuple[str, Path]:
+    """A copy in a child process that stops once its chunk is written and before the copy is
+    read back; `meddle(partial)` runs there; returns the child's output and the library."""
+    source, library = tmp_path / "film.mkv", tmp_path / "lib"
+    source.write_bytes(os.urandom(3 * 1024 * 1024 + 123))
+    dest = library / "Film" / "Film.mkv"
+    partial = dest.parent / ".umt-1-test.part"
+    marker = tmp_path / "stopped"
+    child = subprocess.Popen(
+        [sys.executable, "-c", COPY_STOPPED_IN_A_CHILD, str(source), str(dest), str(partial)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "UMT_TEST_STOP_AT": "copy-chunk-written",
+            "UMT_TEST_STOP_MARKER": str(marker),
+        },
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (marker.exists() and child_stopped(child.pid)):
+            assert child.poll() is None, child.communicate()
+            assert time.monotonic() < deadline, "the copy never reached copy-chunk-written"
+            time.sleep(0.02)
+        assert partial.stat().st_size == source.stat().st_size  # written, not yet verified
+        meddle(source, partial)
+        os.kill(child.pid, signal.SIGCONT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 0, err
+    return out, library
+
+
+def child_stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+@pytest.mark.one_db("no database: the copier alone in a child process")
+def test_verification_catches_a_copy_corrupted_after_it_was_written(tmp_path: Path) -> None:
+    """The copy is hashed as the library's filesystem returns it, not from the bytes UMT
+    meant to write: a byte changed in the copy between its write and its read-back fails the
+    copy, and nothing stays in the library."""
+
+    def corrupt(_source: Path, partial: Path) -> None:
+        with partial.open("r+b") as f:
+            f.seek(2 * 1024 * 1024)
+            byte = f.read(1)
+            f.seek(2 * 1024 * 1024)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+    out, library = copy_stopped_after_writing(tmp_path, corrupt)
+    assert "refused: the copy differs from" in out
+    assert everything(library) == []
+
+
+@pytest.mark.one_db("no database: the copier alone in a child process")
+def test_a_source_written_to_during_the_copy_fails_the_copy(tmp_path: Path) -> None:
+    """The source is read once (hashed on its way to the copy): a write to it during the copy
+    is caught by its size and modification time, and nothing stays in the library."""
+
+    def rewrite(source: Path, _partial: Path) -> None:
+        with source.open("r+b") as f:
+            f.seek(1000)
+            f.write(b"changed by the download client")
+
+    out, library = copy_stopped_after_writing(tmp_path, rewrite)
+    assert f"refused: {tmp_path / 'film.mkv'} changed while it was copied" in out
+    assert everything(library) == []
