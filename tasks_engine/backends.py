@@ -22,6 +22,9 @@ Where it differs from Django's own backends, on purpose (README, "Django's tasks
 - `task_started` and `task_finished` are sent robustly in the worker: a failing receiver is
   logged by Django and does not change the task's outcome.
 
+Django 6.0 or later (`django.tasks` is new in 6.0): on 5.2 importing this module raises an
+ImportError that says so, and the check tasks_engine.E030 reports a TASKS that names it.
+
 Import-safe before apps load (Django builds backends while modules are being imported): the
 engine and its models are imported inside functions.
 """
@@ -39,16 +42,21 @@ from typing import TYPE_CHECKING, Any
 from django.core import checks
 from django.db import transaction
 from django.dispatch import Signal
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued, task_finished, task_started
-from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from pydantic import BaseModel
 
 from . import clock
+from .conf import no_django_tasks_message
+
+try:
+    from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
+except ModuleNotFoundError as missing:  # Django 5.2: the engine works, this backend cannot
+    raise ImportError(no_django_tasks_message()) from missing
 from .definitions import QUEUE_MAX_LENGTH, RetryPolicy, workflow
 from .exceptions import EngineUnavailable, LeaseLostError, NonRetryableError, Suspend
 from .values.durations import duration_seconds

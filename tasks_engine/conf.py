@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import django
 from django.conf import settings
+
+DURABLE_BACKEND = "tasks_engine.backends.DurableBackend"
+
+
+def django_has_tasks() -> bool:
+    """Django's tasks framework (`django.tasks`) is new in Django 6.0; 5.2 LTS has none."""
+    return importlib.util.find_spec("django.tasks") is not None
+
+
+def no_django_tasks_message() -> str:
+    return (
+        f"{DURABLE_BACKEND} needs Django 6.0 or later (django.tasks is new in 6.0) and this is "
+        f"Django {django.get_version()}: remove it from TASKS or upgrade Django (workflows, "
+        "runworker and the admin work on Django 5.2)"
+    )
 
 
 @dataclass(frozen=True)
