@@ -71,6 +71,7 @@ class EngineSettings:
     listen_url: str | None = None
     # False: the engine never configures structlog (the host project does; docs/logging.md).
     configure_logging: bool = True
+    log_json_to_stderr: bool = False
     # The largest input, step result, workflow output, fact payload or outbox payload, in bytes
     # of its compact JSON text (values/serialization.py): refused past it, never stored.
     max_payload_bytes: int = 16 * 2**20
@@ -100,6 +101,7 @@ KNOWN_KEYS = frozenset(
         "METRICS_TOKEN",
         "LISTEN_URL",
         "CONFIGURE_LOGGING",
+        "LOG_JSON_TO_STDERR",
         "MAX_PAYLOAD_BYTES",
     }
 )
@@ -134,6 +136,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         retention_days=_retention(raw.get("RETENTION_DAYS")),
         metrics_token=raw.get("METRICS_TOKEN") or None,
         configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
+        log_json_to_stderr=bool(raw.get("LOG_JSON_TO_STDERR", False)),
         listen_url=raw.get("LISTEN_URL") or None,
         max_payload_bytes=_payload_bound(raw.get("MAX_PAYLOAD_BYTES", 16 * 2**20)),
     )

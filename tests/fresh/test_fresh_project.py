@@ -23,7 +23,7 @@ from django.conf import settings
 
 from tests.helpers import ROOT
 
-from .shell import Dist, run
+from .shell import Dist, run, run_logged
 
 pytestmark = pytest.mark.slow
 
@@ -120,7 +120,15 @@ def test_a_fresh_project_runs_a_workflow_from_the_installed_wheel(
             env=env,
         )
     )
-    run(*manage, "runworker", "--burst", "--poll-interval", "0.1", cwd=proj, env=env)
+    _, logged = run_logged(
+        *manage, "runworker", "--burst", "--poll-interval", "0.1", cwd=proj, env=env
+    )
+    # startproject's settings configure no logging: the engine prints its events itself, one
+    # JSON object a line on stderr (docs/logging.md)
+    events = [json.loads(line) for line in logged.splitlines() if line.startswith("{")]
+    started = next(e for e in events if e["event"] == "worker started")
+    assert started["logger"] == "tasks_engine" and started["level"] == "info", started
+    assert "worker stopped" in [e["event"] for e in events]
     view = json.loads(
         run(*manage, "tasks", "inspect", enqueued["run_id"], "--json", cwd=proj, env=env)
     )
