@@ -6,7 +6,8 @@ connection (it commits or rolls back with the caller's transaction), `runworker`
 by its module path and calls it inside one `ctx.step.run`, and `get_result` reads the run back.
 
 A task runs once unless it asks for more: `@task(max_attempts=3)` (Django 6.1 passes extra
-`@task` options to the backend's `task_class`, here `DurableTask`). An exception fails the
+`@task` options to the backend's `task_class`, here `DurableTask`; Django 6.0's `@task` does
+not, and there `task(f).using(max_attempts=3)` sets them). An exception fails the
 attempt; the last failed attempt fails the run. `idempotency_key` (a string formatted with the
 call's arguments, or a callable taking them) dedupes enqueues: the same key returns the
 existing result, the same key with other arguments raises `IdempotencyConflict`.
