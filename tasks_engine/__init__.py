@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+__version__ = "0.1.0"  # the distribution's version (pyproject.toml reads it); CHANGELOG.md
+
 from .definitions import RetryPolicy, Workflow, workflow
 from .exceptions import (
     AsyncStepError,

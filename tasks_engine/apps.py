@@ -11,12 +11,15 @@ class TasksEngineConfig(AppConfig):
         from django.db.models.signals import post_migrate
         from django.utils.module_loading import autodiscover_modules
 
-        from . import backends, checks  # noqa: F401
+        from . import checks  # noqa: F401
+        from .conf import django_has_tasks
         from .db import sql, sqlite_bounds
         from .db.sqlite_connections import safe_connection_settings
         from .observe import logs, metrics
         from .services import registry
 
+        if django_has_tasks():  # Django 6.0+: the django_task workflow the backend runs
+            from . import backends  # noqa: F401
         logs.configure()
         register_services()
         connection_created.connect(sql.prepare_engine_statements, weak=False)

@@ -6,7 +6,8 @@ connection (it commits or rolls back with the caller's transaction), `runworker`
 by its module path and calls it inside one `ctx.step.run`, and `get_result` reads the run back.
 
 A task runs once unless it asks for more: `@task(max_attempts=3)` (Django 6.1 passes extra
-`@task` options to the backend's `task_class`, here `DurableTask`). An exception fails the
+`@task` options to the backend's `task_class`, here `DurableTask`; Django 6.0's `@task` does
+not, and there `task(f).using(max_attempts=3)` sets them). An exception fails the
 attempt; the last failed attempt fails the run. `idempotency_key` (a string formatted with the
 call's arguments, or a callable taking them) dedupes enqueues: the same key returns the
 existing result, the same key with other arguments raises `IdempotencyConflict`.
@@ -21,6 +22,9 @@ Where it differs from Django's own backends, on purpose (README, "Django's tasks
   the task's own code (the worker handles SIGINT and SIGTERM itself).
 - `task_started` and `task_finished` are sent robustly in the worker: a failing receiver is
   logged by Django and does not change the task's outcome.
+
+Django 6.0 or later (`django.tasks` is new in 6.0): on 5.2 importing this module raises an
+ImportError that says so, and the check tasks_engine.E030 reports a TASKS that names it.
 
 Import-safe before apps load (Django builds backends while modules are being imported): the
 engine and its models are imported inside functions.
@@ -39,16 +43,21 @@ from typing import TYPE_CHECKING, Any
 from django.core import checks
 from django.db import transaction
 from django.dispatch import Signal
-from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued, task_finished, task_started
-from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 from pydantic import BaseModel
 
 from . import clock
+from .conf import no_django_tasks_message
+
+try:
+    from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.base import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, TaskError
+    from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
+except ModuleNotFoundError as missing:  # Django 5.2: the engine works, this backend cannot
+    raise ImportError(no_django_tasks_message()) from missing
 from .definitions import QUEUE_MAX_LENGTH, RetryPolicy, workflow
 from .exceptions import EngineUnavailable, LeaseLostError, NonRetryableError, Suspend
 from .values.durations import duration_seconds

@@ -9,7 +9,15 @@ from django.conf import settings
 from django.core import checks
 from django.db import DEFAULT_DB_ALIAS
 
-from .conf import KNOWN_KEYS, engine_settings, parse_queues, queues_setting
+from .conf import (
+    DURABLE_BACKEND,
+    KNOWN_KEYS,
+    django_has_tasks,
+    engine_settings,
+    no_django_tasks_message,
+    parse_queues,
+    queues_setting,
+)
 from .db.pooler import SETTINGS_TO_CHANGE, behind_transaction_pooler, undeclared_pooler_seen
 
 
@@ -423,3 +431,20 @@ def check_unserved_runs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         )
         for u in unserved or []
     ]
+
+
+@checks.register()
+def check_durable_backend_has_django_tasks(
+    app_configs: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """Django 5.2 has no tasks framework and ignores TASKS: a project that names the engine's
+    backend there would see its tasks never run, so it hears it at `manage.py check`."""
+    if django_has_tasks():
+        return []
+    tasks = getattr(settings, "TASKS", None)
+    named = isinstance(tasks, dict) and any(
+        isinstance(conf, dict) and conf.get("BACKEND") == DURABLE_BACKEND for conf in tasks.values()
+    )
+    if not named:
+        return []
+    return [checks.Error(f"TASKS: {no_django_tasks_message()}", id="tasks_engine.E030")]

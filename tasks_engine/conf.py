@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import django
 from django.conf import settings
+
+DURABLE_BACKEND = "tasks_engine.backends.DurableBackend"
+
+
+def django_has_tasks() -> bool:
+    """Django's tasks framework (`django.tasks`) is new in Django 6.0; 5.2 LTS has none."""
+    return importlib.util.find_spec("django.tasks") is not None
+
+
+def no_django_tasks_message() -> str:
+    return (
+        f"{DURABLE_BACKEND} needs Django 6.0 or later (django.tasks is new in 6.0) and this is "
+        f"Django {django.get_version()}: remove it from TASKS or upgrade Django (workflows, "
+        "runworker and the admin work on Django 5.2)"
+    )
 
 
 @dataclass(frozen=True)
@@ -54,6 +71,7 @@ class EngineSettings:
     listen_url: str | None = None
     # False: the engine never configures structlog (the host project does; docs/logging.md).
     configure_logging: bool = True
+    log_json_to_stderr: bool = False
     # The largest input, step result, workflow output, fact payload or outbox payload, in bytes
     # of its compact JSON text (values/serialization.py): refused past it, never stored.
     max_payload_bytes: int = 16 * 2**20
@@ -83,6 +101,7 @@ KNOWN_KEYS = frozenset(
         "METRICS_TOKEN",
         "LISTEN_URL",
         "CONFIGURE_LOGGING",
+        "LOG_JSON_TO_STDERR",
         "MAX_PAYLOAD_BYTES",
     }
 )
@@ -117,6 +136,7 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         retention_days=_retention(raw.get("RETENTION_DAYS")),
         metrics_token=raw.get("METRICS_TOKEN") or None,
         configure_logging=bool(raw.get("CONFIGURE_LOGGING", True)),
+        log_json_to_stderr=bool(raw.get("LOG_JSON_TO_STDERR", False)),
         listen_url=raw.get("LISTEN_URL") or None,
         max_payload_bytes=_payload_bound(raw.get("MAX_PAYLOAD_BYTES", 16 * 2**20)),
     )

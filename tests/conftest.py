@@ -30,15 +30,29 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import django
 import pytest
 from django.core.management.sql import emit_post_migrate_signal
 from django.db import connection, connections, transaction
 from django.test import TransactionTestCase
 
 from tasks_engine import clock
+from tasks_engine.conf import django_has_tasks
 from tasks_engine.transitions import claim_mode, first_steps, queue_state
 
 from .helpers import FakeClock, WorkerProcess
+
+# Django 5.2 LTS has no tasks framework (django.tasks is new in 6.0): the tests of the engine's
+# django.tasks backend need it, everything else runs on 5.2 too (make test-django52).
+DJANGO_TASKS_TESTS = ["django_tasks", "test_backend.py", "process/test_backend.py"]
+collect_ignore = [] if django_has_tasks() else DJANGO_TASKS_TESTS
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if django_has_tasks():
+        return None
+    left_out = ", ".join(f"tests/{path}" for path in DJANGO_TASKS_TESTS)
+    return f"Django {django.get_version()} has no django.tasks (new in 6.0): left out {left_out}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

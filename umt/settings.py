@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import django
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
@@ -169,7 +170,8 @@ OUTBOX = {
     "CLAIM_SECONDS": env.float("OUTBOX_CLAIM_SECONDS", default=60),
 }
 
-TASKS = {"default": {"BACKEND": "tasks_engine.backends.DurableBackend"}}
+if django.VERSION >= (6, 0):  # Django's tasks framework (django.tasks) is new in 6.0
+    TASKS = {"default": {"BACKEND": "tasks_engine.backends.DurableBackend"}}
 
 LOGGING = {
     "version": 1,

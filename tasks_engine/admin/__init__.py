@@ -13,6 +13,7 @@ import json
 import uuid
 from typing import Any
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -281,6 +282,7 @@ class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, Read
             "retry_url": reverse("admin:tasks_engine_workflowrun_retry", args=[run.pk]),
             "retry_steps": step_choices(run.pk) if run.status in {"failed", "canceled"} else [],
             "history_url": reverse("admin:tasks_engine_workflowrun_history", args=[run.pk]),
+            "object_tools_in_content": django.VERSION < (6, 1),
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name

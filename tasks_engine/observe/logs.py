@@ -1,5 +1,13 @@
-"""structlog, configured once: console lines in a terminal, JSON otherwise, secrets redacted
-by `redact_secrets` (the rules: values/secrets.py)."""
+"""The engine's events: structlog through the standard library's logging, secrets redacted by
+`redact_secrets` (the rules: values/secrets.py).
+
+Each event is a `logging` record of the `tasks_engine` logger, so Django's `LOGGING` routes,
+filters and formats it like any other. Its message is the event as a dict (`EventDict`) that a
+`structlog.stdlib.ProcessorFormatter` renders and that any other formatter prints as one JSON
+object. When nothing would print the engine's records (no handler on `tasks_engine` or above
+it: a project that configures no logging), the engine adds its own stderr handler: JSON lines,
+coloured console lines in a terminal. `TASKS_ENGINE["LOG_JSON_TO_STDERR"] = True` prints them
+as JSON lines on stderr whatever `LOGGING` says (docs/logging.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +21,58 @@ import structlog
 from ..values.secrets import redact_mapping
 from .tracing import run_trace_id
 
+LOGGER_NAME = "tasks_engine"
 _configured = False
+_json = structlog.processors.JSONRenderer()
+
+
+class EventDict(dict[str, Any]):
+    """An engine event as a log record's message: `ProcessorFormatter` takes the dict; a plain
+    formatter (`%(message)s`) prints `str()` of it, the event as one JSON object."""
+
+    def __str__(self) -> str:
+        return str(_json(None, "", dict(self)))
+
+
+def wrap_for_formatter(
+    logger: Any, method: str, event_dict: MutableMapping[str, Any]
+) -> tuple[tuple[EventDict], dict[str, Any]]:
+    """The chain's last processor: `ProcessorFormatter.wrap_for_formatter` with the event as an
+    `EventDict`, so that it reads as JSON under any formatter."""
+    return (EventDict(event_dict),), {"extra": {"_logger": logger, "_name": method}}
+
+
+class JSONFormatter(structlog.stdlib.ProcessorFormatter):
+    """The engine's events (and any other record) as one JSON object per line: `event`,
+    `level`, `logger`, `timestamp` and the event's fields. For Django's `LOGGING`:
+    `"formatters": {"json": {"()": "tasks_engine.observe.logs.JSONFormatter"}}`."""
+
+    def __init__(self, renderer: Any = None, **kwargs: Any) -> None:
+        super().__init__(
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                renderer or structlog.processors.JSONRenderer(),
+            ],
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.stdlib.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                structlog.processors.format_exc_info,
+                redact_secrets,
+            ],
+            **kwargs,
+        )
+
+
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """The engine's own handler: one write per line on stderr (the children of `runworker
+    --processes N` share it, and a line written in two parts could fuse with a sibling's)."""
+
+    def __init__(self, json: bool | None = None) -> None:
+        super().__init__(sys.stderr)
+        terminal = json is None and sys.stderr.isatty()
+        renderer = structlog.dev.ConsoleRenderer(colors=True) if terminal else None
+        self.setFormatter(JSONFormatter(renderer))
 
 
 def redact_secrets(
@@ -30,49 +89,62 @@ def redact_secrets(
 
 
 def configure(force: bool = False) -> None:
-    """Configure structlog for the engine, unless the host project owns logging.
+    """Configure structlog for the engine, unless the host project owns it, and make sure the
+    engine's records reach an output.
 
-    The host owns it when structlog is already configured (`structlog.is_configured()`: the
+    The host owns structlog when it is already configured (`structlog.is_configured()`: the
     host called `structlog.configure` in its settings or before `django.setup()`), or when
     `TASKS_ENGINE["CONFIGURE_LOGGING"]` is False. Then the host's configuration is left exactly
     as it is, and the engine's own loggers still redact secrets (`get_logger`). `force=True`
-    (tests) configures it whatever the host did.
+    (tests) configures it whatever the host did, and adds the engine's stderr handler.
     """
     global _configured
     if _configured and not force:
         return
     _configured = True
-    if not force and (structlog.is_configured() or not _configure_logging_setting()):
+    if not force and (structlog.is_configured() or not _setting("configure_logging", True)):
         return
-    renderer: Any = (
-        structlog.dev.ConsoleRenderer(colors=True)
-        if sys.stderr.isatty()
-        else structlog.processors.JSONRenderer()
-    )
     structlog.configure(
         processors=[
+            structlog.stdlib.filter_by_level,  # before the work of redacting a dropped event
             structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             redact_secrets,
-            renderer,
+            wrap_for_formatter,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
-        # One write per line: print() writes the line and its newline separately, and the
-        # children of `runworker --processes N` share one stderr, so two lines could fuse.
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
+    _give_the_engine_an_output(force)
 
 
-def _configure_logging_setting() -> bool:
+def _give_the_engine_an_output(force: bool) -> None:
+    """INFO and up unless `LOGGING` sets the `tasks_engine` logger's level; the engine's stderr
+    handler when nothing would print its records, or when LOG_JSON_TO_STDERR asks for it (then
+    they no longer propagate to the project's handlers: one line per event)."""
+    logger = logging.getLogger(LOGGER_NAME)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    for handler in [h for h in logger.handlers if isinstance(h, StderrHandler)]:
+        logger.removeHandler(handler)  # configure(force=True) again: one handler, not two
+    if _setting("log_json_to_stderr", False):
+        logger.addHandler(StderrHandler(json=True))
+        logger.propagate = False
+    elif force or not logger.hasHandlers():
+        logger.addHandler(StderrHandler())
+
+
+def _setting(name: str, default: bool) -> bool:
     from ..conf import engine_settings
 
     try:
-        return engine_settings().configure_logging
+        return bool(getattr(engine_settings(), name))
     except (TypeError, ValueError):  # an invalid TASKS_ENGINE: manage.py check reports it
-        return True
+        return default
 
 
 def get_logger(**bind: Any) -> Any:
@@ -82,11 +154,11 @@ def get_logger(**bind: Any) -> Any:
     configure()
     processors = structlog.get_config()["processors"]
     if redact_secrets in processors:
-        return structlog.get_logger("tasks_engine").bind(**bind)
+        return structlog.get_logger(LOGGER_NAME).bind(**bind)
     chain = [*processors[:-1], redact_secrets, *processors[-1:]]
-    return structlog.wrap_logger(
-        None, processors=chain, logger_factory_args=("tasks_engine",)
-    ).bind(**bind)
+    return structlog.wrap_logger(None, processors=chain, logger_factory_args=(LOGGER_NAME,)).bind(
+        **bind
+    )
 
 
 def run_logger(run: Any) -> Any:

@@ -174,7 +174,7 @@ def unserved_runs(
     unserved = [
         {"task": task, "version": version, "queue": queue, "runs": n}
         for task, version, queue, n in groups
-        if not any(_serves(w, task, version, queue) for w in live)
+        if not any(serves(w, task, version, queue) for w in live)
     ]
     return sorted(unserved, key=lambda u: (u["task"], u["version"], u["queue"]))
 
@@ -184,7 +184,7 @@ def served(task: str, version: int, queue: str) -> bool | None:
     live = live_filters()
     if not live:
         return None
-    return any(_serves(w, task, version, queue) for w in live)
+    return any(serves(w, task, version, queue) for w in live)
 
 
 def live_filters() -> list[tuple[list[str], list[str]]]:
@@ -193,6 +193,6 @@ def live_filters() -> list[tuple[list[str], list[str]]]:
     return [(list(q), list(t)) for q, t in rows]
 
 
-def _serves(worker: tuple[list[str], list[str]], task: str, version: int, queue: str) -> bool:
+def serves(worker: tuple[list[str], list[str]], task: str, version: int, queue: str) -> bool:
     queues, tasks = worker
     return f"{task}@{version}" in tasks and (not queues or queue in queues)

@@ -9,10 +9,7 @@ Slow-ish (a wheel build and a pip install, cached after the first time: about ha
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import sqlite3
-import subprocess
 import sys
 import textwrap
 import uuid
@@ -26,11 +23,9 @@ from django.conf import settings
 
 from tests.helpers import ROOT
 
-pytestmark = pytest.mark.slow
+from .shell import Dist, run, run_logged
 
-SOURCE_IGNORE = shutil.ignore_patterns(
-    ".git", ".venv", "site", "build", "dist", "*.egg-info", "__pycache__", "*.sqlite3*", "media"
-)
+pytestmark = pytest.mark.slow
 
 WORKFLOW = """
 from datetime import timedelta
@@ -61,35 +56,13 @@ DATABASES = {"default": environ.Env.db_url_config(os.environ["DATABASE_URL"])}
 """  # no OPTIONS on SQLite either: the engine sets what it needs (BEGIN IMMEDIATE, WAL, ...)
 
 
-# The environment of a shell outside this repository: not this test run's settings module.
-OUTSIDE_ENV = {k: v for k, v in os.environ.items() if k not in ("DJANGO_SETTINGS_MODULE",)}
-
-
-def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(
-        [str(c) for c in cmd],
-        cwd=cwd,
-        env={**OUTSIDE_ENV, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, f"{cmd} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def venv(tmp_path_factory: pytest.TempPathFactory, dist: Dist) -> Path:
     """A new virtualenv holding the wheel built from this repository's pyproject.toml."""
     base = tmp_path_factory.mktemp("fresh")
-    source = base / "source"
-    shutil.copytree(ROOT, source, ignore=SOURCE_IGNORE)  # the build writes into its tree
-    run(sys.executable, "-m", "build", "--wheel", "--outdir", base / "dist", source, cwd=base)
-    (wheel,) = (base / "dist").glob("django_tasks_engine-*.whl")
     run(sys.executable, "-m", "venv", base / "venv", cwd=base)
     pip = base / "venv" / "bin" / "pip"
-    run(pip, "install", "--quiet", "--disable-pip-version-check", wheel, cwd=base)
+    run(pip, "install", "--quiet", "--disable-pip-version-check", dist.wheel, cwd=base)
     return base / "venv"
 
 
@@ -147,7 +120,15 @@ def test_a_fresh_project_runs_a_workflow_from_the_installed_wheel(
             env=env,
         )
     )
-    run(*manage, "runworker", "--burst", "--poll-interval", "0.1", cwd=proj, env=env)
+    _, logged = run_logged(
+        *manage, "runworker", "--burst", "--poll-interval", "0.1", cwd=proj, env=env
+    )
+    # startproject's settings configure no logging: the engine prints its events itself, one
+    # JSON object a line on stderr (docs/logging.md)
+    events = [json.loads(line) for line in logged.splitlines() if line.startswith("{")]
+    started = next(e for e in events if e["event"] == "worker started")
+    assert started["logger"] == "tasks_engine" and started["level"] == "info", started
+    assert "worker stopped" in [e["event"] for e in events]
     view = json.loads(
         run(*manage, "tasks", "inspect", enqueued["run_id"], "--json", cwd=proj, env=env)
     )

@@ -6,6 +6,7 @@ import os
 import time
 from typing import Any
 
+import django
 from django.dispatch import receiver
 from django.tasks import TaskContext, TaskResult, task
 from django.tasks.signals import task_finished, task_started
@@ -41,7 +42,16 @@ def boom(message: str) -> None:
     raise TaskBoom(message)
 
 
-@task(max_attempts=3)  # type: ignore[call-overload]  # a DurableTask option
+def durable_task(**options: Any) -> Any:
+    """`@task(**options)` with the durable backend's options (max_attempts, idempotency_key):
+    Django 6.1 passes them to the backend's task class. Django 6.0's `@task` takes only its own
+    options; there the same task is made with `.using(**options)` (docs: README)."""
+    if django.VERSION >= (6, 1):
+        return task(**options)
+    return lambda func: task(func).using(**options)
+
+
+@durable_task(max_attempts=3)
 def flaky(key: str, fail_times: int) -> str:
     """Fails on its first `fail_times` calls (counted in SideEffect rows), then succeeds."""
     _effect(key)
@@ -72,7 +82,7 @@ async def async_double(value: int) -> int:
     return value * 2
 
 
-@task(idempotency_key="order:{order_id}")  # type: ignore[call-overload]
+@durable_task(idempotency_key="order:{order_id}")
 def ship_order(order_id: int, note: str = "") -> str:
     _effect(f"ship:{order_id}")
     return f"shipped {order_id}"

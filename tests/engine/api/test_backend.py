@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from django.db import transaction
-from django.tasks import TaskResultStatus, task, task_backends
+from django.tasks import TaskResultStatus, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
 from django.tasks.signals import task_enqueued
 
@@ -304,7 +304,7 @@ def test_get_result_of_unknown_ids_raises() -> None:
 
 def test_invalid_tasks_and_arguments_write_nothing() -> None:
     with pytest.raises(InvalidTask, match="max_attempts"):
-        task(max_attempts=0)(t.not_a_task)  # type: ignore[call-overload]
+        t.durable_task(max_attempts=0)(t.not_a_task)
     with pytest.raises(TypeError, match="Unsupported type"):
         t.record.enqueue(object())  # type: ignore[arg-type]
     assert not WorkflowRun.objects.exists()

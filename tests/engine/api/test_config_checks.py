@@ -14,7 +14,12 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from tasks_engine import TaskContext, workflow
-from tasks_engine.checks import check_misconfiguration, worker_checks
+from tasks_engine.checks import (
+    check_durable_backend_has_django_tasks,
+    check_misconfiguration,
+    worker_checks,
+)
+from tasks_engine.conf import django_has_tasks
 from tasks_engine.definitions import registry
 from tasks_engine.models import WorkflowRun
 
@@ -328,3 +333,26 @@ def test_runworker_refuses_a_queue_no_run_can_have_as_a_usage_error(
     assert message in err and "--queue" in err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert not WorkflowRun.objects.exists()
+
+
+# -- the django.tasks backend and the Django version (make test runs 6.x, make test-django52 5.2)
+
+BACKEND = {"default": {"BACKEND": "tasks_engine.backends.DurableBackend"}}
+
+
+@pytest.mark.one_db("a check on settings and the Django version")
+@pytest.mark.skipif(django_has_tasks(), reason="Django 5.2 only: django.tasks is new in 6.0")
+def test_on_django_5_2_a_tasks_setting_naming_the_backend_fails_check(settings: Any) -> None:
+    settings.TASKS = BACKEND
+    with pytest.raises(SystemCheckError, match=r"tasks_engine\.E030.*needs Django 6\.0 or later"):
+        call_command("check", stdout=StringIO(), stderr=StringIO())
+    with pytest.raises(ImportError, match=r"needs Django 6\.0 or later .* this is Django 5\.2"):
+        import tasks_engine.backends  # noqa: F401
+
+
+@pytest.mark.one_db("a check on settings and the Django version")
+@pytest.mark.skipif(not django_has_tasks(), reason="Django 6.0 or later: it has django.tasks")
+def test_from_django_6_0_the_backend_in_tasks_passes_check(settings: Any) -> None:
+    settings.TASKS = BACKEND
+    assert check_durable_backend_has_django_tasks() == []
+    call_command("check", stdout=StringIO(), stderr=StringIO())

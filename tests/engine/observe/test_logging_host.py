@@ -1,7 +1,9 @@
 """The engine's logging respects the host project: structlog is configured by the engine only
 when the host has not configured it and has not opted out (TASKS_ENGINE["CONFIGURE_LOGGING"]);
-the documented LOGGING recipe (docs/logging.md) routes the engine's events through the standard
-library. In every case the engine's own events reach the output with secrets redacted.
+its events are records of the standard library's `tasks_engine` logger, which Django's LOGGING
+routes and filters (docs/logging.md, whose example runs here as written); with no LOGGING the
+engine prints them itself. In every case the engine's own events reach the output with secrets
+redacted.
 
 Each case starts a fresh interpreter: structlog's configuration is process-global, and what is
 under test is what `django.setup()` does to it."""
@@ -109,14 +111,91 @@ def test_configure_logging_false_leaves_structlog_unconfigured(tmp_path: Path) -
     assert_redacted(next(x for x in stderr.splitlines() if "login" in x))
 
 
-def test_the_documented_logging_recipe_routes_engine_events_through_the_stdlib(
+def test_the_documented_logging_example_writes_json_lines_to_its_handler(
     tmp_path: Path,
 ) -> None:
-    recipe = (ROOT / "docs" / "logging.md").read_text()
-    code = recipe.split("```python\n", 1)[1].split("```", 1)[0]
-    assert "CONFIGURE_LOGGING" in code
+    page = (ROOT / "docs" / "logging.md").read_text()
+    code = page.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "JSONFormatter" in code and "engine.log" in code
     state, stderr = probe(tmp_path, code)
-    assert state["configured"] and state["engine_chain"]  # the recipe's chain holds it
-    line = json.loads(next(x for x in stderr.splitlines() if '"login"' in x))
-    assert line["logger"] == "tasks_engine" and line["level"] == "info"
-    assert line["password"] == "[redacted]" and line["run_id"] == "r1"
+    assert state["configured"] and state["engine_chain"]
+    assert "login" not in stderr
+    (line,) = (tmp_path / "engine.log").read_text().splitlines()
+    event = json.loads(line)
+    assert event["logger"] == "tasks_engine" and event["level"] == "info"
+    assert event["event"] == "login" and "timestamp" in event
+    assert event["password"] == "[redacted]" and event["run_id"] == "r1"
+
+
+LOGGING_NOTHING = """
+LOGGING = {"version": 1, "disable_existing_loggers": False}
+"""
+
+
+def test_with_no_logging_configured_the_engine_prints_json_lines_itself(tmp_path: Path) -> None:
+    """startproject's settings: nothing would print an INFO record of `tasks_engine` (Django's
+    default LOGGING has handlers for `django` only), so the engine adds its stderr handler."""
+    state, stderr = probe(tmp_path, LOGGING_NOTHING)
+    assert state["configured"] and state["engine_chain"]
+    (line,) = [x for x in stderr.splitlines() if '"login"' in x]  # one line, not two
+    event = json.loads(line)
+    assert event["logger"] == "tasks_engine" and event["level"] == "info"
+    assert event["run_id"] == "r1" and event["password"] == "[redacted]"
+
+
+HANDLER_ON_TASKS_ENGINE = """
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(levelname)s %(name)s %(message)s"}},
+    "handlers": {
+        "file": {"class": "logging.FileHandler", "filename": "engine.log", "formatter": "plain"},
+    },
+    "loggers": {"tasks_engine": {"handlers": ["file"], "level": "INFO", "propagate": False}},
+}
+"""
+
+
+def test_a_handler_on_the_tasks_engine_logger_in_logging_receives_the_events(
+    tmp_path: Path,
+) -> None:
+    _, stderr = probe(tmp_path, HANDLER_ON_TASKS_ENGINE)
+    assert "login" not in stderr  # the project's handler has it, and only that one
+    (line,) = (tmp_path / "engine.log").read_text().splitlines()
+    level, name, message = line.split(" ", 2)
+    assert (level, name) == ("INFO", "tasks_engine")
+    event = json.loads(message)  # a plain formatter prints the event as one JSON object
+    assert event["event"] == "login" and event["run_id"] == "r1"
+    assert_redacted(line)
+
+
+def test_logging_filters_the_engine_events_by_level(tmp_path: Path) -> None:
+    settings = HANDLER_ON_TASKS_ENGINE.replace('"level": "INFO"', '"level": "WARNING"')
+    _, stderr = probe(tmp_path, settings)
+    assert (tmp_path / "engine.log").read_text() == ""
+    assert "login" not in stderr
+
+
+ROOT_PLAIN_CONSOLE = """
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+}
+"""
+
+
+def test_log_json_to_stderr_prints_bare_json_lines_beside_a_projects_root_handler(
+    tmp_path: Path,
+) -> None:
+    _, stderr = probe(tmp_path, ROOT_PLAIN_CONSOLE)
+    (line,) = [x for x in stderr.splitlines() if '"login"' in x]
+    assert line.startswith("INFO tasks_engine {")  # the project's root handler and format
+
+    settings = ROOT_PLAIN_CONSOLE + 'TASKS_ENGINE = {**TASKS_ENGINE, "LOG_JSON_TO_STDERR": True}\n'
+    _, stderr = probe(tmp_path, settings)
+    (line,) = [x for x in stderr.splitlines() if '"login"' in x]  # not the root handler's too
+    assert json.loads(line)["logger"] == "tasks_engine"
+    assert_redacted(line)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -43,6 +44,16 @@ class Capture:
 
     def last(self) -> dict[str, Any]:
         return self.lines()[-1]
+
+
+@pytest.fixture(autouse=True)
+def _engine_handler_removed() -> Iterator[None]:
+    """`logs.configure(force=True)` adds the engine's stderr handler on the test's stream: gone
+    after the test, so that later tests do not log into a closed buffer."""
+    yield
+    engine = logging.getLogger(logs.LOGGER_NAME)
+    for handler in [h for h in engine.handlers if isinstance(h, logs.StderrHandler)]:
+        engine.removeHandler(handler)
 
 
 @pytest.fixture
