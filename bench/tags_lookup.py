@@ -157,7 +157,8 @@ def main() -> None:
     client.force_login(user)
 
     def tagged(sql: str) -> bool:
-        return '"tags"' in sql and "tasks_engine_workflowrun" in sql
+        # Not the paginator's EXPLAIN (its estimate past the count cap: planning only).
+        return '"tags"' in sql and "tasks_engine_workflowrun" in sql and sql[:7] != "EXPLAIN"
 
     cases = [
         {"customer": "42"},
