@@ -1,7 +1,9 @@
 """Flow control's cost: the claim rate with a queue limit and concurrency keys on against off,
-side by side in one run, and with 100,000 runs held back by one key.
+side by side in one run, and with 100,000 runs held back by one key; and the claim with
+another queue paused (the claim then leaves the paused queues out) against none paused.
 
     python bench/flow.py [--runs 500] [--held 100000] [--rounds 6] [--drain-runs 5000]
+    python bench/flow.py --pause-only [--runs 500] [--rounds 6]   # the paused-queue rows alone
 
 In-process claims (bench/engine.py's loop: claim one run, complete it, repeat) on a fresh
 database, `--rounds` pairs of rounds, off then on, then on then off (ABBA), so that the
@@ -83,6 +85,43 @@ def hold_back(held: int) -> None:
         cur.execute("VACUUM ANALYZE tasks_engine_workflowrun")
 
 
+PAUSED_QUEUE = "bench-paused"  # no run is in it: what is measured is the check, not a pause
+
+
+def pause_elsewhere(paused: bool) -> bool:
+    """Pause (or resume) a queue other than the claimed runs' one; False on a tree without
+    queue pause (a BASELINE from before it), which then has no such rows."""
+    try:
+        from tasks_engine.operations import queues
+        from tasks_engine.transitions import queue_state
+    except ImportError:
+        return False
+    if paused:
+        queues.pause_queue(PAUSED_QUEUE, reason="bench/flow.py")
+    else:
+        queues.resume_queue(PAUSED_QUEUE)
+    queue_state.forget()
+    return True
+
+
+def pause_row(runs: int, rounds: int) -> dict[str, Any]:
+    """Claims/s with no queue paused and with one paused (ABBA, paired ratio); {} without
+    queue pause."""
+    configure(False)
+    if not pause_elsewhere(False):
+        return {}
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for paused in alternating(rounds):
+        pause_elsewhere(paused)
+        rates[paused].append(claim_rate(runs))
+    pause_elsewhere(False)
+    return {
+        "claim_rate_no_queue_paused": round(median(rates[False]), 1),
+        "claim_rate_a_queue_paused": round(median(rates[True]), 1),
+        "paused_check_ratio": round(paired_ratio(rates[False], rates[True]), 3),
+    }
+
+
 def drain_rate(url: str, limits: bool, runs: int) -> float:
     """Runs/s of one `runworker --burst` (its defaults) draining `runs` fresh runs: keyed ones
     with the queue limit on, or plain ones with no limits."""
@@ -129,6 +168,7 @@ def measure(
     held: int = 100_000,
     rounds: int = 6,
     drain_runs: int = 5000,
+    pause_only: bool = False,
 ) -> dict[str, Any]:
     """The flow row: plain and guarded claim rates side by side (`rounds` pairs of rounds of
     `runs` claims each, ABBA), then the guarded rate of other keys' runs without and
@@ -137,8 +177,17 @@ def measure(
     database; migrated here), else on a database of its own (bench/common.py)."""
     if database_url is None:
         with database("bench_flow") as url:
-            return measure(url, runs=runs, held=held, rounds=rounds, drain_runs=drain_runs)
+            return measure(
+                url,
+                runs=runs,
+                held=held,
+                rounds=rounds,
+                drain_runs=drain_runs,
+                pause_only=pause_only,
+            )
     setup_django(database_url)
+    if pause_only:
+        return {"bench": "flow pause", "runs": runs, "rounds": rounds, **pause_row(runs, rounds)}
     drains: dict[bool, list[float]] = {False: [], True: []}
     for limits in alternating(DRAIN_ROUNDS if drain_runs else 0):
         drains[limits].append(drain_rate(database_url, limits, drain_runs))
@@ -164,6 +213,7 @@ def measure(
         "claim_rate_guarded_without_held_back": round(median(free), 1),
         "scale_held_back_100k": round(median(loaded), 1),
         "held_back_ratio": round(median(loaded) / median(free), 3),
+        **pause_row(runs, rounds),
     }
     if drain_runs:
         on, off = median(drains[True]), median(drains[False])
@@ -183,9 +233,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--drain-runs", type=int, default=5000, help="runs per worker drain (0: none)")
     p.add_argument("--database-url", help="a fresh PostgreSQL database (default: one of its own)")
+    p.add_argument("--pause-only", action="store_true", help="only the paused-queue rows")
     a = p.parse_args()
     row = measure(
-        a.database_url, runs=a.runs, held=a.held, rounds=a.rounds, drain_runs=a.drain_runs
+        a.database_url,
+        runs=a.runs,
+        held=a.held,
+        rounds=a.rounds,
+        drain_runs=a.drain_runs,
+        pause_only=a.pause_only,
     )
     print(json.dumps(row))
 

@@ -250,6 +250,8 @@ FLOW_RATES = (
     ("scale_held_back_100k", "keys on, one full key's runs held back: claims/s"),
     ("drain_rate_plain", "worker drain, flow control off: runs/s"),
     ("drain_rate_guarded", "worker drain, queue limit + keys on: runs/s"),
+    ("claim_rate_no_queue_paused", "no queue paused: claims/s"),
+    ("claim_rate_a_queue_paused", "another queue paused (the claim checks): claims/s"),
 )
 
 
@@ -328,6 +330,14 @@ def extras(raw: dict[str, Any]) -> list[str]:
                 f" {fmt(r['claim_rate_guarded_without_held_back'])} without them"
                 f" ({r['held_back_ratio']:.2f}{TIMES})."
             )
+            if "paused_check_ratio" in r:
+                out.append(
+                    f"- **Queue pause** (ours, in-process claim + complete; bench/flow.py): with"
+                    f" another queue paused, so that the claim leaves paused queues out,"
+                    f" {fmt(r['claim_rate_a_queue_paused'])} claims/s, with none paused"
+                    f" {fmt(r['claim_rate_no_queue_paused'])}"
+                    f" ({r['paused_check_ratio']:.2f}{TIMES})."
+                )
             if "drain_ratio" in r:
                 out.append(
                     f"- **Flow control, as a worker drains** (ours, `runworker --burst` on its"

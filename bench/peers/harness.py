@@ -34,7 +34,9 @@ def parse_args(description: str) -> argparse.Namespace:
     p.add_argument("--jobs", type=int, default=200)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--processes", type=int, default=1)
-    p.add_argument("--mode", choices=["enqueue", "drain", "latency", "steps"], default="drain")
+    p.add_argument(
+        "--mode", choices=["enqueue", "enqueue_bulk", "drain", "latency", "steps"], default="drain"
+    )
     p.add_argument("--gap", type=float, default=0.02, help="latency: seconds between enqueues")
     p.add_argument(
         "--max-seconds",
@@ -288,6 +290,10 @@ def _conduct(a: argparse.Namespace, script: str, peer: dict[str, Any]) -> dict[s
     if a.mode == "enqueue":
         t = time.perf_counter()
         peer["enqueue_each"](a.jobs)
+        return {**base, "per_s": round(a.jobs / (time.perf_counter() - t), 1)}
+    if a.mode == "enqueue_bulk":  # the peer's batch enqueue (bench/enqueue_many.py)
+        t = time.perf_counter()
+        peer["enqueue_bulk"](a.jobs)
         return {**base, "per_s": round(a.jobs / (time.perf_counter() - t), 1)}
     if a.mode == "drain":
         peer["enqueue_bulk"](a.jobs)
