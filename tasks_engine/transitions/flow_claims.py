@@ -25,7 +25,7 @@ from django.db import transaction
 from .. import clock
 from ..conf import QueueLimits
 from ..db.sql import fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
-from . import claim_mode
+from . import claim_mode, queue_rooms
 from ._common import Claimed
 from .claims import (
     _COLUMNS,
@@ -37,7 +37,7 @@ from .claims import (
 )
 from .flow_claims_pg import claim_guarded_pg
 from .flow_rate_claims import claim_rate_keyed
-from .queue_rooms import log_claims, queue_room, rate_frees_at
+from .queue_rooms import rate_frees_at
 
 __all__ = ["claim_guarded", "rate_frees_at"]
 
@@ -91,7 +91,7 @@ def _claim_guarded(req: ClaimRequest) -> list[Claimed]:
         now = clock.now()  # the lease starts once the write lock is held
         params = _claim_params(req, now)
         keys = dict(_candidate_keys(req, params)[: req.limit])
-        rooms = {q: queue_room(q, lim, now) for q, lim in limited.items()}
+        rooms = {q: queue_rooms.queue_room(q, lim, now) for q, lim in limited.items()}
         queue_room = {q: room for q, (room, _log) in rooms.items()}
         logs = {q: log for q, (_room, log) in rooms.items() if log is not None}
         key_room = _key_room(keys)
@@ -105,7 +105,7 @@ def _claim_guarded(req: ClaimRequest) -> list[Claimed]:
         sql = query("flow_claim_update").format(columns=_COLUMNS)
         ids = json.dumps([p_uuid(c.id) for c in chosen])
         claimed = returning_claimed(sql, {**params, "ids": ids}, req.worker_id)
-        log_claims([(c.queue, c.src) for c in chosen], logs)
+        queue_rooms.log_claims([(c.queue, c.src) for c in chosen], logs)
     return claimed
 
 
