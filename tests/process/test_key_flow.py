@@ -7,6 +7,7 @@ per-key rate limit never exceeds N claims in any window per key, while other key
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import threading
 import time
@@ -85,7 +86,7 @@ def test_debounce_makes_one_run_per_window_with_the_last_input(
     for disk in ("a", "b"):
         mine = sorted(
             (r for r in WorkflowRun.objects.filter(debounce_key=f"d:{disk}")),
-            key=lambda r: r.started_at,
+            key=lambda r: r.started_at.timestamp() if r.started_at else math.inf,
         )
         for before, after in itertools.pairwise(mine):
             # Its window closed between its claim (started_at, before the claim's commit) and
