@@ -426,6 +426,9 @@ class RateKeyLog(models.Model):
 
     key = models.CharField(max_length=255, primary_key=True)
     times = models.JSONField(default=list)
+    # Its newest claim: a row whose newest claim left the longest window (an hour) counts
+    # nothing, and retention deletes it (flow_rate_claims.prune_idle_keys).
+    last_at = models.DateTimeField(null=True, db_index=True)
 
     def __str__(self) -> str:
         return f"{self.key}: {len(self.times or [])} claims"

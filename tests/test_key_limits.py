@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -199,3 +200,20 @@ def test_a_worker_that_never_enqueued_learns_of_rate_keyed_runs() -> None:
     claim_mode.refresh()
     assert claim_mode.rate_keyed_seen()
     assert len(claim()) == 1
+
+
+def test_retention_deletes_the_rows_of_keys_idle_past_the_longest_window(
+    fake_clock: FakeClock,
+) -> None:
+    from tasks_engine.services import retention
+
+    tasks_engine.enqueue("flow-key-rate", {"disk": "a"})
+    finish(claim())
+    fake_clock.advance(1800)
+    tasks_engine.enqueue("flow-key-rate", {"disk": "b"})
+    finish(claim())
+    # `prune --older-than 0` still keeps a row whose newest claim is inside an hour.
+    assert retention.prune(timedelta(0))["rate_keys"] == 0
+    fake_clock.advance(1801)
+    assert retention.prune(timedelta(0))["rate_keys"] == 1
+    assert list(RateKeyLog.objects.values_list("key", flat=True)) == ["b"]

@@ -15,6 +15,7 @@ class Migration(migrations.Migration):
             fields=[
                 ('key', models.CharField(max_length=255, primary_key=True, serialize=False)),
                 ('times', models.JSONField(default=list)),
+                ('last_at', models.DateTimeField(db_index=True, null=True)),
             ],
         ),
         migrations.RemoveIndex(

@@ -24,16 +24,27 @@ one short transaction, then fills its other places with the guarded claim:
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 
 from .. import clock
 from ..conf import parse_rate
-from ..db.sql import execute, fetchall, is_postgres, p_uuid, query, r_dt, r_uuid, skip_locked
+from ..db.sql import (
+    execute,
+    fetchall,
+    is_postgres,
+    p_dt,
+    p_uuid,
+    query,
+    r_dt,
+    r_uuid,
+    skip_locked,
+)
 from ..models import RateKeyLog
 from . import claim_mode
 from ._common import RUN, Claimed
@@ -53,6 +64,7 @@ from .queue_rooms import log_claims, queue_room
 
 LOG = RateKeyLog._meta.db_table
 BIG = 1 << 30
+LONGEST_WINDOW = 3600.0  # seconds: "N/h"
 
 
 @dataclass(frozen=True)
@@ -210,4 +222,27 @@ def _write_keys(
         at = max([now.timestamp(), *before[-1:]])
         kept = [*before, *[at] * admitted][-count:]
         cast = "::jsonb" if is_postgres() else ""
-        execute(f"UPDATE {LOG} SET times = %s{cast} WHERE key = %s", [json.dumps(kept), key])
+        execute(
+            f"UPDATE {LOG} SET times = %s{cast}, last_at = %s WHERE key = %s",
+            [json.dumps(kept), p_dt(datetime.fromtimestamp(at, UTC)), key],
+        )
+
+
+def prune_idle_keys(cutoff: datetime, batch: int, max_batches: int | None) -> int:
+    """Retention (services/retention.py): delete the rows of keys whose newest claim is older
+    than `cutoff` and than the longest window (an hour: "N/h"), which count nothing. A claim
+    that holds a row locked has just claimed: the delete waits for it, rechecks, and leaves
+    the row."""
+    cutoff = min(cutoff, clock.now() - timedelta(seconds=LONGEST_WINDOW))
+    gone = 0
+    for _ in itertools.count() if max_batches is None else range(max_batches):
+        with transaction.atomic():
+            keys = list(
+                RateKeyLog.objects.filter(last_at__lt=cutoff).values_list("key", flat=True)[:batch]
+            )
+            if keys:
+                RateKeyLog.objects.filter(key__in=keys, last_at__lt=cutoff).delete()
+        gone += len(keys)
+        if len(keys) < batch:
+            break
+    return gone
