@@ -217,3 +217,13 @@ def test_retention_deletes_the_rows_of_keys_idle_past_the_longest_window(
     fake_clock.advance(1801)
     assert retention.prune(timedelta(0))["rate_keys"] == 1
     assert list(RateKeyLog.objects.values_list("key", flat=True)) == ["b"]
+
+
+def test_drain_with_a_fake_clock_jumps_over_a_keys_window(fake_clock: FakeClock) -> None:
+    from tasks_engine.testing import drain
+
+    start = fake_clock.now()
+    for _ in range(5):
+        tasks_engine.enqueue("flow-key-rate", {"disk": "a"})
+    assert drain(fake_clock, pairs=[("flow-key-rate", 1)]) == ["completed"] * 5
+    assert start + timedelta(seconds=2) <= fake_clock.now() < start + timedelta(seconds=3)

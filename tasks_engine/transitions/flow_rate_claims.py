@@ -228,6 +228,18 @@ def _write_keys(
         )
 
 
+def rate_key_frees_at(key: str, rate: tuple[int, float], now: datetime) -> datetime | None:
+    """When the key's rate limit next admits a run: None when it has room now; else the time
+    the claim whose leaving brings its claims in the window below N leaves it (a claim counts
+    while its time > now - window, as `_admit` counts). For the tester's clock."""
+    count, window = rate
+    found = RateKeyLog.objects.filter(key=key).values_list("times", flat=True).first()
+    inside = sorted(t for t in (found or []) if t > now.timestamp() - window)
+    if len(inside) < count:
+        return None
+    return datetime.fromtimestamp(inside[len(inside) - count] + window, UTC)
+
+
 def prune_idle_keys(cutoff: datetime, batch: int, max_batches: int | None) -> int:
     """Retention (services/retention.py): delete the rows of keys whose newest claim is older
     than `cutoff` and than the longest window (an hour: "N/h"), which count nothing. A claim

@@ -141,7 +141,7 @@ from hypothesis.stateful import (
 )
 
 import tasks_engine
-from tasks_engine import transitions
+from tasks_engine import testing, transitions
 from tasks_engine.conf import engine_settings
 from tasks_engine.db.sql import db_clock
 from tasks_engine.exceptions import (
@@ -308,6 +308,7 @@ class SimWorker:
         # What Registration reads of its worker process.
         self.pairs = env().pairs
         self.config = SimpleNamespace(concurrency=CONCURRENCY)
+        self.concurrency = CONCURRENCY  # fleet.Registration reads it off the process itself
         self.registration = fleet.Registration(self)  # type: ignore[arg-type]
         self.heartbeat = _heartbeat(self)
 
@@ -1026,6 +1027,10 @@ class EngineSimulation(RuleBasedStateMachine):
                 # its place held by a crashed worker's run): wait for the next thing that comes
                 # due, such as that lease's expiry.
                 due = next_due(("pending", "waiting", "running"), after=self.env.clock.current)
+                # Or a due run its rate key holds back: when the key's window frees a place.
+                frees = testing.rate_window_frees(self.env.pairs)
+                if frees is not None and (due is None or frees < due):
+                    due = frees
                 if due is None:
                     return
                 self.env.clock.jump_to(due)
