@@ -120,7 +120,8 @@ def rate_window_frees(
     frees = [rate_frees_at(q, limits[q], now) for q in sorted(queues)]
     keys = due.filter(rate_key__isnull=False).values_list("rate_key", "rate_limit").distinct()
     for key, rate in sorted(set(keys)):
-        frees.append(rate_key_frees_at(key, parse_rate(rate, "rate_limit"), now))
+        if key is not None:  # the filter's: mypy cannot see it
+            frees.append(rate_key_frees_at(key, parse_rate(rate, "rate_limit"), now))
     return min((at for at in frees if at is not None), default=None)
 
 
