@@ -430,10 +430,12 @@ def cmd_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
 def cmd_key_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
     """bench/key_flow.py's row (issue 46: per-key rate limits against per-queue, enqueue with
     a debounce key against without); none for a tree from before it."""
-    try:
-        import key_flow
-    except ImportError:
-        return []
+    import importlib.util
+
+    import key_flow
+
+    if importlib.util.find_spec("tasks_engine.transitions.flow_rate_claims") is None:
+        return []  # a baseline tree from before issue 46
     return [key_flow.measure(runs=a.runs, rounds=a.rounds)]
 
 
