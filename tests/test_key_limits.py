@@ -227,3 +227,10 @@ def test_drain_with_a_fake_clock_jumps_over_a_keys_window(fake_clock: FakeClock)
         tasks_engine.enqueue("flow-key-rate", {"disk": "a"})
     assert drain(fake_clock, pairs=[("flow-key-rate", 1)]) == ["completed"] * 5
     assert start + timedelta(seconds=2) <= fake_clock.now() < start + timedelta(seconds=3)
+
+
+def test_enqueue_many_applies_the_strategy_in_input_order() -> None:
+    got = tasks_engine.enqueue_many("flow-cancel-new", [{"disk": "a"}] * 3 + [{"disk": "b"}])
+    assert [status(g.run_id) for g in got] == ["pending", "canceled", "canceled", "pending"]
+    got = tasks_engine.enqueue_many("flow-cancel-running", [{"disk": "a"}] * 3)
+    assert [status(g.run_id) for g in got] == ["canceled", "pending", "pending"]
