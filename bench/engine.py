@@ -427,6 +427,18 @@ def cmd_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
     return [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
 
 
+def cmd_key_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
+    """bench/key_flow.py's row (issue 46: per-key rate limits against per-queue, enqueue with
+    a debounce key against without); none for a tree from before it."""
+    import importlib.util
+
+    import key_flow
+
+    if importlib.util.find_spec("tasks_engine.transitions.flow_rate_claims") is None:
+        return []  # a baseline tree from before issue 46
+    return [key_flow.measure(runs=a.runs, rounds=a.rounds)]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -462,9 +474,12 @@ def main() -> None:
     f.add_argument("--runs", type=int, default=1000)
     f.add_argument("--held", type=int, default=100_000)
     f.add_argument("--drain-runs", type=int, default=5000)
+    kf = sub.add_parser("key_flow")
+    kf.add_argument("--runs", type=int, default=500)
+    kf.add_argument("--rounds", type=int, default=6)
     a = p.parse_args()
-    if a.cmd == "flow":
-        for row in cmd_flow(a):
+    if a.cmd in ("flow", "key_flow"):
+        for row in cmd_flow(a) if a.cmd == "flow" else cmd_key_flow(a):
             print(json.dumps({**row, "code": engine_code()}), flush=True)
         return
     print(json.dumps({**globals()[f"cmd_{a.cmd}"](a), "code": engine_code()}))

@@ -381,6 +381,12 @@ class Harness:
         for e in self.engines(0, [OURS]):
             self.ours(e, "flow", 0, *args)
 
+    def key_flow(self) -> None:
+        """bench/key_flow.py's row (per-key rate limits against per-queue ones; enqueue with a
+        debounce key against without)."""
+        for e in self.engines(0, [OURS]):
+            self.ours(e, "key_flow", 0, "key_flow", "--runs", str(self.a.flow_runs))
+
 
 def check_code(row: dict[str, Any], root: Path) -> dict[str, Any]:
     """An error instead of the numbers when the driver or its worker imported tasks_engine
@@ -580,6 +586,7 @@ def main() -> None:
                     h.rss(rep)
             h.scale()
             h.flow()
+            h.key_flow()
         finally:
             cluster.destroy()
     raw = {

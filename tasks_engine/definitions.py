@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from pydantic import BaseModel, ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from .conf import parse_rate
 from .exceptions import NonRetryableError, UnknownTaskError
 from .values.durations import MAX_DURATION, duration_seconds
 from .values.serialization import TOO_DEEP, nested_too_deeply, to_jsonable, unstorable
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from .runtime.context import TaskContext
 
 DEFAULT_QUEUE = "default"
+# What an enqueue does when its concurrency key already has its limit of runs pending or
+# running (docs/FLOW_CONTROL.md): wait, cancel the new run, or cancel the key's runs.
+ON_LIMIT = ("queue", "cancel_new", "cancel_running")
 
 
 def is_integer(value: Any) -> bool:
@@ -141,6 +145,15 @@ class Workflow:
     schedule_timezone: str = "UTC"
     # Tags every run of the workflow carries, under the enqueue's own (tasks_engine/tags.py).
     tags: dict[str, str] = field(default_factory=dict)
+    # Debounce: enqueues with one key inside the window collapse into one run, due `debounce`
+    # after the last of them (at most `debounce_max` after the first), with the last's input.
+    debounce: timedelta | None = None
+    debounce_key: str | Callable[[Any], str] | None = None
+    debounce_max: timedelta | None = None
+    on_limit: str = "queue"
+    # At most N claims per key in any window ("N/s", "N/m", "N/h"), keyed by rate_limit_key.
+    rate_limit: str | None = None
+    rate_limit_key: str | Callable[[Any], str] | None = None
 
     @property
     def key(self) -> str:
@@ -214,6 +227,19 @@ class Workflow:
                 f"{what} callable of {self.key} raised {type(exc).__name__}: {exc}"
                 f" (it is given {given})"
             ) from exc
+
+    def debounce_key_for(self, stored: Any, override: str | None = None) -> str | None:
+        """The run's debounce key, as `key_for` finds the concurrency key. ValueError for a key
+        given to a workflow that declares no debounce window."""
+        if override is not None and self.debounce is None:
+            raise ValueError(
+                f"debounce_key needs a debounce window: {self.key} declares no debounce="
+            )
+        return self._run_key("debounce_key", self.debounce_key, stored, override)
+
+    def rate_key_for(self, stored: Any) -> str | None:
+        """The run's rate limit key (rate_limit_key), as `key_for` finds the concurrency key."""
+        return self._run_key("rate_limit_key", self.rate_limit_key, stored, None)
 
     def limit_for(self, key: str | None, override: int | None = None) -> int | None:
         """The run's concurrency limit: `override`, else the workflow's; None without a key.
@@ -312,19 +338,34 @@ def workflow(
     schedule: str | None = None,
     schedule_timezone: str = "UTC",
     tags: dict[str, str] | None = None,
+    debounce: timedelta | None = None,
+    debounce_key: str | Callable[[Any], str] | None = None,
+    debounce_max: timedelta | None = None,
+    on_limit: str = "queue",
+    rate_limit: str | None = None,
+    rate_limit_key: str | Callable[[Any], str] | None = None,
 ) -> Any:
     """Register a workflow. Usable bare (`@workflow`) or with arguments. `deadline`: runs
     enqueued without a `deadline_at` get created + deadline. `tags`: every run's defaults,
-    under the enqueue's own (ValueError here for a pair the rule refuses)."""
+    under the enqueue's own (ValueError here for a pair the rule refuses). `debounce`,
+    `on_limit` and `rate_limit`: docs/FLOW_CONTROL.md."""
     if input is not None and not (isinstance(input, type) and issubclass(input, BaseModel)):
         raise TypeError("workflow input must be a pydantic BaseModel subclass")
     _check_definition(name, version, queue, retry, step_retry, priority)
-    for what, declared in (("concurrency_key", concurrency_key), ("queueing_key", queueing_key)):
+    keys = (
+        ("concurrency_key", concurrency_key),
+        ("queueing_key", queueing_key),
+        ("debounce_key", debounce_key),
+        ("rate_limit_key", rate_limit_key),
+    )
+    for what, declared in keys:
         if declared is not None and not (
             (isinstance(declared, str) and declared) or callable(declared)
         ):
             raise TypeError(f"{what} must be a non-empty string or a callable of the input")
     _check_limit(concurrency_limit)
+    _check_debounce(debounce, debounce_key, debounce_max, queueing_key)
+    _check_key_limits(on_limit, concurrency_key, rate_limit, rate_limit_key)
     default_tags = check_tags(tags, "workflow tags")
     if deadline is not None and (
         not isinstance(deadline, timedelta) or not timedelta(0) < deadline <= MAX_DURATION
@@ -352,6 +393,12 @@ def workflow(
             schedule=schedule,
             schedule_timezone=schedule_timezone,
             tags=default_tags,
+            debounce=debounce,
+            debounce_key=debounce_key,
+            debounce_max=debounce_max,
+            on_limit=on_limit,
+            rate_limit=rate_limit,
+            rate_limit_key=rate_limit_key,
         )
         return registry.register(wf)
 
@@ -407,3 +454,55 @@ def _check_limit(limit: Any) -> None:
         raise TypeError(f"concurrency_limit must be an integer, not {limit!r}")
     if not 1 <= limit <= MAX_LIMIT:
         raise ValueError(f"concurrency_limit must be between 1 and {MAX_LIMIT}, not {limit}")
+
+
+def _check_debounce(debounce: Any, key: Any, cap: Any, queueing_key: Any) -> None:
+    """debounce= and its companions: a window (a positive timedelta) needs a key and a key a
+    window; debounce_max, a timedelta no shorter than the window, needs one too."""
+    for what, value in (("debounce", debounce), ("debounce_max", cap)):
+        if value is None:
+            continue
+        if not isinstance(value, timedelta):
+            raise TypeError(f"workflow {what} must be a timedelta, not {value!r}")
+        duration_seconds(value, f"workflow {what}")  # ValueError: not positive, or too long
+    if debounce is None:
+        for what, value in (("debounce_key", key), ("debounce_max", cap)):
+            if value is not None:
+                raise ValueError(f"workflow {what} needs debounce= (the window)")
+        return
+    if key is None:
+        raise ValueError(
+            "workflow debounce needs a debounce_key (a string, or a callable of the input)"
+        )
+    if cap is not None and cap < debounce:
+        raise ValueError(
+            f"workflow debounce_max must be at least debounce ({debounce!r}), got {cap!r}"
+        )
+    if queueing_key is not None:
+        raise ValueError("workflow debounce and queueing_key are exclusive: use one")
+
+
+def _check_key_limits(on_limit: Any, concurrency_key: Any, rate: Any, rate_key: Any) -> None:
+    """on_limit=, and rate_limit= with its key (conf.parse_rate's ValueError for a bad rate)."""
+    if not isinstance(on_limit, str):
+        raise TypeError(f"workflow on_limit must be a string, not {on_limit!r}")
+    if on_limit not in ON_LIMIT:
+        raise ValueError(
+            f"workflow on_limit must be one of {', '.join(ON_LIMIT)}, not {on_limit!r}"
+        )
+    if on_limit != "queue" and concurrency_key is None:
+        raise ValueError(f"workflow on_limit={on_limit!r} needs a concurrency_key")
+    if rate is not None:
+        parse_rate(rate, "workflow rate_limit")
+        if rate_key is None:
+            raise ValueError(
+                "workflow rate_limit needs a rate_limit_key (a string, or a callable of the"
+                " input); for a limit on the whole queue, use QUEUES' rate_limit"
+            )
+    elif rate_key is not None:
+        raise ValueError("workflow rate_limit_key needs rate_limit= (N/s, N/m or N/h)")
+    if rate_key is not None and concurrency_key is not None:
+        raise ValueError(
+            "workflow rate_limit_key and concurrency_key cannot be combined (yet): a run is"
+            " claimed under one kind of key"
+        )

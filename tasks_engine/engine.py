@@ -81,6 +81,8 @@ class RunView:
     unreached_steps: list[str]
     concurrency_key: str | None = None
     queueing_key: str | None = None
+    debounce_key: str | None = None
+    rate_key: str | None = None
     waiting_on: str = ""
     retries: list[dict[str, Any]] = field(default_factory=list)  # retry_run: at, by, reason
     tags: dict[str, str] = field(default_factory=dict)
@@ -133,6 +135,8 @@ def _view(run: WorkflowRun, steps: list[StepView] | None = None) -> RunView:
         unreached_steps=list(run.unreached_steps or []),
         concurrency_key=run.concurrency_key,
         queueing_key=run.queueing_key,
+        debounce_key=run.debounce_key,
+        rate_key=run.rate_key,
         waiting_on=run.waiting_on,
         retries=list(run.retries or []),
         tags=dict(run.tags or {}),
@@ -147,6 +151,8 @@ _COLUMNS = {
     "idempotency_key": (WorkflowRun, "idempotency_key"),
     "concurrency_key": (WorkflowRun, "concurrency_key"),
     "queueing_key": (WorkflowRun, "queueing_key"),
+    "debounce_key": (WorkflowRun, "debounce_key"),
+    "rate_limit_key": (WorkflowRun, "rate_key"),
     "trace_id": (WorkflowRun, "trace_id"),
     "fact name": (Fact, "name"),
 }
@@ -209,6 +215,7 @@ def enqueue(
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
     queueing_key: str | None = None,
+    debounce_key: str | None = None,
     parent_run_id: uuid.UUID | None = None,
     parent_step: str = "",
     tags: dict[str, str] | None = None,
@@ -216,7 +223,9 @@ def enqueue(
     """Create a run on the caller's connection: it commits or rolls back with the caller.
     `concurrency_key` and `concurrency_limit` override the workflow's, as `queueing_key` does
     (docs/FLOW_CONTROL.md). With a queueing key that a queued run holds (pending, never
-    started), that run is the answer (`deduplicated=True`) and nothing is written. `tags` go
+    started), that run is the answer (`deduplicated=True`) and nothing is written. With a
+    debounce key (the workflow's `debounce_key`, or this one) whose window's run is still
+    queued, that run is the answer and takes this input and a later due time. `tags` go
     over the workflow's own; a child run (`parent_run_id`) also carries its parent's."""
     wf = _workflow(task, version)
     data = wf.validate_input(input)  # pydantic.ValidationError: nothing written
@@ -238,6 +247,7 @@ def enqueue(
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
         queueing_key=queueing_key,
+        debounce_key=debounce_key,
     )
     run.parent_run_id, run.parent_step = parent_run_id, parent_step
     [(run_id, deduplicated)] = enqueueing.answer(wf.name, [run])
@@ -331,19 +341,25 @@ def _new_run(
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
     queueing_key: str | None = None,
+    debounce_key: str | None = None,
 ) -> transitions.NewRun:
     """One run of `wf` with its validated input `data`, its keys checked (ValueError; the
     input's size and depth: UnstorableValueError)."""
     key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
     limit = wf.limit_for(key, concurrency_limit)
     queueing = wf.queueing_key_for(data, queueing_key)  # ValueError: nothing written
+    debounced = wf.debounce_key_for(data, debounce_key)
+    rate_key = wf.rate_key_for(data)
     for what, value in (
         ("idempotency_key", idempotency_key),
         ("concurrency_key", key),
         ("queueing_key", queueing),
+        ("debounce_key", debounced),
+        ("rate_limit_key", rate_key),
     ):
         if value is not None:
             _check_text(what, value)
+    _check_key_combination(wf, options, key, queueing, debounced, rate_key)
     return transitions.NewRun(
         task_name=wf.name,
         version=wf.version,
@@ -353,8 +369,39 @@ def _new_run(
         concurrency_key=key,
         concurrency_limit=limit,
         queueing_key=queueing,
+        debounce_key=debounced,
+        debounce=wf.debounce if debounced is not None else None,
+        debounce_max=wf.debounce_max if debounced is not None else None,
+        on_limit=wf.on_limit,
+        rate_key=rate_key,
+        rate_limit=(wf.rate_limit or "") if rate_key is not None else "",
         **options,
     )
+
+
+def _check_key_combination(
+    wf: Workflow,
+    options: dict[str, Any],
+    key: str | None,
+    queueing: str | None,
+    debounced: str | None,
+    rate_key: str | None,
+) -> None:
+    """Keys that cannot apply to one run together: ValueError, nothing written."""
+    if debounced is not None and queueing is not None:
+        raise ValueError(
+            f"debounce_key and queueing_key cannot both apply to a run of {wf.key}: use one"
+        )
+    if debounced is not None and options.get("available_at") is not None:
+        raise ValueError(
+            f"available_at cannot be given to a debounced run of {wf.key}: it is due"
+            " debounce after its window's last enqueue"
+        )
+    if rate_key is not None and key is not None:
+        raise ValueError(
+            f"concurrency_key cannot be given to a run of {wf.key}, which has a"
+            " rate_limit_key: a run is claimed under one kind of key"
+        )
 
 
 def _validated(wf: Workflow, items: list[Any]) -> list[Any]:

@@ -74,6 +74,16 @@ class WorkflowRun(models.Model):
     # At most one queued run per key: while a run with the key waits to start for the first
     # time, an enqueue with the same key returns that run (run_queueing_key_unique).
     queueing_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # Debounce (docs/FLOW_CONTROL.md): while a run of the workflow with the key is queued, an
+    # enqueue with the same key gives it its input and pushes its due time back, up to
+    # `debounce_until` (the window's first enqueue + debounce_max; NULL: no cap).
+    debounce_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    debounce_until = models.DateTimeField(null=True, blank=True)
+    # A rate limit per key: at most N claims of the key's runs in any window ("N/s", "N/m",
+    # "N/h"), kept per key in RateKeyLog. Runs with a rate key are claimed by the rate claim
+    # only (flow_rate_claims.py): they are in none of the other claims' indexes.
+    rate_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    rate_limit = models.CharField(max_length=32, blank=True, default="", db_default="")
     # Pairs to find runs by (tasks_engine/tags.py). NULL without any: no entry in the tag
     # index, which exists on PostgreSQL only (migration 0016: GIN jsonb_path_ops).
     tags = models.JSONField(null=True, blank=True)
@@ -101,6 +111,12 @@ class WorkflowRun(models.Model):
                 condition=Q(queueing_key__isnull=False, **QUEUED),
                 name="run_queueing_key_unique",
             ),
+            # Like run_queueing_key_unique, per workflow: the debounced run of a window.
+            models.UniqueConstraint(
+                fields=["task_name", "debounce_key"],
+                condition=Q(debounce_key__isnull=False, **QUEUED),
+                name="run_debounce_key_unique",
+            ),
             models.CheckConstraint(
                 condition=Q(status__in=RunStatus.values), name="run_status_valid"
             ),
@@ -122,8 +138,14 @@ class WorkflowRun(models.Model):
             # runs with a concurrency key (held back by it, they would be walked past).
             models.Index(
                 fields=["-priority", "available_at"],
-                condition=Q(status="pending", concurrency_key__isnull=True),
+                condition=Q(status="pending", concurrency_key__isnull=True, rate_key__isnull=True),
                 name="run_claim_pending",
+            ),
+            # Runs with a rate key: only the rate claim reads them (flow_rate_claims.py).
+            models.Index(
+                fields=["-priority", "available_at"],
+                condition=Q(status="pending", rate_key__isnull=False),
+                name="run_claim_rated",
             ),
             # Keyed runs, by key: a guarded claim visits each key once (a loose index scan),
             # however many runs the key holds back.
@@ -394,3 +416,19 @@ class Queue(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class RateKeyLog(models.Model):
+    """A rate key's recent claims (flow_rate_claims.py): the times of its last N claimed runs,
+    oldest first (N: the limit of the runs claimed last). A claim locks the row, admits runs
+    while fewer than N times are inside the window ending now, and writes the times back: the
+    row lock serialises the key's claims fleet-wide, and the row is the whole truth."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    times = models.JSONField(default=list)
+    # Its newest claim: a row whose newest claim left the longest window (an hour) counts
+    # nothing, and retention deletes it (flow_rate_claims.prune_idle_keys).
+    last_at = models.DateTimeField(null=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"{self.key}: {len(self.times or [])} claims"

@@ -34,7 +34,7 @@ from typing import Any
 from django.db.models import Q, QuerySet
 
 from . import clock, engine, transitions
-from .conf import engine_settings
+from .conf import engine_settings, parse_rate
 from .definitions import Workflow, registry
 from .engine import RunView, Signaled, StepView
 from .models import WorkflowRun
@@ -42,6 +42,7 @@ from .runtime import executor
 from .states import RunStatus
 from .transitions import queue_state
 from .transitions.flow_claims import rate_frees_at
+from .transitions.flow_rate_claims import rate_key_frees_at
 from .values.durations import duration_seconds
 from .values.text import check_text
 
@@ -106,17 +107,21 @@ def _timed_runs(
 def rate_window_frees(
     pairs: list[tuple[str, int]], *, fact_timeouts: bool = True
 ) -> datetime | None:
-    """When the first rate-limited queue that holds back due runs of `pairs` admits one again
-    (its sliding window frees a place: docs/FLOW_CONTROL.md); None when no due run waits on
-    a rate limit."""
+    """When the first rate-limited queue or rate limit key that holds back due runs of `pairs`
+    admits one again (its sliding window frees a place: docs/FLOW_CONTROL.md); None when no
+    due run waits on a rate limit."""
     now = clock.now()
+    if not pairs:
+        return None
     limits = queue_state.limits()
     rated = [q for q, lim in limits.items() if lim.rate is not None]
-    if not rated or not pairs:
-        return None
-    due = _timed_runs(fact_timeouts, pairs).filter(available_at__lte=now, queue__in=rated)
-    queues = set(due.values_list("queue", flat=True).distinct())
-    frees = (rate_frees_at(q, limits[q], now) for q in sorted(queues))
+    due = _timed_runs(fact_timeouts, pairs).filter(available_at__lte=now)
+    queues = set(due.filter(queue__in=rated).values_list("queue", flat=True).distinct())
+    frees = [rate_frees_at(q, limits[q], now) for q in sorted(queues)]
+    keys = due.filter(rate_key__isnull=False).values_list("rate_key", "rate_limit").distinct()
+    for key, rate in sorted(set(keys)):
+        if key is not None:  # the filter's: mypy cannot see it
+            frees.append(rate_key_frees_at(key, parse_rate(rate, "rate_limit"), now))
     return min((at for at in frees if at is not None), default=None)
 
 

@@ -22,6 +22,7 @@ from ..conf import engine_settings
 from ..db.sql import p_uuid, placeholders
 from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
 from ..states import ACTIVE, FINISHED
+from ..transitions.flow_rate_claims import prune_idle_keys
 
 PRUNE_BATCH = 500  # runs per transaction, with their steps, facts and ledger rows
 RUN = WorkflowRun._meta.db_table
@@ -145,3 +146,8 @@ def delete_runs(ids: list[Any]) -> dict[str, int]:
         )
         runs = cur.rowcount
     return {"runs": runs, "steps": steps, "facts": facts, "ledger": ledger}
+
+
+# The rate limit keys' claim rows (transitions/flow_rate_claims.py): a key's row goes once its
+# newest claim is older than the retention cutoff and than the longest window (an hour).
+register_pruner("rate_keys", prune_idle_keys, retention=lambda: timedelta(days=1))

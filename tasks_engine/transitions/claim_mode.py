@@ -18,6 +18,9 @@ from . import queue_state
 # Keyed runs exist: set by this process's keyed enqueue, or by a worker's probe (`refresh`).
 # Once set, every claim of this process is guarded.
 _keyed_seen = threading.Event()
+# Runs with a rate limit key exist (the same two ways): the rate claim runs before the guarded
+# claim (flow_rate_claims.py).
+_rated_seen = threading.Event()
 _probed_at = [float("-inf")]
 
 
@@ -49,9 +52,19 @@ def note_keyed() -> None:
     _keyed_seen.set()
 
 
+def note_rate_keyed() -> None:
+    _rated_seen.set()
+    _keyed_seen.set()
+
+
+def rate_keyed_seen() -> bool:
+    return _rated_seen.is_set()
+
+
 def forget_keyed() -> None:
     """Tests only: back to the plain claim once their keyed runs are gone."""
     _keyed_seen.clear()
+    _rated_seen.clear()
     _probed_at[0] = float("-inf")
 
 
@@ -65,13 +78,15 @@ def refresh() -> None:
     runs (pending, or waiting with a due timer), so that a worker whose own workflows declare
     no key still learns of runs another process enqueued with `concurrency_key=`."""
     queue_state.current()
-    if _keyed_seen.is_set():
+    if _keyed_seen.is_set() and _rated_seen.is_set():
         return
     now = time.monotonic()
     if now - _probed_at[0] < engine_settings().poll_interval:
         return
     _probed_at[0] = now
-    from .flow_claims import any_keyed_run
+    from .flow_claims import any_keyed_run, any_rate_keyed_run
 
-    if any_keyed_run():
+    if not _rated_seen.is_set() and any_rate_keyed_run():
+        note_rate_keyed()
+    if not _keyed_seen.is_set() and any_keyed_run():
         _keyed_seen.set()

@@ -47,6 +47,14 @@ class NewRun:
     concurrency_limit: int | None = None
     queueing_key: str | None = None
     tags: dict[str, str] | None = None
+    # Debounce: due `debounce` after its enqueue, and at most `debounce_max` after it (the cap
+    # later enqueues of its window keep: debounce_until).
+    debounce_key: str | None = None
+    debounce: timedelta | None = None
+    debounce_max: timedelta | None = None
+    on_limit: str = "queue"  # what its enqueue does when its concurrency key is full
+    rate_key: str | None = None
+    rate_limit: str = ""
     id: uuid.UUID = field(default_factory=uuid.uuid4)
 
 
@@ -68,6 +76,10 @@ _COLUMNS = (
     ("concurrency_limit", "integer"),
     ("queueing_key", "text"),
     ("tags", "jsonb"),
+    ("debounce_key", "text"),
+    ("debounce_until", "timestamptz"),
+    ("rate_key", "text"),
+    ("rate_limit", "text"),
 )
 _NAMES = ", ".join(name for name, _ in _COLUMNS)
 
@@ -101,7 +113,8 @@ def _statement(conflict: str, postgres: bool, single: bool) -> str:
 
 
 def _conflict(runs: list[NewRun]) -> str:
-    if any(r.queueing_key is not None for r in runs):  # either key may be the one taken
+    if any(r.queueing_key is not None or r.debounce_key is not None for r in runs):
+        # any of the keys may be the one taken
         return " ON CONFLICT DO NOTHING"
     if any(r.idempotency_key is not None for r in runs):
         return (
@@ -128,6 +141,8 @@ def create_runs(runs: list[NewRun]) -> set[uuid.UUID]:
         sql = f"WITH created AS ({sql}) SELECT id, pg_notify(%s, queue) FROM created"
         params.append(notify.CHANNEL)
     created = {r_uuid(row[0]) for row in fetchall(sql, params)}
+    if created and any(r.rate_key is not None for r in runs):
+        claim_mode.note_rate_keyed()
     if created and any(r.concurrency_key is not None for r in runs):
         claim_mode.note_keyed()
     return created
@@ -140,25 +155,14 @@ def _deadline(run: NewRun, now: datetime) -> datetime | None:
 
 
 def _values(run: NewRun, now: datetime) -> list[Any]:
-    """A single run's parameters, in _COLUMNS' order (no tags: NULL, as `_row` leaves them)."""
+    """A single run's parameters, in _COLUMNS' order: `_row`'s values (one definition of what
+    a run's columns hold), the absent ones NULL."""
+    row = _row(run, now, postgres=True)
     return [
-        p_uuid(run.id),
-        run.task_name,
-        run.version,
-        run.queue,
-        run.priority,
-        p_json(run.input),
-        run.idempotency_key,
-        run.input_hash,
-        run.trace_id,
-        p_dt(run.available_at or now),
-        p_dt(_deadline(run, now)),
-        p_uuid(run.parent_run_id),
-        run.parent_step,
-        run.concurrency_key,
-        run.concurrency_limit,
-        run.queueing_key,
-        p_json(run.tags or None),
+        p_json(row.get(name))
+        if name == "input" or (kind == "jsonb" and name in row)
+        else row.get(name)
+        for name, kind in _COLUMNS
     ]
 
 
@@ -176,7 +180,10 @@ def _row(run: NewRun, now: datetime, postgres: bool) -> dict[str, Any]:
         "trace_id": run.trace_id,
         "parent_step": run.parent_step,
         "available_at": p_dt(run.available_at or now),
+        "rate_limit": run.rate_limit,
     }
+    if run.debounce is not None:
+        row["available_at"] = p_dt(now + run.debounce)
     # SQLite stores JSON as Django writes it (json.dumps), and reads `->>` of a JSON string as
     # its text: the document goes in as that text.
     row["input"] = run.input if postgres else json.dumps(run.input)
@@ -189,6 +196,9 @@ def _row(run: NewRun, now: datetime, postgres: bool) -> dict[str, Any]:
         "concurrency_key": run.concurrency_key,
         "concurrency_limit": run.concurrency_limit,
         "queueing_key": run.queueing_key,
+        "debounce_key": run.debounce_key,
+        "debounce_until": p_dt(now + run.debounce_max) if run.debounce_max else None,
+        "rate_key": run.rate_key,
     }
     row.update((k, v) for k, v in optional.items() if v is not None)
     return row

@@ -3,9 +3,11 @@
 `enqueue` and `enqueue_many` hand their checked runs to `answer`, which inserts them through
 `transitions.create_runs` (one statement per chunk) and resolves those not inserted: an
 idempotency key another run holds with the same input (that run, deduplicated; with another
-input, `IdempotencyConflict`), or a queueing key that a queued run holds (that run). Items of
-one call that repeat a key are answered by the first of them, as if enqueued one after the
-other.
+input, `IdempotencyConflict`), a queueing key that a queued run holds (that run), or a
+debounce key whose window's run is still queued (that run, given the new input and due time).
+Items of one call that repeat a key are answered by the first of them, as if enqueued one
+after the other (a debounce key's first item takes the last one's input). Runs whose workflow
+says `on_limit="cancel_new"` or `"cancel_running"` go through key_limits.py.
 """
 
 from __future__ import annotations
@@ -13,14 +15,23 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
+from django.db import transaction
+
+from .. import clock
+from ..db.sql import fetchall, p_dt, p_json, query, r_uuid
 from ..exceptions import IdempotencyConflict
 from ..models import QUEUED, WorkflowRun
+from . import key_limits
 from .creating import NewRun, create_runs
 
 # A key is taken by a row that a concurrent transaction may yet end (committed, the queued run
 # claimed): the insert waits for it, and the lookup then finds the holder, or nothing and the
 # insert is tried again.
 TAKEN_TRIES = 5
+# A debounce key's window run can be claimed between the insert that found it and the update
+# that would extend it, at each try: under a stream of enqueues and claims of one key (a
+# window of 0), every try makes progress fleet-wide, but this one may lose several in a row.
+DEBOUNCE_TRIES = 50
 CHUNK = 5000  # runs per INSERT
 LOOKUP_CHUNK = 900  # keys per lookup: under SQLite's bound on a statement's parameters
 
@@ -29,10 +40,23 @@ Answer = tuple[uuid.UUID, bool]  # (run id, deduplicated)
 
 def answer(task_name: str, runs: list[NewRun]) -> list[Answer]:
     """Insert `runs` (all of task `task_name`) and answer each: (run id, deduplicated)."""
+    strategic = [r for r in runs if r.on_limit != "queue" and r.concurrency_key is not None]
+    if not strategic:
+        return _answer(task_name, runs)
+    with transaction.atomic():  # the keys' enqueues serialised until the cancels commit
+        key_limits.lock_keys({r.concurrency_key for r in strategic if r.concurrency_key})
+        answers = _answer(task_name, runs)
+        created = {run_id for run_id, deduplicated in answers if not deduplicated}
+        key_limits.apply_on_limit([r for r in strategic if r.id in created])
+    return answers
+
+
+def _answer(task_name: str, runs: list[NewRun]) -> list[Answer]:
     answers: list[Answer | None] = [None] * len(runs)
     repeats = _repeats(task_name, runs)
     todo = [i for i in range(len(runs)) if i not in repeats]
-    for _ in range(TAKEN_TRIES):
+    tries = DEBOUNCE_TRIES if any(r.debounce_key is not None for r in runs) else TAKEN_TRIES
+    for _ in range(tries):
         for chunk in _chunks(todo, CHUNK):
             created = create_runs([runs[i] for i in chunk])
             for i in chunk:
@@ -43,13 +67,14 @@ def answer(task_name: str, runs: list[NewRun]) -> list[Answer]:
             break
         _held_by_idempotency_key(task_name, runs, todo, answers)
         _held_by_queueing_key(runs, todo, answers)
+        _held_by_debounce_key(task_name, runs, todo, answers)
         todo = [i for i in todo if answers[i] is None]
         if not todo:
             break
     if todo:
         raise RuntimeError(
             f"enqueue of {task_name}: a key stayed taken by runs that were gone when looked up"
-            f" ({TAKEN_TRIES} tries)"
+            f" ({tries} tries)"
         )
     for i, first in repeats.items():
         found = answers[first]
@@ -64,9 +89,10 @@ def _repeats(task_name: str, runs: list[NewRun]) -> dict[int, int]:
     another input."""
     first_with_key: dict[str, int] = {}
     first_queued: dict[str, int] = {}
+    first_debounced: dict[str, int] = {}
     repeats: dict[int, int] = {}
     for i, run in enumerate(runs):
-        key, queueing = run.idempotency_key, run.queueing_key
+        key, queueing, debounced = run.idempotency_key, run.queueing_key, run.debounce_key
         if key is not None and (j := first_with_key.get(key)) is not None:
             if runs[j].input_hash != run.input_hash:
                 raise IdempotencyConflict(
@@ -76,11 +102,16 @@ def _repeats(task_name: str, runs: list[NewRun]) -> dict[int, int]:
             repeats[i] = j
         elif queueing is not None and (j := first_queued.get(queueing)) is not None:
             repeats[i] = j
+        elif debounced is not None and (j := first_debounced.get(debounced)) is not None:
+            repeats[i] = j
+            runs[j].input, runs[j].input_hash = run.input, run.input_hash  # the last one's
         else:
             if key is not None:
                 first_with_key[key] = i
             if queueing is not None:
                 first_queued[queueing] = i
+            if debounced is not None:
+                first_debounced[debounced] = i
     return repeats
 
 
@@ -120,6 +151,33 @@ def _held_by_queueing_key(
         holder = holders.get(key)
         if holder is not None:
             answers[i] = (holder, True)
+
+
+def _held_by_debounce_key(
+    task_name: str, runs: list[NewRun], todo: list[int], answers: list[Answer | None]
+) -> None:
+    """The queued run of each debounce key's window, given the enqueue's input and its due
+    time pushed back (`debounce_extend`: to `debounce` from now, at most its debounce_until).
+    The update finds the run only while it is still queued: under the row lock (PostgreSQL;
+    SQLite has one writer), so a run a claim took meanwhile is left alone, and the enqueue
+    inserts the next window's run on its next try."""
+    for i in todo:
+        run = runs[i]
+        if answers[i] is not None or run.debounce_key is None or run.debounce is None:
+            continue
+        now = clock.now()
+        params = {
+            "input": p_json(run.input),
+            "input_hash": run.input_hash,
+            "version": run.version,
+            "due": p_dt(now + run.debounce),
+            "now": p_dt(now),
+            "task_name": task_name,
+            "key": run.debounce_key,
+        }
+        found = fetchall(query("debounce_extend"), params)
+        if found:
+            answers[i] = (r_uuid(found[0][0]), True)
 
 
 def _chunks[T](items: list[T], size: int) -> Iterator[list[T]]:

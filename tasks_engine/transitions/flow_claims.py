@@ -15,17 +15,17 @@ cannot admit too many.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from collections import Counter
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
 
 from .. import clock
-from ..conf import QueueLimits, engine_settings
-from ..db.sql import execute, fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
-from ..models import Queue, QueueClaim
-from . import claim_mode
+from ..conf import QueueLimits
+from ..db.sql import fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
+from . import claim_mode, queue_rooms
 from ._common import Claimed
 from .claims import (
     _COLUMNS,
@@ -36,6 +36,10 @@ from .claims import (
     returning_claimed,
 )
 from .flow_claims_pg import claim_guarded_pg
+from .flow_rate_claims import claim_rate_keyed
+from .queue_rooms import rate_frees_at
+
+__all__ = ["claim_guarded", "rate_frees_at"]
 
 BIG = 1 << 30
 
@@ -60,7 +64,26 @@ def any_keyed_run() -> bool:
     return bool(fetchall(query("flow_any_keyed"), {"now": p_dt(clock.now())}))
 
 
+def any_rate_keyed_run() -> bool:
+    """Whether a run with a rate limit key is pending, or waiting with a due timer."""
+    return bool(fetchall(query("flow_any_rated"), {"now": p_dt(clock.now())}))
+
+
 def claim_guarded(req: ClaimRequest) -> list[Claimed]:
+    """Rate-keyed runs first (flow_rate_claims.py: self-limiting, they cannot crowd the rest
+    out for longer than their limits allow; after the others, a backlog would starve them),
+    then the guarded claim for the places left."""
+    if not claim_mode.rate_keyed_seen():
+        return _claim_guarded(req)
+    rated = claim_rate_keyed(req)
+    if len(rated) >= req.limit:
+        return rated
+    taken = Counter(c.run.queue for c in rated)
+    room = tuple((q, n - taken[q]) for q, n in req.worker_room)
+    return rated + _claim_guarded(replace(req, limit=req.limit - len(rated), worker_room=room))
+
+
+def _claim_guarded(req: ClaimRequest) -> list[Claimed]:
     limited = claim_mode.limited_queues(req.queues)
     if is_postgres():
         return claim_guarded_pg(req, limited, clock.now())
@@ -68,7 +91,7 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
         now = clock.now()  # the lease starts once the write lock is held
         params = _claim_params(req, now)
         keys = dict(_candidate_keys(req, params)[: req.limit])
-        rooms = {q: _queue_room(q, lim, now) for q, lim in limited.items()}
+        rooms = {q: queue_rooms.queue_room(q, lim, now) for q, lim in limited.items()}
         queue_room = {q: room for q, (room, _log) in rooms.items()}
         logs = {q: log for q, (_room, log) in rooms.items() if log is not None}
         key_room = _key_room(keys)
@@ -82,7 +105,7 @@ def claim_guarded(req: ClaimRequest) -> list[Claimed]:
         sql = query("flow_claim_update").format(columns=_COLUMNS)
         ids = json.dumps([p_uuid(c.id) for c in chosen])
         claimed = returning_claimed(sql, {**params, "ids": ids}, req.worker_id)
-        _log_claims([c for c in chosen if c.src], logs)
+        queue_rooms.log_claims([(c.queue, c.src) for c in chosen], logs)
     return claimed
 
 
@@ -109,77 +132,6 @@ def _key_room(keys: dict[str, int]) -> dict[str, int]:
     rows = fetchall(query("flow_key_running"), {"keys": json.dumps(list(keys))})
     running = {k: int(n) for k, n in rows}
     return {k: lim - running.get(k, 0) for k, lim in keys.items()}
-
-
-# -- queues -----------------------------------------------------------------------------------
-
-
-def _queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _Log | None]:
-    """How many more of the queue's runs may start now: its concurrency less its running
-    runs, and its rate less the claims logged in the window ending now (a sliding window);
-    and, for a rate-limited queue, where its log stands."""
-    room = BIG
-    # The override as it is now, under the write lock: a lowered limit admits no run the
-    # snapshot's older value would (queue_state.py).
-    concurrency = Queue.objects.filter(name=queue).values_list("concurrency", flat=True).first()
-    if concurrency is None:
-        concurrency = engine_settings().queues.get(queue, QueueLimits()).concurrency
-    if concurrency is not None:
-        (n,) = fetchall(query("flow_queue_running"), {"queue": queue})[0]
-        room = concurrency - int(n)
-    if limits.rate is None:
-        return room, None
-    count, window = limits.rate
-    since = p_dt(now - timedelta(seconds=window))
-    last = fetchall(query("flow_log_last"), {"queue": queue})
-    oldest = fetchall(query("flow_log_oldest"), {"queue": queue, "since": since})
-    used = int(last[0][0]) - int(oldest[0][0]) + int(oldest[0][1]) if last and oldest else 0
-    execute(query("flow_log_prune"), {"queue": queue, "since": since})
-    # Times never go back along a queue's log (a worker whose clock is behind records the
-    # latest), so the rows in a window are always the last ones.
-    at = max(now, r_dt(last[0][1])) if last else now
-    return min(room, count - used), _Log(int(last[0][0]) if last else 0, at)
-
-
-def rate_frees_at(queue: str, limits: QueueLimits, now: datetime) -> datetime | None:
-    """When the queue's rate limit next admits a run: None when it has room now (or has no
-    rate limit); else the time the log row whose leaving brings the runs counted in the
-    window below the limit leaves it. A row counts while `claimed_at > now - window` (as
-    `_queue_room` counts: the runs from the oldest in-window row's first to the newest's
-    `seq`), so it leaves at `claimed_at + window`. For the tester's clock (testing.drain)."""
-    if limits.rate is None:
-        return None
-    count, window = limits.rate
-    rows = list(
-        QueueClaim.objects.filter(queue=queue, claimed_at__gt=now - timedelta(seconds=window))
-        .order_by("seq")
-        .values_list("seq", "claims", "claimed_at")
-    )
-    if not rows:
-        return None
-    newest = rows[-1][0]
-    leaving: datetime | None = None
-    for seq, claims, at in rows:  # each row in turn the window's oldest
-        if newest - seq + claims < count:
-            break
-        leaving = at
-    return None if leaving is None else leaving + timedelta(seconds=window)
-
-
-@dataclass(frozen=True)
-class _Log:
-    seq: int  # the queue's newest log row's sequence number (0: none)
-    at: datetime  # the time its next rows record
-
-
-def _log_claims(chosen: list[Candidate], logs: dict[str, _Log]) -> None:
-    for q, log in logs.items():
-        n = sum(1 for c in chosen if c.queue == q)
-        if n:
-            execute(
-                query("flow_log_add"),
-                {"queue": q, "seq": log.seq + n, "claims": n, "at": p_dt(log.at)},
-            )
 
 
 # -- candidates -------------------------------------------------------------------------------
@@ -215,13 +167,20 @@ def _candidates(
     not_ours = " AND id NOT IN (SELECT value FROM json_each(%(not_these)s))"
     pick("running", 0, not_ours, req.limit)
     free = (
-        " AND concurrency_key IS NULL AND queue NOT IN (SELECT value FROM json_each(%(limited)s))"
+        " AND concurrency_key IS NULL AND rate_key IS NULL"
+        " AND queue NOT IN (SELECT value FROM json_each(%(limited)s))"
     )
     for status, src in (("waiting", 1), ("pending", 2)):
         pick(status, src, free, req.limit)
         for q, room in queue_room.items():
             if room > 0:
-                pick(status, src, " AND concurrency_key IS NULL AND queue = %(q)s", room, q=q)
+                pick(
+                    status,
+                    src,
+                    " AND concurrency_key IS NULL AND rate_key IS NULL AND queue = %(q)s",
+                    room,
+                    q=q,
+                )
         for k, room in key_room.items():
             if room > 0:
                 pick(status, src, " AND concurrency_key = %(k)s", min(room, req.limit), k=k)

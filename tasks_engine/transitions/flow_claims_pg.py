@@ -316,10 +316,11 @@ def _claim_statement(
             f" ORDER BY {order} LIMIT {limit} {lock}"
         )
 
-    free = " AND concurrency_key IS NULL AND queue <> ALL(%s::text[])"
+    # Runs with a rate key are the rate claim's (flow_rate_claims.py), in none of these.
+    free = " AND concurrency_key IS NULL AND rate_key IS NULL AND queue <> ALL(%s::text[])"
     # Due timers are few: one source for all queues, those of full queues left out.
     woken = (
-        " AND concurrency_key IS NULL AND (queue <> ALL(%s::text[])"
+        " AND concurrency_key IS NULL AND rate_key IS NULL AND (queue <> ALL(%s::text[])"
         " OR queue IN (SELECT q FROM queues WHERE room > 0))"
     )
     # The rate log: rows older than their queue's window pruned (by its index), one row per
@@ -349,7 +350,7 @@ def _claim_statement(
         if rated
         else ""
     )
-    per_queue = " AND concurrency_key IS NULL AND queue = queues.q"
+    per_queue = " AND concurrency_key IS NULL AND rate_key IS NULL AND queue = queues.q"
     # A queue's worker_concurrency caps every run of it this worker takes, a retaken expired
     # lease too (which the queue's fleet-wide room leaves out: it is running already). Its
     # runs come best first, expired leases ahead, so the cap keeps a prefix of them.

@@ -251,6 +251,42 @@ def check_queueing_keys() -> list[str]:
     ]
 
 
+def check_debounce_windows() -> list[str]:
+    """At most one queued run per (workflow, debounce key): one window at a time."""
+    queued = (
+        WorkflowRun.objects.filter(debounce_key__isnull=False, **QUEUED)
+        .values("task_name", "debounce_key")
+        .annotate(n=Count("id"))
+    )
+    return [
+        f"debounce key {r['debounce_key']!r} of {r['task_name']}: {r['n']} queued runs"
+        for r in queued
+        if r["n"] > 1
+    ]
+
+
+def check_answered_by_window(run_id: Any, key: str, stored_input: Any) -> list[str]:
+    """An enqueue that a debounced run answered: that run is the key's queued one, and holds
+    the enqueue's input (the last one's, until the next enqueue or its claim)."""
+    run = WorkflowRun.objects.filter(pk=run_id).values("status", "started_at", "input").first()
+    if not WorkflowRun.objects.filter(pk=run_id, debounce_key=key, **QUEUED).exists():
+        return [f"an enqueue with debounce key {key!r} was answered by run {run_id}: {run}"]
+    if run is None or run["input"] != stored_input:
+        return [f"debounced run {run_id} holds {run and run['input']}, not {stored_input}"]
+    return []
+
+
+def check_rate_claims(times: list[float], count: int, window: float) -> list[str]:
+    """At most `count` claims (the fake clock's seconds) in any window of `window` seconds:
+    any count + 1 consecutive claims span at least the window."""
+    times = sorted(times)
+    return [
+        f"rate key: {count + 1} claims within {window} s: {times[i : i + count + 1]}"
+        for i in range(len(times) - count)
+        if times[i + count] - times[i] < window
+    ]
+
+
 def check_answered_by_queued(run_id: Any, key: str) -> list[str]:
     """An enqueue that a run with its queueing key answered: that run is the key's queued one."""
     if WorkflowRun.objects.filter(pk=run_id, queueing_key=key, **QUEUED).exists():

@@ -93,6 +93,11 @@ Invariants, after every rule (invariants.py)
     runs share one key of limit 1; the claims are the guarded claim once one is enqueued)
   - a queueing key has at most one queued run (pending, never started, not an operator's
     retry), and an enqueue that a run with the key answered was answered by that queued run
+  - debounce (sim-debounced): at most one queued run per window, and an enqueue the window's
+    run answered was answered by that queued run, which then holds its input; on_limit
+    (sim-cancel-new, sim-cancel-running: keys of limit 1) under the flow limits above; a rate
+    per key (sim-rated): no more than RATE_COUNT claims that start its runs in any
+    RATE_WINDOW by the fake clock
   - reap: a worker row reaped beat more than DEAD_WORKER_SECONDS ago, one kept beat less; a
     reaped worker's running runs are claimable at once (lease expiry now: the claim's
     expired-lease source), not at lease expiry; a kept worker's runs keep their lease
@@ -136,7 +141,7 @@ from hypothesis.stateful import (
 )
 
 import tasks_engine
-from tasks_engine import transitions
+from tasks_engine import testing, transitions
 from tasks_engine.conf import engine_settings
 from tasks_engine.db.sql import db_clock
 from tasks_engine.exceptions import (
@@ -160,17 +165,20 @@ from .invariants import (
     CompletedSteps,
     RunRow,
     check_answered_by_queued,
+    check_answered_by_window,
     check_atomic_writes,
     check_attempts,
     check_cancel_promises,
     check_cancels,
     check_completed_steps,
     check_deadlines,
+    check_debounce_windows,
     check_flow_limits,
     check_log,
     check_outcomes,
     check_queueing_keys,
     check_quiescent,
+    check_rate_claims,
     check_step_timeouts,
     check_steps_after_cancel,
     check_timed_bodies,
@@ -180,7 +188,17 @@ from .invariants import (
     reset_tables,
     snapshot,
 )
-from .workflows import FACT, FACT_PAYLOAD, QUEUEING_KEY, TIMEOUT_SECONDS
+from .workflows import (
+    DEBOUNCE_KEY,
+    FACT,
+    FACT_PAYLOAD,
+    QUEUEING_KEY,
+    RATE_COUNT,
+    RATE_KEY,
+    RATE_WINDOW,
+    TIMEOUT_SECONDS,
+    SimInput,
+)
 
 LEASE_SECONDS = 30.0
 DEFERRED_MAX_AGE = 0.5  # the heartbeat sends deferred completions older than this
@@ -228,6 +246,13 @@ SHAPES: dict[str, Shape] = {
     "bad-nul": Shape("sim-bad-value", {"bad": "nul"}, "unstorable-step-result"),
     "bad-set": Shape("sim-bad-value", {"bad": "set"}, "unstorable-step-result"),
     "keyed": Shape("sim-keyed"),
+    # Issue 46: enqueues of one debounce key collapse into the window's run (its input the
+    # last one's); full keys that cancel the new run or the running one; a rate per key.
+    "debounced": Shape("sim-debounced", {"op": "first"}),
+    "debounced-again": Shape("sim-debounced", {"op": "second"}),
+    "cancel-new": Shape("sim-cancel-new"),
+    "cancel-running": Shape("sim-cancel-running"),
+    "rated": Shape("sim-rated"),
     "narrow": Shape("sim-narrow"),
     "queued": Shape("sim-steps", queueing_key=QUEUEING_KEY),
     # The same key with another input: the queued run answers whatever the input.
@@ -283,6 +308,7 @@ class SimWorker:
         # What Registration reads of its worker process.
         self.pairs = env().pairs
         self.config = SimpleNamespace(concurrency=CONCURRENCY)
+        self.concurrency = CONCURRENCY  # fleet.Registration reads it off the process itself
         self.registration = fleet.Registration(self)  # type: ignore[arg-type]
         self.heartbeat = _heartbeat(self)
 
@@ -428,6 +454,7 @@ class EngineSimulation(RuleBasedStateMachine):
         self.known_runs: set[uuid.UUID] = set()
         self.attempts: list[Attempt] = []
         self.enqueued = 0
+        self.rate_claims: list[float] = []  # fake-clock times of claims that started sim-rated
         self.disrupted: Counter[uuid.UUID] = Counter()  # kills and lost leases, per run
         self.outages: Counter[uuid.UUID] = Counter()  # attempts ended by a database error
         self.retried: Counter[uuid.UUID] = Counter()  # operator retries, per run
@@ -464,6 +491,13 @@ class EngineSimulation(RuleBasedStateMachine):
             spec.task, spec.input, queueing_key=spec.queueing_key, deadline_at=deadline_at
         )
         self.enqueued += 1
+        if spec.task == "sim-debounced":
+            STATS["debounced enqueues"] += 1
+            if res.deduplicated:
+                STATS["debounced enqueues a window's run answered"] += 1
+                stored = {**SimInput().model_dump(mode="json"), **(spec.input or {})}
+                answered = check_answered_by_window(res.run_id, DEBOUNCE_KEY, stored)
+                self._report("debounce", answered)
         if spec.queueing_key is not None:
             STATS["enqueues with a queueing key"] += 1
             if res.deduplicated:
@@ -828,6 +862,8 @@ class EngineSimulation(RuleBasedStateMachine):
         self._report("no-lost-wakeup", check_waits(state))
         self._report("flow-limits", check_flow_limits())
         self._report("queueing-key", check_queueing_keys())
+        self._report("debounce", check_debounce_windows())
+        self._report("rate-key", check_rate_claims(self.rate_claims, RATE_COUNT, RATE_WINDOW))
         self._report("completed-steps-stable", self.completed_steps.check(state))
         self._report("run-outcomes", check_outcomes(state, self.disrupted, self.pruned))
         self._report("timed-body-not-completed", check_timed_bodies(state, self.log))
@@ -886,11 +922,21 @@ class EngineSimulation(RuleBasedStateMachine):
 
     def _claim(self, worker: SimWorker) -> bool:
         held = tuple(a.run_id for a in worker.live())  # as worker/loop.py passes its slots' runs
+        # The rate key's runs that a claim now would start (not retake: a reclaim of an
+        # expired lease is not counted), to record the claims of them it makes.
+        startable = set(
+            WorkflowRun.objects.filter(
+                rate_key=RATE_KEY, status__in=["pending", "waiting"]
+            ).values_list("pk", flat=True)
+        )
         claimed = transitions.claim_runs(
             worker.id, self.env.pairs, worker.queues, 1, LEASE_SECONDS, held
         )
         for item in claimed:
             run_id = item.lease.run_id
+            if run_id in startable:
+                STATS["claims of a rate key's runs"] += 1
+                self.rate_claims.append(self.env.clock.now().timestamp())
             if run_id in self.released:
                 self.released.discard(run_id)
                 STATS["runs retaken after a reap"] += 1
@@ -981,6 +1027,10 @@ class EngineSimulation(RuleBasedStateMachine):
                 # its place held by a crashed worker's run): wait for the next thing that comes
                 # due, such as that lease's expiry.
                 due = next_due(("pending", "waiting", "running"), after=self.env.clock.current)
+                # Or a due run its rate key holds back: when the key's window frees a place.
+                frees = testing.rate_window_frees(self.env.pairs)
+                if frees is not None and (due is None or frees < due):
+                    due = frees
                 if due is None:
                     return
                 self.env.clock.jump_to(due)

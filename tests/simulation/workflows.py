@@ -36,6 +36,17 @@ STEP_RETRY = RetryPolicy(max_attempts=3, initial_interval=1.0, max_interval=4.0)
 SIM_KEY = "sim-disk"  # sim-keyed's concurrency key
 QUEUEING_KEY = "sim-scan"  # the "queued" shape's queueing key (machine.py)
 KEY_LIMIT = 1
+# Debounce, on_limit and rate limits per key (issue 46): sim-debounced's key and window,
+# sim-cancel-new's and sim-cancel-running's concurrency keys (limit 1), sim-rated's key and
+# rate (RATE_COUNT claims per RATE_WINDOW seconds).
+DEBOUNCE_KEY = "sim-window"
+DEBOUNCE_SECONDS = 5.0
+DEBOUNCE_MAX_SECONDS = 12.0
+CANCEL_NEW_KEY = "sim-new"
+CANCEL_RUNNING_KEY = "sim-old"
+RATE_KEY = "sim-rate"
+RATE_COUNT = 2
+RATE_WINDOW = 60.0
 NARROW_QUEUE = "sim-narrow"  # sim-narrow's queue: at most NARROW_LIMIT of its runs running
 NARROW_LIMIT = 1
 # sim-timed's step "t": its timeout (the machine's clock moves by 0.6, 5, 11 and 31 s) and its
@@ -247,6 +258,32 @@ def sim_narrow(ctx: TaskContext) -> str:
     return step(ctx, "b", a)
 
 
+def _two_steps_and_a_nap(ctx: TaskContext) -> str:
+    a = step(ctx, "a")
+    ctx.step.sleep("nap", SLEEP_SECONDS)
+    return step(ctx, "b", a)
+
+
+def sim_debounced(ctx: TaskContext) -> str:
+    """Debounce: its enqueues inside the window collapse into one queued run."""
+    return _two_steps_and_a_nap(ctx)
+
+
+def sim_cancel_new(ctx: TaskContext) -> str:
+    """on_limit="cancel_new": an enqueue while its key holds a run ends canceled at once."""
+    return _two_steps_and_a_nap(ctx)
+
+
+def sim_cancel_running(ctx: TaskContext) -> str:
+    """on_limit="cancel_running": an enqueue cancels the key's run and takes its place."""
+    return _two_steps_and_a_nap(ctx)
+
+
+def sim_rated(ctx: TaskContext) -> str:
+    """A rate limit per key: at most RATE_COUNT claims of its key per RATE_WINDOW seconds."""
+    return _two_steps_and_a_nap(ctx)
+
+
 def sim_bad_value(ctx: TaskContext) -> Any:
     return ctx.step.run("a", lambda: _bad_body(ctx))
 
@@ -302,6 +339,31 @@ DEFINITIONS: list[tuple[Callable[[TaskContext], Any], dict[str, Any], Expect]] =
         Expect(frozenset({"ab"}), ("a", "b")),
     ),
     (sim_narrow, {"queue": NARROW_QUEUE}, Expect(frozenset({"ab"}), ("a", "b"))),
+    (
+        sim_debounced,
+        {
+            "input": SimInput,
+            "debounce": timedelta(seconds=DEBOUNCE_SECONDS),
+            "debounce_key": DEBOUNCE_KEY,
+            "debounce_max": timedelta(seconds=DEBOUNCE_MAX_SECONDS),
+        },
+        Expect(frozenset({"ab"}), ("a", "b")),
+    ),
+    (
+        sim_cancel_new,
+        {"concurrency_key": CANCEL_NEW_KEY, "on_limit": "cancel_new"},
+        Expect(frozenset({"ab"}), ("a", "b")),
+    ),
+    (
+        sim_cancel_running,
+        {"concurrency_key": CANCEL_RUNNING_KEY, "on_limit": "cancel_running"},
+        Expect(frozenset({"ab"}), ("a", "b")),
+    ),
+    (
+        sim_rated,
+        {"rate_limit": f"{RATE_COUNT}/m", "rate_limit_key": RATE_KEY},
+        Expect(frozenset({"ab"}), ("a", "b")),
+    ),
 ]
 
 

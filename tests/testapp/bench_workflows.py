@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from functools import partial
 
 from tasks_engine import TaskContext, workflow
@@ -18,3 +19,13 @@ def bench_ten_steps(ctx: TaskContext) -> int:
     for i in range(10):
         total += ctx.step.run(f"step-{i}", partial(int, i))
     return total
+
+
+# bench/key_flow.py: enqueues with a debounce key (a window per key) against without.
+@workflow(
+    name="bench_debounced",
+    debounce=timedelta(seconds=60),
+    debounce_key=lambda inp: str(inp.get("k", "")) or "none",
+)
+def bench_debounced(ctx: TaskContext) -> None:
+    ctx.step.run("noop", lambda: None)

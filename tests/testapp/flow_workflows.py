@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -22,6 +23,7 @@ class Job(BaseModel):
     sleep: float = 0.0  # a durable sleep first (the run waits, holding no place)
     touch: str = ""  # a file the step creates when it starts
     await_path: str = ""  # a file the step waits for (another run's `touch`) before it ends
+    n: int = 0  # which enqueue this input was (debounce: the run starts with the last one's)
 
 
 def _work(ctx: TaskContext) -> dict:
@@ -36,6 +38,7 @@ def _work(ctx: TaskContext) -> dict:
                 event=event,
                 run=str(ctx.run_id),
                 key=inp.disk,
+                n=inp.n,
                 q=ctx.queue,
                 pid=os.getpid(),
             )
@@ -79,4 +82,53 @@ def flow_rated(ctx: TaskContext) -> dict:
 
 @workflow(name="flow-scan", input=Job, queueing_key=lambda inp: f"scan:{inp.disk}")
 def flow_scan(ctx: TaskContext) -> dict:
+    return _work(ctx)
+
+
+# Debounce, on_limit and per-key rate limits (tests/engine/transitions/test_debounce.py,
+# test_key_limits.py, tests/process/test_key_flow.py).
+@workflow(
+    name="flow-debounce",
+    input=Job,
+    debounce=timedelta(seconds=0.3),
+    debounce_key=lambda inp: f"d:{inp.disk}",
+)
+def flow_debounce(ctx: TaskContext) -> dict:
+    return _work(ctx)
+
+
+@workflow(
+    name="flow-debounce-max",
+    input=Job,
+    debounce=timedelta(seconds=10),
+    debounce_key=lambda inp: f"d:{inp.disk}",
+    debounce_max=timedelta(seconds=25),
+)
+def flow_debounce_max(ctx: TaskContext) -> dict:
+    return _work(ctx)
+
+
+@workflow(
+    name="flow-cancel-new",
+    input=Job,
+    concurrency_key=lambda inp: f"new:{inp.disk}",
+    on_limit="cancel_new",
+)
+def flow_cancel_new(ctx: TaskContext) -> dict:
+    return _work(ctx)
+
+
+@workflow(
+    name="flow-cancel-running",
+    input=Job,
+    concurrency_key=lambda inp: f"old:{inp.disk}",
+    concurrency_limit=2,
+    on_limit="cancel_running",
+)
+def flow_cancel_running(ctx: TaskContext) -> dict:
+    return _work(ctx)
+
+
+@workflow(name="flow-key-rate", input=Job, rate_limit="2/s", rate_limit_key=lambda inp: inp.disk)
+def flow_key_rate(ctx: TaskContext) -> dict:
     return _work(ctx)

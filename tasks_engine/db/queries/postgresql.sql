@@ -85,11 +85,13 @@ expired AS (
     ORDER BY available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), woken AS (
     SELECT id, 1 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}{paused}
+    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL
+      AND rate_key IS NULL{filters}{paused}
     ORDER BY available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}{paused}
+    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL
+      AND rate_key IS NULL{filters}{paused}
     ORDER BY priority DESC, available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 
@@ -170,3 +172,43 @@ SET status = 'pending', available_at = %(now)s, updated_at = %(now)s,
     unreached_steps = '[]', awaited = %(awaited)s, retries = v.retries
 FROM json_to_recordset(%(rows)s::json) AS v(id uuid, pass_offset integer, retries jsonb)
 WHERE r.id = v.id
+
+-- debounce_extend --
+-- A debounce key's queued run (run_debounce_key_unique's row) takes an enqueue's input and becomes due %(due)s, or its debounce_until if that is sooner; only while it is still queued (a claimed run is the last window's: the enqueue inserts the next one).
+UPDATE tasks_engine_workflowrun
+SET input = %(input)s::jsonb, input_hash = %(input_hash)s, version = %(version)s,
+    available_at = CASE WHEN debounce_until IS NOT NULL AND debounce_until < %(due)s
+                        THEN debounce_until ELSE %(due)s END,
+    updated_at = %(now)s
+WHERE task_name = %(task_name)s AND debounce_key = %(key)s AND status = 'pending'
+  AND started_at IS NULL AND retries IS NULL
+RETURNING id
+
+-- flow_any_rated --
+-- Whether a run with a rate limit key is pending, or waiting with a due timer.
+SELECT 1 FROM tasks_engine_workflowrun WHERE status = 'pending' AND rate_key IS NOT NULL
+UNION ALL SELECT 1 FROM tasks_engine_workflowrun
+WHERE status = 'waiting' AND available_at <= %(now)s AND rate_key IS NOT NULL LIMIT 1
+
+-- flow_queue_running --
+-- Running runs of a queue (the rate claim's count of a limited queue, as SQLite's guarded claim counts it: flow_claims.queue_room).
+SELECT COUNT(*) FROM tasks_engine_workflowrun WHERE status = 'running' AND queue = %(queue)s
+
+-- flow_log_prune --
+-- A rate-limited queue's claim log: the claims that left the window ending now.
+DELETE FROM tasks_engine_queueclaim WHERE queue = %(queue)s AND claimed_at <= %(since)s
+
+-- flow_log_last --
+-- A queue's newest log row: its sequence number and time.
+SELECT seq, claimed_at FROM tasks_engine_queueclaim WHERE queue = %(queue)s
+ORDER BY seq DESC LIMIT 1
+
+-- flow_log_oldest --
+-- The queue's oldest claim inside the window: its sequence number and its run count (times never go back along the sequence, so the window's rows are the last ones).
+SELECT seq, claims FROM tasks_engine_queueclaim WHERE queue = %(queue)s AND claimed_at > %(since)s
+ORDER BY claimed_at, seq LIMIT 1
+
+-- flow_log_add --
+-- One log row for a claim's runs of one queue: the sequence number of its last run, and how many it started.
+INSERT INTO tasks_engine_queueclaim (queue, seq, claims, claimed_at)
+VALUES (%(queue)s, %(seq)s, %(claims)s, %(at)s)

@@ -43,11 +43,13 @@ WITH expired AS (
     ORDER BY available_at LIMIT %(limit)s
 ), woken AS (
     SELECT id, 1 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}{paused}
+    WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL
+      AND rate_key IS NULL{filters}{paused}
     ORDER BY available_at LIMIT %(limit)s
 ), due AS (
     SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL{filters}{paused}
+    WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL
+      AND rate_key IS NULL{filters}{paused}
     ORDER BY priority DESC, available_at LIMIT %(limit)s
 )
 UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = lower(hex(randomblob(16))),
@@ -176,3 +178,21 @@ SET status = 'pending', available_at = %(now)s, updated_at = %(now)s,
     retries = v.value ->> '$.retries'
 FROM json_each(%(rows)s) AS v
 WHERE tasks_engine_workflowrun.id = v.value ->> '$.id'
+
+-- debounce_extend --
+-- A debounce key's queued run (run_debounce_key_unique's row) takes an enqueue's input and becomes due %(due)s, or its debounce_until if that is sooner; only while it is still queued (a claimed run is the last window's: the enqueue inserts the next one).
+UPDATE tasks_engine_workflowrun
+SET input = %(input)s, input_hash = %(input_hash)s, version = %(version)s,
+    available_at = CASE WHEN debounce_until IS NOT NULL AND debounce_until < %(due)s
+                        THEN debounce_until ELSE %(due)s END,
+    updated_at = %(now)s
+WHERE task_name = %(task_name)s AND debounce_key = %(key)s AND status = 'pending'
+  AND started_at IS NULL AND retries IS NULL
+RETURNING id
+
+-- flow_any_rated --
+-- Whether a run with a rate limit key is pending, or waiting with a due timer.
+SELECT 1 FROM tasks_engine_workflowrun WHERE status = 'pending' AND rate_key IS NOT NULL
+UNION ALL SELECT 1 FROM tasks_engine_workflowrun
+WHERE status = 'waiting' AND available_at <= %(now)s AND rate_key IS NOT NULL LIMIT 1
+

@@ -68,6 +68,11 @@ class Command(OneLineErrors, BaseCommand):
         p.add_argument(
             "--queueing-key", help="while a run with this key waits to start, answer that run"
         )
+        p.add_argument(
+            "--debounce-key",
+            help="the debounce key (a workflow with debounce=): while its window's run waits,"
+            " give it this input",
+        )
         p.add_argument("--priority", type=int, help="higher runs first (default: workflow's)")
         p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -218,6 +223,7 @@ class Command(OneLineErrors, BaseCommand):
             version=int(version) if at else None,
             idempotency_key=o["idempotency_key"],
             queueing_key=o["queueing_key"],
+            debounce_key=o["debounce_key"],
             priority=o["priority"],
             queue=o["queue"],
             tags=tags,
@@ -228,8 +234,10 @@ class Command(OneLineErrors, BaseCommand):
     def _enqueue_many(
         self, name: str, version: int | None, tags: dict[str, str] | None, o: dict[str, Any]
     ) -> dict[str, Any]:
-        if o["idempotency_key"] is not None or o["queueing_key"] is not None:
-            raise CommandError("--inputs takes no --idempotency-key or --queueing-key")
+        if any(o[k] is not None for k in ("idempotency_key", "queueing_key", "debounce_key")):
+            raise CommandError(
+                "--inputs takes no --idempotency-key, --queueing-key or --debounce-key"
+            )
         inputs = _input_lines(o["inputs"])
         task = registry.get(name, version)  # UnknownTaskError before anything is read further
         done = engine.enqueue_many(

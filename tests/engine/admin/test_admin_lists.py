@@ -298,6 +298,12 @@ def test_run_page_shows_the_flow_control_keys_only_when_set(admin_client: Client
     plain = tasks_engine.enqueue("b").run_id
     page = admin_client.get(run_url(WorkflowRun.objects.get(pk=plain))).content.decode()
     assert "concurrency-key" not in page and "queueing-key" not in page
+    debounced = tasks_engine.enqueue("flow-debounce", {"disk": "a"}).run_id
+    page = admin_client.get(run_url(WorkflowRun.objects.get(pk=debounced))).content.decode()
+    assert 'id="debounce-key">d:a<' in page and "rate-key" not in page
+    rated = tasks_engine.enqueue("flow-key-rate", {"disk": "a"}).run_id
+    page = admin_client.get(run_url(WorkflowRun.objects.get(pk=rated))).content.decode()
+    assert 'id="rate-key">a (2/s)<' in page and "debounce-key" not in page
 
 
 def test_run_page_shows_error_with_traceback(admin_client: Client) -> None:

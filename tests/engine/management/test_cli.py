@@ -52,6 +52,16 @@ def test_enqueue_with_a_queueing_key_answers_the_queued_run() -> None:
     assert json.loads(tasks("inspect", first["run_id"], "--json"))["queueing_key"] == "scan"
 
 
+def test_enqueue_with_a_debounce_key_answers_the_windows_run() -> None:
+    first = json.loads(tasks("enqueue", "flow-debounce", "--debounce-key", "d", "--json"))
+    again = json.loads(
+        tasks("enqueue", "flow-debounce", "--input", '{"n": 2}', "--debounce-key", "d", "--json")
+    )
+    assert again == {"run_id": first["run_id"], "deduplicated": True}
+    shown = json.loads(tasks("inspect", first["run_id"], "--json"))
+    assert shown["debounce_key"] == "d" and shown["input"]["n"] == 2
+
+
 def test_enqueue_with_version_and_queue() -> None:
     out = json.loads(tasks("enqueue", "a@1", "--queue", "io", "--json"))
     run = WorkflowRun.objects.get(pk=out["run_id"])
@@ -76,6 +86,9 @@ def test_enqueue_with_version_and_queue() -> None:
         (["enqueue", "noop", "--idempotency-key", "k" * 256], "idempotency_key is 256"),
         (["enqueue", "noop", "--queueing-key", ""], "queueing_key of noop@1 must be a non-empty"),
         (["enqueue", "noop", "--priority", "99999999999"], "priority must be between"),
+        (["enqueue", "noop", "--debounce-key", "k"], "declares no debounce"),
+        (["enqueue", "flow-debounce", "--debounce-key", ""], "debounce_key of flow-debounce"),
+        (["enqueue", "noop", "--inputs", "-", "--debounce-key", "k"], "--debounce-key"),
     ],
 )
 def test_errors_are_clear_and_write_nothing(args: list[str], message: str) -> None:

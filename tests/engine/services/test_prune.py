@@ -82,7 +82,14 @@ def test_prune_deletes_old_finished_runs_in_batches_with_their_rows(fake_clock: 
     with CaptureQueriesContext(connection) as captured:
         counts = retention.prune(timedelta(days=2), batch=3)
 
-    assert counts == {"runs": 10, "steps": 30, "facts": 10, "ledger": 10, "outbox_events": 0}
+    assert counts == {
+        "runs": 10,
+        "steps": 30,
+        "facts": 10,
+        "ledger": 10,
+        "outbox_events": 0,
+        "rate_keys": 0,
+    }
     assert set(WorkflowRun.objects.values_list("pk", flat=True)) == {recent, unfinished.run_id}
     assert set(StepAttempt.objects.values_list("run_id", flat=True)) == {recent}
     assert set(Fact.objects.values_list("run_id", flat=True)) == {recent}
@@ -107,7 +114,14 @@ def test_prune_with_nothing_to_delete_is_one_short_transaction() -> None:
     tasks_engine.enqueue("noop")
     with CaptureQueriesContext(connection) as captured:
         counts = retention.prune(timedelta(days=0))
-    assert counts == {"runs": 0, "steps": 0, "facts": 0, "ledger": 0, "outbox_events": 0}
+    assert counts == {
+        "runs": 0,
+        "steps": 0,
+        "facts": 0,
+        "ledger": 0,
+        "outbox_events": 0,
+        "rate_keys": 0,
+    }
     assert not any(q["sql"].startswith("DELETE") for q in captured.captured_queries)
     assert WorkflowRun.objects.count() == 1
 
