@@ -45,6 +45,7 @@ from .helpers import FakeClock, WorkerProcess
 # Django 5.2 LTS has no tasks framework (django.tasks is new in 6.0): the tests of the engine's
 # django.tasks backend need it, everything else runs on 5.2 too (make test-django52).
 DJANGO_TASKS_TESTS = ["django_tasks", "engine/api/test_backend.py", "process/test_backend.py"]
+assert all((Path(__file__).parent / p).exists() for p in DJANGO_TASKS_TESTS), "a path moved"
 collect_ignore = [] if django_has_tasks() else DJANGO_TASKS_TESTS
 
 
