@@ -110,8 +110,7 @@ class AsyncStepAPI:
             for left in list(self._pending):
                 left.close()
             raise TypeError(
-                f"{call.what} was never awaited, so the step never ran: write"
-                f" `await {call.what}`"
+                f"{call.what} was never awaited, so the step never ran: write `await {call.what}`"
             )
 
     # -- the steps ------------------------------------------------------------------------------
