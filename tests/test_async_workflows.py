@@ -10,7 +10,7 @@ import gc
 import pytest
 
 import tasks_engine
-from tasks_engine import TaskContext, workflow
+from tasks_engine import AsyncTaskContext, TaskContext, workflow
 from tasks_engine.definitions import registry
 from tasks_engine.exceptions import AsyncStepError
 from tasks_engine.models import StepAttempt, WorkflowRun
@@ -100,7 +100,7 @@ def test_a_step_call_never_awaited_fails_the_run_saying_await_it(fake_clock: Fak
 @pytest.mark.filterwarnings("error::RuntimeWarning")
 def test_gathered_step_calls_fail_saying_one_at_a_time(fake_clock: FakeClock) -> None:
     @workflow(name="async_gathers")
-    async def gathers(ctx: TaskContext) -> list:
+    async def gathers(ctx: TaskContext) -> tuple:
         return await asyncio.gather(ctx.step.run("a", lambda: 1), ctx.step.run("b", lambda: 2))
 
     rid = tasks_engine.enqueue("async_gathers", {}).run_id
@@ -112,7 +112,7 @@ def test_gathered_step_calls_fail_saying_one_at_a_time(fake_clock: FakeClock) ->
 
 def test_patched_used_as_a_bool_says_await_it(fake_clock: FakeClock) -> None:
     @workflow(name="async_patched_bool")
-    async def patched_bool(ctx: TaskContext) -> bool:
+    async def patched_bool(ctx: AsyncTaskContext) -> bool:
         return bool(ctx.patched("x"))
 
     rid = tasks_engine.enqueue("async_patched_bool", {}).run_id

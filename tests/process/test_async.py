@@ -158,3 +158,17 @@ def test_a_thousand_async_runs_awaiting_io_hold_no_thousand_threads(workers) -> 
     assert most_threads <= 50, most_threads
     in_flight = max(r.output["threads"] for r in WorkflowRun.objects.filter(task_name="async_io"))
     assert in_flight <= 50, in_flight
+
+
+def test_an_async_view_enqueues_and_awaits_a_run(workers) -> None:
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient, override_settings
+
+    workers(*FAST)
+    with override_settings(ROOT_URLCONF="tests.testapp.urls"):
+        response = async_to_sync(AsyncClient().get)("/fetch-meta/")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["status"] == "completed"
+    assert body["output"]["twice"] == 42
+    assert status(body["run_id"]) == "completed"

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tasks_engine import OpInfo, RetryPolicy, TaskContext, workflow
+from tasks_engine import AsyncTaskContext, OpInfo, RetryPolicy, workflow
 
 from .models import Marker, SideEffect
 from .process_workflows import _append
@@ -25,13 +25,13 @@ class Basic(BaseModel):
     sleep: float = 0.0  # the durable sleep
 
 
-def _trace(ctx: TaskContext, **record: Any) -> None:
+def _trace(ctx: AsyncTaskContext, **record: Any) -> None:
     if ctx.input.trace:
         _append(Path(ctx.input.trace) / f"{ctx.run_id}.jsonl", **record)
 
 
 @workflow(name="async_basic", input=Basic)
-async def async_basic(ctx: TaskContext) -> dict:
+async def async_basic(ctx: AsyncTaskContext) -> dict:
     """An async step on the loop, a plain one in a thread, a lambda returning a coroutine, and
     a durable sleep between them."""
 
@@ -63,7 +63,7 @@ class Full(BaseModel):
 
 
 @workflow(name="async_child", input=Basic)
-async def async_child(ctx: TaskContext) -> dict:
+async def async_child(ctx: AsyncTaskContext) -> dict:
     async def inside() -> dict:
         await asyncio.sleep(0)
         return {"child": True}
@@ -72,7 +72,7 @@ async def async_child(ctx: TaskContext) -> dict:
 
 
 @workflow(name="async_full", input=Full)
-async def async_full(ctx: TaskContext) -> dict:
+async def async_full(ctx: AsyncTaskContext) -> dict:
     """Every kind of step an async workflow awaits: sleep, fact wait, child, atomic, fenced
     side effect, patched."""
     key = str(ctx.run_id)
@@ -108,7 +108,7 @@ class Blocker(BaseModel):
 
 
 @workflow(name="async_blocker", input=Blocker)
-async def async_blocker(ctx: TaskContext) -> dict:
+async def async_blocker(ctx: AsyncTaskContext) -> dict:
     """A step that awaits for a long time and records whether it was cancelled (and why, from
     the abort signal), for cancel, timeout, deadline and lost-lease tests."""
 
@@ -136,7 +136,7 @@ class Killable(BaseModel):
 
 
 @workflow(name="async_killable", input=Killable)
-async def async_killable(ctx: TaskContext) -> dict:
+async def async_killable(ctx: AsyncTaskContext) -> dict:
     """Two steps: the first quick, the second slow (a worker is killed inside it): the first
     must not run again on replay."""
 
@@ -158,7 +158,7 @@ class Io(BaseModel):
 
 
 @workflow(name="async_io", input=Io, queue="async-io")
-async def async_io(ctx: TaskContext) -> dict:
+async def async_io(ctx: AsyncTaskContext) -> dict:
     """One step awaiting I/O (a sleep stands for it): a thousand at once hold no thousand
     threads."""
 
