@@ -172,3 +172,16 @@ def test_an_async_view_enqueues_and_awaits_a_run(workers) -> None:
     assert body["status"] == "completed"
     assert body["output"]["twice"] == 42
     assert status(body["run_id"]) == "completed"
+
+
+def test_sigterm_hands_an_awaiting_async_run_back(workers, tmp_path) -> None:
+    """A graceful stop: past the grace, the awaiting step is cancelled with WorkerStopping,
+    the run goes back to pending at once (not counted), and the worker exits 0."""
+    w = workers(*FAST, "--grace-seconds", "1")
+    res = tasks_engine.enqueue("async_blocker", {"trace": str(tmp_path)})
+    wait_for(lambda: ("block", "start") in trace(tmp_path, res.run_id), 30, "the step")
+    w.send(signal.SIGTERM)
+    assert w.wait(30) == 0
+    assert reasons(tmp_path, res.run_id) == ["WorkerStopping"]
+    run = WorkflowRun.objects.get(pk=res.run_id)
+    assert (run.status, run.failures) == ("pending", 0)
