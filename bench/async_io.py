@@ -60,8 +60,8 @@ def main() -> None:
         time.sleep(0.02)
     runs = WorkflowRun.objects.filter(task_name="async_io")
     done = runs.filter(status="completed").count()
-    first = min(r.started_at for r in runs)
-    last = max(r.finished_at for r in runs if r.finished_at)
+    first = min(r.started_at for r in runs if r.started_at is not None)
+    last = max(r.finished_at for r in runs if r.finished_at is not None)
     print(
         f"{done}/{args.runs} async runs awaiting {args.seconds:g} s: "
         f"{(last - first).total_seconds():.2f} s wall after the first start, "

@@ -301,7 +301,7 @@ registry = Registry()
 
 
 def workflow(
-    fn: Callable[[TaskContext], Any] | None = None,
+    fn: Callable[[Any], Any] | None = None,  # (ctx: TaskContext), or async (ctx: AsyncTaskContext)
     *,
     name: str | None = None,
     version: int = 1,
@@ -339,7 +339,7 @@ def workflow(
             f" days, got {deadline!r}"
         )
 
-    def wrap(f: Callable[[TaskContext], Any]) -> Workflow:
+    def wrap(f: Callable[[Any], Any]) -> Workflow:
         _check_not_async_generator(f)
         wf = Workflow(
             fn=f,

@@ -55,9 +55,10 @@ def test_await_run_errors() -> None:
     rid = tasks_engine.enqueue("async_basic", {}).run_id
     with pytest.raises(TimeoutError, match="did not finish in time"):
         async_to_sync(tasks_engine.await_run)(rid, timeout=0.1)
+    bad: object
     for bad in (-1, "1", True, float("nan")):
         with pytest.raises(ValueError, match="timeout must be a number of seconds"):
-            async_to_sync(tasks_engine.await_run)(rid, timeout=bad)
+            async_to_sync(tasks_engine.await_run)(rid, timeout=bad)  # type: ignore[arg-type]
 
 
 def test_aenqueue_refuses_bad_input_and_writes_nothing() -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tasks_engine import (
+    AsyncTaskContext,
     FactTimeoutError,
     NonRetryableError,
     RetryPolicy,
@@ -156,13 +157,13 @@ async def astep(ctx: TaskContext, key: str, prev: str = "", *, atomic: bool = Fa
     return str(await ctx.step.run(key, body, atomic=atomic))
 
 
-async def sim_async_steps(ctx: TaskContext) -> str:
+async def sim_async_steps(ctx: AsyncTaskContext) -> str:
     a = await astep(ctx, "a")
     b = await astep(ctx, "b", a, atomic=ctx.input.atomic)
     return await astep(ctx, "c", b)
 
 
-async def sim_async_fact(ctx: TaskContext) -> str:
+async def sim_async_fact(ctx: AsyncTaskContext) -> str:
     a = await astep(ctx, "a")
     await ctx.step.sleep("nap", SLEEP_SECONDS)
     got = await ctx.step.wait_for_fact(FACT)
@@ -297,7 +298,7 @@ def _name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-DEFINITIONS: list[tuple[Callable[[TaskContext], Any], dict[str, Any], Expect]] = [
+DEFINITIONS: list[tuple[Callable[..., Any], dict[str, Any], Expect]] = [
     (sim_steps, {"input": SimInput}, Expect(frozenset({"abc"}), ("a", "b", "c"))),
     (sim_async_steps, {"input": SimInput}, Expect(frozenset({"abc"}), ("a", "b", "c"))),
     (sim_async_fact, {}, Expect(frozenset({"a!b"}), ("a", "b"))),
