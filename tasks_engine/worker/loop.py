@@ -120,7 +120,6 @@ class Worker:
             )
             self.slots.is_async = is_async_run
             self.slots.async_ready = self.async_runs.wake
-        self.slots.threads_wanted = self._start_slots
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -330,6 +329,7 @@ class Worker:
             for _ in range(self.config.concurrency):
                 self._start_slot()
         else:
+            self.slots.threads_wanted = self._start_slots
             self.async_runs.start()
         self.heartbeat.start()
         self.leader.start()

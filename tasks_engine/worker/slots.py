@@ -140,8 +140,10 @@ class SlotPool:
             self._queued.extend(plain)
             self._busy -= reserved - len(claimed)
             self._ready.notify(len(plain))
-            queued = sum(1 for c in self._queued if c is not None)
-            wanted = min(queued - self._idle, self.concurrency - self._threads)
+            wanted = 0
+            if self._threads < self.concurrency:  # slot threads started as plain runs come
+                queued = sum(1 for c in self._queued if c is not None)
+                wanted = min(queued - self._idle, self.concurrency - self._threads)
         if wanted > 0:
             self.threads_wanted(wanted)
         if len(plain) < len(claimed):
