@@ -161,9 +161,8 @@ async def _adrive(run: WorkflowRun, wf: Workflow, ctx: TaskContext, bridge: Brid
     steps = ctx.step
     assert isinstance(steps, AsyncStepAPI)
     steps.bind(bridge)
-    ended = await steps.engine(_before, run, ctx)
-    if ended is not None:
-        return ended
+    if _ends_before(run, ctx):  # else `_before` writes nothing: no trip off the loop
+        return str(await steps.engine(_before, run, ctx))
     try:
         ctx.input = wf.load_input(run.input)
         output = await steps.body(wf.fn(ctx))
@@ -189,6 +188,13 @@ def _not_awaitable(wf: Workflow, output: Any) -> Any:
         f"workflow {wf.key} is a plain function that returned an awaitable, which nothing"
         " would await: define it with async def (and await its steps)"
     )
+
+
+def _ends_before(run: WorkflowRun, ctx: TaskContext) -> bool:
+    """Whether `_before` ends the run (a cancel or a passed deadline): read in memory."""
+    if ctx._state.handle.cancel_requested:
+        return True
+    return run.deadline_at is not None and clock.now() >= run.deadline_at
 
 
 def _before(run: WorkflowRun, ctx: TaskContext) -> str | None:

@@ -104,7 +104,12 @@ class AsyncRuns(threading.Thread):
             lease = dataclasses.replace(lease, writer=writer)
         engine = self.bridge.engine
         try:
-            prepared = await engine(executor.prepare, run, lease, self.draining, item.prestarted)
+            if run.attempts > 1:  # it reads the run's history first
+                prepared = await engine(
+                    executor.prepare, run, lease, self.draining, item.prestarted
+                )
+            else:  # nothing to read: no trip off the loop
+                prepared = executor.prepare(run, lease, self.draining, item.prestarted)
             ctx, handle = prepared.ctx, prepared.handle
             handle.on_timer_armed(self._timer_armed)  # the heartbeat sleeps until the earliest
             self.slots.hold(Held(lease, ctx, handle, renewed_at=item.at))
