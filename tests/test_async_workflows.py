@@ -169,3 +169,21 @@ def test_an_async_generator_workflow_is_refused_where_it_is_defined() -> None:
 
 def test_an_async_step_error_is_a_type_error() -> None:
     assert issubclass(AsyncStepError, TypeError)
+
+
+def test_the_workflow_tester_drives_an_async_run_its_timeout_cancelling_the_await(
+    tmp_path,
+) -> None:
+    from tasks_engine.testing import WorkflowTester
+    from tests.testapp.process_workflows import trace_lines
+
+    with WorkflowTester() as tester:
+        rid = tester.start("async_blocker", {"trace": str(tmp_path), "timeout": 0.2})
+        view = tester.run_to_completion(rid)
+    assert view.status == "failed"
+    assert view.error["type"] == "tasks_engine.exceptions.StepTimeoutError"
+    lines = trace_lines(tmp_path / f"{rid}.jsonl")
+    assert [(r["event"], r.get("reason")) for r in lines] == [
+        ("start", None),
+        ("cancelled", "StepTimeoutError"),
+    ]
