@@ -187,3 +187,12 @@ def test_the_workflow_tester_drives_an_async_run_its_timeout_cancelling_the_awai
         ("start", None),
         ("cancelled", "StepTimeoutError"),
     ]
+
+
+def test_an_async_check_of_a_fact_wait_reads_business_rows(fake_clock: FakeClock) -> None:
+    rid = tasks_engine.enqueue("async_checked", {}).run_id
+    assert drain(fake_clock, horizon=0) == ["suspended"]
+    Marker.objects.create(key=f"ready:{rid}")
+    fake_clock.advance(5)
+    assert drain(fake_clock, horizon=0) == ["completed"]
+    assert run(rid).output is True

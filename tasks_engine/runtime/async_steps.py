@@ -142,7 +142,7 @@ class AsyncStepAPI:
         check_interval: timedelta | float = 30,
     ) -> StepCall:
         if check is not None:
-            check = functools.partial(_check_from_thread, check, self._loop())
+            check = functools.partial(_check_from_thread, check)
         wait = functools.partial(
             self._sync.wait_for_fact,
             name,
@@ -173,11 +173,6 @@ class AsyncStepAPI:
         )
 
     # -- how ------------------------------------------------------------------------------------
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        if self._bridge is None:
-            raise RuntimeError("this async workflow's context is not running")
-        return self._bridge.loop
 
     def _call(self, what: str, coro: Coroutine[Any, Any, Any]) -> StepCall:
         if self._pending:
@@ -315,10 +310,9 @@ class AsyncStepAPI:
             cancel.target = saved
 
 
-def _check_from_thread(check: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> Any:
-    """A fact wait's `check`, called on the engine's thread: an async one is awaited on the
-    run's loop meanwhile."""
-    return resolve_from_thread(check(), loop)
+def _check_from_thread(check: Callable[[], Any]) -> Any:
+    """A fact wait's `check`, called on the engine's thread: an async one is awaited there."""
+    return resolve_from_thread(check())
 
 
 class AsyncTaskContext(TaskContext):

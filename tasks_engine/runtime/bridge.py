@@ -112,9 +112,16 @@ async def awaited(value: Any) -> Any:
     return value
 
 
-def resolve_from_thread(value: Any, loop: asyncio.AbstractEventLoop) -> Any:
-    """On a thread that is not `loop`'s: `value`, or, if it is awaitable, its result awaited
-    on `loop` (an `async def check` of a fact wait, called from the engine's thread)."""
+def resolve_from_thread(value: Any) -> Any:
+    """On a thread off the run's loop: `value`, or, if it is awaitable, its result (an `async
+    def check` of a fact wait, called on an engine thread). Through asgiref's `async_to_sync`,
+    so that a thread-sensitive call inside it (Django's async ORM) runs on this very thread
+    when this thread is itself the one `in_caller` gave the run (a test's: its connection),
+    instead of waiting for it."""
     if not inspect.isawaitable(value):
         return value
-    return asyncio.run_coroutine_threadsafe(awaited(value), loop).result()
+
+    async def result() -> Any:
+        return await awaited(value)
+
+    return async_to_sync(result)()

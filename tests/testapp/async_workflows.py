@@ -168,3 +168,13 @@ async def async_io(ctx: AsyncTaskContext) -> dict:
         return started
 
     return {"started": await ctx.step.run("io", io), "threads": threading.active_count()}
+
+
+@workflow(name="async_checked")
+async def async_checked(ctx: AsyncTaskContext) -> bool:
+    """A fact wait whose `check` is an async def that reads a business table (async ORM)."""
+
+    async def ready() -> bool | None:
+        return await Marker.objects.filter(key=f"ready:{ctx.run_id}").aexists() or None
+
+    return bool(await ctx.step.wait_for_fact("ready", check=ready, check_interval=5))
