@@ -119,6 +119,7 @@ class Worker:
                 log=self.log,
             )
             self.slots.is_async = is_async_run
+            self.slots.shared_cap = True  # --concurrency caps both kinds together
             self.slots.async_ready = self.async_runs.wake
 
     # -- the loop -----------------------------------------------------------------------------

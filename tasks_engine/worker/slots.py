@@ -72,6 +72,11 @@ class SlotPool:
         self.threads_wanted: Callable[[int], None] = lambda n: None  # start n slot threads
         self._threads = 0  # slot threads alive (started, not retired)
         self._idle = 0  # slot threads waiting for a run
+        # Runs taken up (by a slot thread or the event loop) and not released: at most the
+        # concurrency, both kinds together, once `shared_cap` (a worker with async workflows).
+        # With plain runs alone there are as many threads as places: nothing to wait for.
+        self._running = 0
+        self.shared_cap = False
         self._written_off: set[Key] = set()  # runs whose stuck slot thread was replaced
         self.freed = threading.Event()  # a slot freed: the claim loop may claim again
         self.backlog = False  # the last claim filled every slot it asked for
@@ -196,12 +201,17 @@ class SlotPool:
         """Block until a run is queued for this slot thread (None: the thread stops)."""
         with self._lock:
             self._idle += 1
-            while not self._queued:
+            while not self._queued or (
+                self.shared_cap
+                and self._queued[0] is not None
+                and self._running >= self.concurrency
+            ):
                 self._ready.wait()
             self._idle -= 1
             item = self._queued.popleft()
             if item is not None:
                 self._started += 1
+                self._running += 1
             else:
                 self._threads -= 1
             return item
@@ -217,9 +227,10 @@ class SlotPool:
     def next_async(self, room: int) -> list[transitions.Claimed]:
         """Up to `room` queued async runs, for the event loop to start now."""
         with self._lock:
-            n = min(room, len(self._queued_async))
-            taken = [self._queued_async.popleft() for _ in range(n)]
+            n = min(room, self.concurrency - self._running, len(self._queued_async))
+            taken = [self._queued_async.popleft() for _ in range(max(0, n))]
             self._started += len(taken)
+            self._running += len(taken)
             return taken
 
     def stop_threads(self, n: int) -> None:
@@ -252,8 +263,14 @@ class SlotPool:
             self._uncap(k)
             if not retired and not handed_over:
                 self._busy -= 1
+            if not retired:
+                self._running -= 1
+                self._ready.notify()  # a slot thread held back by the concurrency
+            waiting_async = bool(self._queued_async)
         if not handed_over:
             self.freed.set()
+        if waiting_async:
+            self.async_ready()
         return retired
 
     def write_off(self, held: Held) -> bool:
@@ -268,7 +285,10 @@ class SlotPool:
             self._written_off.add(k)
             self._uncap(k)  # like its slot, its place under a worker_concurrency is given up
             self._busy -= 1
+            self._running -= 1
+            self._ready.notify()
         self.freed.set()
+        self.async_ready()
         return True
 
     def _uncap(self, k: Key) -> None:
