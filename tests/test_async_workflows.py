@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
+from typing import Any
 
 import pytest
 
@@ -196,3 +198,36 @@ def test_an_async_check_of_a_fact_wait_reads_business_rows(fake_clock: FakeClock
     fake_clock.advance(5)
     assert drain(fake_clock, horizon=0) == ["completed"]
     assert run(rid).output is True
+
+
+def test_a_database_error_in_an_async_runs_engine_write_is_an_outage(
+    fake_clock: FakeClock, settings: Any
+) -> None:
+    """Not the run's failure: it unwinds the run (EngineUnavailable, which user code cannot
+    catch), the run stays running for the worker to hand back, and it completes later. (The
+    engine's statements through Django's cursors, where an execute wrapper sees them: not
+    prepared on PostgreSQL.)"""
+    settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "PREPARED_STATEMENTS": False}
+    from django.db import OperationalError, connection
+
+    from tasks_engine import transitions
+    from tasks_engine.exceptions import EngineUnavailable
+    from tasks_engine.runtime import executor
+
+    rid = tasks_engine.enqueue("async_basic", {"sleep": 5}).run_id
+    [c] = transitions.claim_runs("test-worker", [("async_basic", 1)], None, 1, 30.0)
+    prepared = executor.prepare(c.run, c.lease, threading.Event(), c.prestarted)
+    failed: list[str] = []
+
+    def cut(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if not failed and "waiting_on" in sql:  # the sleep parks the run
+            failed.append(sql)
+            raise OperationalError("server closed the connection unexpectedly")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(cut), pytest.raises(EngineUnavailable):
+        executor.execute(c.run, prepared.workflow, prepared.ctx)
+    assert failed and run(rid).status == "running"
+    transitions.requeue_run(c.lease, fake_clock.now())
+    assert drain(fake_clock) == ["suspended", "completed"]
+    assert SideEffect.objects.filter(run_id=rid).count() == 1  # its steps were not run again
