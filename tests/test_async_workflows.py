@@ -231,3 +231,17 @@ def test_a_database_error_in_an_async_runs_engine_write_is_an_outage(
     transitions.requeue_run(c.lease, fake_clock.now())
     assert drain(fake_clock) == ["suspended", "completed"]
     assert SideEffect.objects.filter(run_id=rid).count() == 1  # its steps were not run again
+
+
+def test_replay_check_replays_an_async_workflows_history(fake_clock: FakeClock) -> None:
+    """`tasks replay-check` awaits an async workflow's steps over its recorded history: a run
+    waiting mid-way matches the code; a history the code no longer reaches is reported."""
+    from tasks_engine.runtime import replay_check
+
+    rid = tasks_engine.enqueue("async_full", {"sleep": 0}).run_id
+    drain(fake_clock)
+    assert run(rid).status == "waiting"
+    assert replay_check.check("async_full") == (1, [])
+    StepAttempt.objects.filter(run_id=rid, name="nap").update(name="renamed")
+    checked, [mismatch] = replay_check.check("async_full")
+    assert "renamed" in mismatch.problem
