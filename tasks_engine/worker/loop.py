@@ -1,8 +1,10 @@
 """The worker loop: claim -> hand to a slot -> execute -> free the slot. Reads top to bottom.
 
-Threads: the main loop (claims), `concurrency` slot threads (each keeps its own connection),
-one heartbeat (which also beats the worker's row), the maintenance leader candidate
-(services/leader.py), and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
+Threads: the main loop (claims), up to `concurrency` slot threads for plain runs (each keeps its
+own connection; all started at once when every workflow is plain), with async workflows one
+event loop and its engine and step threads (async_runs.py), one heartbeat (which also beats the
+worker's row), the maintenance leader candidate (services/leader.py), and on PostgreSQL one
+LISTEN connection. SIGTERM/SIGINT: stop claiming, let
 in-flight steps finish within the grace period, abort the rest, hand their runs back, exit.
 """
 
