@@ -244,4 +244,5 @@ def test_replay_check_replays_an_async_workflows_history(fake_clock: FakeClock) 
     assert replay_check.check("async_full") == (1, [])
     StepAttempt.objects.filter(run_id=rid, name="nap").update(name="renamed")
     checked, [mismatch] = replay_check.check("async_full")
+    assert checked == 1
     assert "renamed" in mismatch.problem
