@@ -85,10 +85,9 @@ class AsyncRuns(threading.Thread):
                 self.loop.close()
 
     def _start_queued(self) -> None:
-        room = self.concurrency - len(self._tasks)
-        if room <= 0:
-            return
-        for item in self.slots.next_async(room):
+        # The pool's count decides (both kinds together); a run written off for ignoring its
+        # abort left it, though its task may still be awaiting its code.
+        for item in self.slots.next_async(self.concurrency):
             task = self.loop.create_task(self._run(item))
             self._tasks.add(task)
             task.add_done_callback(self._ended)
