@@ -189,3 +189,21 @@ def test_sigterm_hands_an_awaiting_async_run_back(workers, tmp_path) -> None:
     assert reasons(tmp_path, res.run_id) == ["WorkerStopping"]
     run = WorkflowRun.objects.get(pk=res.run_id)
     assert (run.status, run.failures) == ("pending", 0)
+
+
+def test_an_async_step_that_swallows_its_cancel_is_written_off_and_frees_its_place(
+    workers, tmp_path
+) -> None:
+    """--concurrency 1: the canceled run ends canceled after the grace (a lease) although
+    its step goes on awaiting, and its place goes to the next run at once."""
+    workers("--concurrency", "1", "--lease-seconds", "2", "--poll-interval", "0.2")
+    stuck = tasks_engine.enqueue(
+        "async_blocker", {"trace": str(tmp_path), "ignores": True, "seconds": 60}
+    )
+    wait_for(lambda: ("block", "start") in trace(tmp_path, stuck.run_id), 30, "the step")
+    after = tasks_engine.enqueue("async_basic", {})
+    tasks_engine.cancel(stuck.run_id, reason="stop")
+    wait_for(lambda: status(stuck.run_id) == "canceled", 30, "the write-off")
+    wait_for(lambda: status(after.run_id) == "completed", 30, "the next run")
+    assert reasons(tmp_path, stuck.run_id) == ["TaskCanceledError"]
+    assert ("block", "ignored") not in trace(tmp_path, stuck.run_id)  # still awaiting

@@ -105,6 +105,7 @@ class Blocker(BaseModel):
     timeout: float | None = None
     max_attempts: int = 1
     then: bool = False  # a second step after the blocking one
+    ignores: bool = False  # the step swallows its cancellation and keeps awaiting
 
 
 @workflow(name="async_blocker", input=Blocker)
@@ -119,7 +120,10 @@ async def async_blocker(ctx: AsyncTaskContext) -> dict:
         except asyncio.CancelledError:
             reason = ctx.abort_signal.reason
             _trace(ctx, step="block", event="cancelled", reason=type(reason).__name__)
-            raise
+            if not ctx.input.ignores:
+                raise
+            await asyncio.sleep(ctx.input.seconds)  # a step that ignores its abort
+            _trace(ctx, step="block", event="ignored")
         _trace(ctx, step="block", event="end")
         return {"blocked": ctx.input.seconds}
 
