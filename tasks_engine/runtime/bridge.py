@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -56,7 +57,9 @@ class PoolBridge:
         )
 
     def blocking(self, fn: Callable[[], Any], /) -> Awaitable[Any]:
-        return asyncio.wrap_future(self._steps.submit(fn), loop=self.loop)
+        # In the caller's context: the step's span is current there too (observe/tracing.py).
+        context = contextvars.copy_context()
+        return asyncio.wrap_future(self._steps.submit(context.run, fn), loop=self.loop)
 
     def shutdown(self) -> None:
         """Each engine thread closes its connection; the step threads are left to end when
