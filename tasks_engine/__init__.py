@@ -32,6 +32,7 @@ from .exceptions import (
 
 __all__ = [
     "AsyncStepError",
+    "AsyncTaskContext",
     "AtomicStepTimeoutError",
     "DeadlineExceededError",
     "Enqueued",
@@ -55,6 +56,14 @@ __all__ = [
     "UnknownTaskError",
     "UnstorableValueError",
     "Workflow",
+    "acancel",
+    "aenqueue",
+    "aenqueue_many",
+    "aget_run",
+    "alist_runs",
+    "aretry_run",
+    "asignal",
+    "await_run",
     "cancel",
     "cancel_runs",
     "enqueue",
@@ -87,6 +96,16 @@ _ENGINE = {
 }
 _BULK = {"cancel_runs", "retry_runs"}
 _QUEUES = {"pause_queue", "resume_queue", "set_queue_limits", "list_queues"}
+_ASYNC = {
+    "aenqueue",
+    "aenqueue_many",
+    "asignal",
+    "acancel",
+    "aget_run",
+    "alist_runs",
+    "aretry_run",
+    "await_run",
+}
 
 if TYPE_CHECKING:
     from .engine import (
@@ -102,8 +121,19 @@ if TYPE_CHECKING:
         signal,
         wait,
     )
+    from .operations.async_api import (
+        acancel,
+        aenqueue,
+        aenqueue_many,
+        aget_run,
+        alist_runs,
+        aretry_run,
+        asignal,
+        await_run,
+    )
     from .operations.bulk import cancel_runs, retry_runs
     from .operations.queues import list_queues, pause_queue, resume_queue, set_queue_limits
+    from .runtime.async_steps import AsyncTaskContext
     from .runtime.context import TaskContext
     from .runtime.fencing import OpInfo
 
@@ -119,6 +149,14 @@ if not TYPE_CHECKING:  # type checkers see the names above, not a catch-all for 
             from .operations import queues
 
             return getattr(queues, name)
+        if name in _ASYNC:
+            from .operations import async_api
+
+            return getattr(async_api, name)
+        if name == "AsyncTaskContext":
+            from .runtime.async_steps import AsyncTaskContext
+
+            return AsyncTaskContext
         if name in _BULK:
             from .operations import bulk
 

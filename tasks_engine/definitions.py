@@ -159,6 +159,11 @@ class Workflow:
     def key(self) -> str:
         return f"{self.name}@{self.version}"
 
+    @property
+    def is_async(self) -> bool:
+        """An `async def` workflow: its runs go on the worker's event loop (runtime/aio.py)."""
+        return inspect.iscoroutinefunction(self.fn)
+
     def validate_input(self, data: Any) -> Any:
         """Validated input as stored (JSON). Raises pydantic.ValidationError, also for a value
         JSON cannot hold exactly (NaN, ±Infinity, a NUL character, a type with no JSON form,
@@ -322,7 +327,7 @@ registry = Registry()
 
 
 def workflow(
-    fn: Callable[[TaskContext], Any] | None = None,
+    fn: Callable[[Any], Any] | None = None,  # (ctx: TaskContext), or async (ctx: AsyncTaskContext)
     *,
     name: str | None = None,
     version: int = 1,
@@ -375,8 +380,8 @@ def workflow(
             f" days, got {deadline!r}"
         )
 
-    def wrap(f: Callable[[TaskContext], Any]) -> Workflow:
-        _check_not_async(f)
+    def wrap(f: Callable[[Any], Any]) -> Workflow:
+        _check_not_async_generator(f)
         wf = Workflow(
             fn=f,
             name=name or f.__name__,
@@ -405,13 +410,13 @@ def workflow(
     return wrap(fn) if fn is not None else wrap
 
 
-def _check_not_async(fn: Callable[..., Any]) -> None:
-    """Until async workflows land, a run of one would only ever hold a coroutine that no one
-    awaits: refused where it is defined."""
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+def _check_not_async_generator(fn: Callable[..., Any]) -> None:
+    """A workflow returns its output once: an async generator (an `async def` with `yield`)
+    would only hand the engine an iterator. Refused where it is defined."""
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
         raise TypeError(
-            f"async def workflows are not supported yet: {_origin(fn)} is one; define it with"
-            " def (and its steps' functions too)"
+            f"a workflow cannot be a generator: {_origin(fn)} yields; define it with def or"
+            " async def and return its output"
         )
 
 

@@ -24,6 +24,7 @@ class AbortSignal:
         self._event = threading.Event()
         self._lock = threading.Lock()  # the run's thread and the heartbeat both set it
         self.reason: BaseException | None = None
+        self._listener: Callable[[], None] | None = None
 
     @property
     def aborted(self) -> bool:
@@ -39,7 +40,15 @@ class AbortSignal:
                 return False
             self.reason = reason
             self._event.set()
-            return True
+            listener = self._listener
+        if listener is not None:
+            listener()  # an async run's: cancel the task in user code (runtime/async_steps.py)
+        return True
+
+    def on_abort(self, listener: Callable[[], None] | None) -> None:
+        """Call `listener` (from the aborting thread) whenever the signal is set."""
+        with self._lock:
+            self._listener = listener
 
     def reset(self, reason: BaseException) -> None:
         """Clear the signal if `reason` set it: a step timeout ends with its step."""
@@ -77,7 +86,7 @@ class TaskContext:
         self._make_logger = logger
         self._logger: Any = None
         self._state = state
-        self._step = StepAPI(self)
+        self._step = self._make_steps()
 
     # What a workflow reads of its run: read-only, so that code which assigns to one (a typo
     # for a local, say) fails at once instead of changing what the engine reads back.
@@ -125,6 +134,9 @@ class TaskContext:
     @property
     def step(self) -> StepAPI:
         return self._step
+
+    def _make_steps(self) -> StepAPI:
+        return StepAPI(self)
 
     def _load_input(self, value: Any) -> None:
         """The executor's: the run's stored input, validated by the workflow's model."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from dataclasses import dataclass
 from datetime import timedelta
@@ -12,6 +13,7 @@ from .. import clock, transitions
 from ..conf import engine_settings
 from ..definitions import Workflow, registry
 from ..exceptions import (
+    AsyncStepError,
     DeadlineExceededError,
     EngineUnavailable,
     LeaseLostError,
@@ -25,7 +27,9 @@ from ..observe import metrics, tracing
 from ..observe.logs import run_logger
 from ..states import current_pass
 from ..values.serialization import encode_error, to_jsonable
+from .async_steps import AsyncStepAPI, AsyncTaskContext
 from .attempt_handle import AttemptHandle
+from .bridge import Bridge, in_caller
 from .context import TaskContext
 from .history import ReplayHistory, load_history
 from .step_base import RunState
@@ -84,7 +88,8 @@ def prepare(
         fresh=run.attempts == 1 and run.failures == 0 and run.pass_offset == 0,
         prestarted=prestarted,
     )
-    ctx = TaskContext(
+    context = AsyncTaskContext if wf.is_async else TaskContext
+    ctx = context(
         input=None,
         run_id=run.pk,
         task_name=run.task_name,
@@ -103,7 +108,10 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
     """Drive the handler once and write the outcome. Returns what happened, for logs and tests.
     Observed: a span for the claim (observe/tracing.py) and the run's outcome counted
     (observe/metrics.py); a completion is both once written (`_completion_written`): a cancel
-    may have won."""
+    may have won. An async workflow runs on an event loop of its own, this thread doing its
+    engine work and plain step functions (bridge.in_caller): a worker uses `aexecute`."""
+    if wf.is_async:
+        return in_caller(functools.partial(aexecute, run, wf, ctx))
     with tracing.claim_span(ctx) as span:
         ctx._state.span = span
         try:
@@ -118,6 +126,79 @@ def execute(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
 
 
 def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
+    ended = _before(run, ctx)
+    if ended is not None:
+        return ended
+    try:
+        ctx._load_input(wf.load_input(run.input))
+        output = to_jsonable(_not_awaitable(wf, wf.fn(ctx)), f"the output of {wf.key}")
+    except Suspend:
+        return "suspended"
+    except EngineUnavailable:
+        raise  # the slot treats it as a database outage; nothing can be written now
+    except BaseException as exc:  # noqa: BLE001 - every outcome of user code is recorded
+        return _after_exception(run, wf, ctx, exc)
+    return _after_return(run, wf, ctx, output)
+
+
+async def aexecute(run: WorkflowRun, wf: Workflow, ctx: TaskContext, bridge: Bridge) -> str:
+    """`execute` for an async workflow, on its event loop: the engine's parts go through
+    `bridge` (bridge.py), the workflow's body is awaited on the loop."""
+    with tracing.claim_span(ctx) as span:
+        ctx._state.span = span
+        try:
+            outcome = await _adrive(run, wf, ctx, bridge)
+        except BaseException:
+            tracing.end_claim(span, None)
+            raise
+    if outcome != "completed":
+        tracing.end_claim(span, outcome)
+        metrics.record_run_outcome(run.task_name, outcome)
+    return outcome
+
+
+async def _adrive(run: WorkflowRun, wf: Workflow, ctx: TaskContext, bridge: Bridge) -> str:
+    steps = ctx.step
+    assert isinstance(steps, AsyncStepAPI)
+    steps.bind(bridge)
+    if _ends_before(run, ctx):  # else `_before` writes nothing: no trip off the loop
+        return str(await steps.engine(_before, run, ctx))
+    try:
+        ctx._load_input(wf.load_input(run.input))
+        output = await steps.body(wf.fn(ctx))
+        steps.check_all_awaited()
+        output = to_jsonable(output, f"the output of {wf.key}")
+    except Suspend:
+        return "suspended"
+    except EngineUnavailable:
+        raise  # the run's task treats it as a database outage (worker/async_runs.py)
+    except BaseException as exc:  # noqa: BLE001 - every outcome of user code is recorded
+        return str(await steps.engine(_after_exception, run, wf, ctx, exc))
+    return str(await steps.engine(_after_return, run, wf, ctx, output))
+
+
+def _not_awaitable(wf: Workflow, output: Any) -> Any:
+    """A plain workflow's output: an awaitable (a def that returns a coroutine) would never be
+    awaited; its run fails at once saying what to write instead."""
+    if not inspect.isawaitable(output):
+        return output
+    if inspect.iscoroutine(output):
+        output.close()
+    raise AsyncStepError(
+        f"workflow {wf.key} is a plain function that returned an awaitable, which nothing"
+        " would await: define it with async def (and await its steps)"
+    )
+
+
+def _ends_before(run: WorkflowRun, ctx: TaskContext) -> bool:
+    """Whether `_before` ends the run (a cancel or a passed deadline): read in memory."""
+    if ctx._state.handle.cancel_requested:
+        return True
+    return run.deadline_at is not None and clock.now() >= run.deadline_at
+
+
+def _before(run: WorkflowRun, ctx: TaskContext) -> str | None:
+    """Before the body: a cancel or a deadline already there ends the run (its outcome)."""
     state = ctx._state
     lease, handle = state.lease, state.handle
     if handle.cancel_requested:
@@ -128,15 +209,12 @@ def _drive(run: WorkflowRun, wf: Workflow, ctx: TaskContext) -> str:
         transitions.fail_run(lease, encode_error(passed), has_parent=handle.has_parent)
         observe_waits_ended_by_deadline(ctx)
         return "failed"
-    try:
-        ctx._load_input(wf.load_input(run.input))
-        output = to_jsonable(wf.fn(ctx), f"the output of {wf.key}")
-    except Suspend:
-        return "suspended"
-    except EngineUnavailable:
-        raise  # the slot treats it as a database outage; nothing can be written now
-    except BaseException as exc:  # noqa: BLE001 - every outcome of user code is recorded
-        return _after_exception(run, wf, ctx, exc)
+    return None
+
+
+def _after_return(run: WorkflowRun, wf: Workflow, ctx: TaskContext, output: Any) -> str:
+    state = ctx._state
+    lease, handle = state.lease, state.handle
     if ctx.abort_signal.aborted or state.fatal is not None:
         return _after_exception(run, wf, ctx, state.fatal or ctx.abort_signal.reason)
     state.first_step_begins(ctx.task_name, ctx.version, None)  # ends without one

@@ -36,17 +36,33 @@ def run_fenced(
     commit: Callable[[Any], Any] | None = None,
 ) -> Any:
     """`ctx.with_attempt_token` for the attempt holding `lease`, inside step `step_name` (or
-    between steps: "")."""
+    between steps: ""). Three parts, so that an async workflow awaits `fn` on its event loop
+    between the two engine parts (runtime/async_steps.py)."""
+    started = begin_fenced(lease, step_name, op_key)
+    if isinstance(started, Done):
+        return started.result
+    result = fn(OpInfo(op_key, started, lease.token))
+    return commit_fenced(lease, op_key, result, commit)
+
+
+def begin_fenced(lease: transitions.Lease, step_name: str, op_key: str) -> bool | Done:
+    """Record that this attempt starts `op_key` (committed before `fn` runs): whether an
+    earlier attempt had started it (`resumed`), or its stored result."""
     transitions.flush_deferred(lease)
     started = _record_start(lease, op_key, step_name)
-    if isinstance(started, _Done):
-        return started.result
     if isinstance(started, _Busy):
         # Another run's live attempt is inside this op: come back when it is likely done
         # rather than touch the outside world beside it.
         transitions.requeue_run(lease, started.retry_at)
         raise Suspend(f"op {op_key!r} is in progress in run {started.holder}")
-    result = to_jsonable(fn(OpInfo(op_key, started, lease.token)))
+    return started
+
+
+def commit_fenced(
+    lease: transitions.Lease, op_key: str, value: Any, commit: Callable[[Any], Any] | None
+) -> Any:
+    """In ONE transaction: the lease check, `commit(result)`, the stored result."""
+    result = to_jsonable(value)
     # A lost connection is an outage (the op is resumed on replay); an error of `commit`'s own
     # writes is the caller's.
     with transitions.outage_guard(op_key, transitions.TRANSIENT_ERRORS), transaction.atomic():
@@ -76,7 +92,7 @@ def _store_result(lease: transitions.Lease, op_key: str, result: Any) -> None:
 
 
 @dataclass(frozen=True)
-class _Done:
+class Done:
     result: Any
 
 
@@ -92,7 +108,7 @@ BUSY_RETRY_SECONDS = 5.0
 @transitions.attempt_write
 def _record_start(
     lease: transitions.Lease, op_key: str, step_name: str = ""
-) -> bool | _Done | _Busy:
+) -> bool | Done | _Busy:
     """Commit "this attempt started op_key". Returns whether an earlier attempt had started it
     (`resumed`), its stored result, or that a live attempt of another run is inside it."""
     now = clock.now()
@@ -115,7 +131,7 @@ def _record_start(
             except IntegrityError:  # another attempt started it at the same instant
                 entry = OpLedger.objects.select_for_update().get(op_key=op_key)
         if entry.status == OpLedger.Status.DONE:
-            return _Done(entry.result)
+            return Done(entry.result)
         holder = _live_holder(entry)
         if holder is not None and entry.attempt_token != lease.token:
             return _Busy(holder[0], min(holder[1], now + timedelta(seconds=BUSY_RETRY_SECONDS)))

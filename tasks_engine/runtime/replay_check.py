@@ -15,6 +15,9 @@ the runs, one for their steps, one for their op results per batch).
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -147,7 +150,9 @@ def _replay(row: dict[str, Any], history: dict[str, StepRecord], ops: dict[str, 
         where = ".".join(str(x) for x in first.get("loc", ())) or "input"
         return f"its input no longer validates: {where}: {first.get('msg')}"
     try:
-        wf.fn(ctx)
+        handled = wf.fn(ctx)
+        if inspect.iscoroutine(handled):  # an async workflow: its steps resolve at once
+            asyncio.run(handled)
     except _Stop:
         return None
     except _Mismatch as exc:
@@ -188,21 +193,44 @@ def _replay_context(
         state=state,
         logger=lambda: get_logger(run_id=str(row["id"]), task=wf.key, replay_check=True),
         ops=ops,
+        awaited=wf.is_async,
     )
 
 
 class ReplayContext(TaskContext):
-    def __init__(self, *, ops: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(self, *, ops: dict[str, Any], awaited: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._step = ReplaySteps(self)
+        steps = ReplaySteps(self)
+        self._step = _Awaitable(steps) if awaited else steps  # type: ignore[assignment]
         self._ops = ops
+        self._awaited = awaited
 
     def with_attempt_token(
         self, op_key: str, fn: Callable[[Any], Any], *, commit: Callable[[Any], Any] | None = None
     ) -> Any:
+        if self._awaited:
+            return _resolved(self._op, op_key)
+        return self._op(op_key)
+
+    def _op(self, op_key: str) -> Any:
         if op_key in self._ops:
             return self._ops[op_key]
         raise _Stop  # a worker would run (or resume) the op here
+
+
+class _Awaitable:
+    """An async workflow's `ctx.step` over the replay: each call awaits the plain replay's."""
+
+    def __init__(self, steps: ReplaySteps) -> None:
+        self._steps = steps
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = getattr(self._steps, name)
+        return functools.partial(_resolved, method)
+
+
+async def _resolved(method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return method(*args, **kwargs)
 
 
 class ReplaySteps(StepAPI):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -45,18 +46,46 @@ class StepAPI(WaitSteps, PatchSteps):
         atomic: bool = False,
         timeout: timedelta | float | None = None,
     ) -> Any:
+        opened = self._open(name, retry, timeout)
+        if isinstance(opened, Replayed):
+            return opened.value
+        key, timer = opened.key, opened.timer
+        try:
+            if atomic:
+                with (
+                    transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
+                    sqlite_bounds.atomic_step(transaction.atomic(), key),
+                    atomic_keepalive.kept_alive(lambda: self._ctx.abort_signal.aborted),
+                ):
+                    output = self._call(key, fn, timer)
+                    transitions.finish_step(
+                        self._s.lease, opened.step_id, StepStatus.COMPLETED, output=output
+                    )
+            else:
+                output = self._call(key, fn, timer)
+        except (Suspend, LeaseLostError):
+            raise
+        except Exception as exc:
+            self._failed(opened, exc)
+            raise
+        return self._close(opened, output, deferred=not atomic)
+
+    def _open(
+        self, name: str, retry: RetryPolicy | None, timeout: timedelta | float | None
+    ) -> Opened | Replayed:
+        """A function step up to its body: replayed (its stored value), or its attempt
+        started (the async step API runs this off the event loop, then awaits the body)."""
         seconds = timeout_seconds(timeout)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {retry!r}")
         begun = self._begin(name, StepKind.FUNCTION)
         if begun.replayed:
-            return begun.value
+            return Replayed(begun.value)
         key, rec = begun.key, begun.record
         run_pass = self._s.run_pass
         policy = retry or self._s.step_retry
         failures = rec.counted_failures(run_pass) if rec else 0
         self._guard()
-        lease = self._s.lease
         attempt_no = rec.next_attempt if rec else 1
         if failures >= policy.max_attempts:
             # Every earlier attempt died with its worker: fail for good instead of looping.
@@ -71,30 +100,26 @@ class StepAPI(WaitSteps, PatchSteps):
         step_id = self._start(key, StepKind.FUNCTION, attempt_no)
         self._s.current_step = key
         timer = self._timer(key, step_id, seconds, policy, failures + 1) if seconds else None
-        try:
-            if atomic:
-                with (
-                    transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
-                    sqlite_bounds.atomic_step(transaction.atomic(), key),
-                    atomic_keepalive.kept_alive(lambda: self._ctx.abort_signal.aborted),
-                ):
-                    output = self._call(key, fn, timer)
-                    transitions.finish_step(lease, step_id, StepStatus.COMPLETED, output=output)
-            else:
-                output = self._call(key, fn, timer)
-        except (Suspend, LeaseLostError):
-            raise
-        except Exception as exc:
-            timed_out = timer is not None and exc is timer.fired
-            if not timed_out and (
-                self._ctx.abort_signal.aborted or isinstance(exc, TaskCanceledError)
-            ):
-                raise  # the executor closes the attempt as the abort reason says
-            self._step_failed(key, step_id, exc, policy, failures + 1)
-            raise
-        if not atomic:
-            transitions.defer_step_completion(lease, step_id, output)
-        self._remember(key, StepKind.FUNCTION, _att(step_id, "completed", run_pass, output))
+        return Opened(key, step_id, policy, failures, timer)
+
+    def _failed(self, opened: Opened, exc: Exception) -> None:
+        """The body raised `exc`: an abort's goes on to the executor as is; a failure is
+        recorded (terminal: returns, the caller re-raises it) or retried (raises Suspend)."""
+        timer = opened.timer
+        timed_out = timer is not None and exc is timer.fired
+        if not timed_out and (self._ctx.abort_signal.aborted or isinstance(exc, TaskCanceledError)):
+            return  # the executor closes the attempt as the abort reason says
+        self._step_failed(opened.key, opened.step_id, exc, opened.policy, opened.failures + 1)
+
+    def _close(self, opened: Opened, output: Any, *, deferred: bool = True) -> Any:
+        """The body returned `output` (stored already when not `deferred`: an atomic step)."""
+        if deferred:
+            transitions.defer_step_completion(self._s.lease, opened.step_id, output)
+        self._remember(
+            opened.key,
+            StepKind.FUNCTION,
+            _att(opened.step_id, "completed", self._s.run_pass, output),
+        )
         return output
 
     def _timer(
@@ -164,6 +189,22 @@ class StepAPI(WaitSteps, PatchSteps):
         raise Suspend(f"step {key} retry in {delay}s") from exc
 
 
+@dataclass(frozen=True)
+class Replayed:
+    value: Any  # the step's stored result
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A function step whose attempt is started: what its end needs."""
+
+    key: str
+    step_id: int
+    policy: RetryPolicy
+    failures: int  # counted failures before this attempt
+    timer: StepTimer | None
+
+
 def _stored(key: str, fn: Callable[[], Any], value: Any) -> Any:
     """The step's result as stored. An awaitable (from an async def, or a lambda that returns
     a coroutine) fails the step saying what to write instead; a coroutine's body has not run,
@@ -178,9 +219,10 @@ def _stored(key: str, fn: Callable[[], Any], value: Any) -> Any:
         value.close()
     what = "is an async def" if inspect.iscoroutinefunction(fn) else "returned an awaitable"
     raise AsyncStepError(
-        f"step {key!r}: its function {what}, and async step functions are not supported yet"
-        " (a plain workflow would never await it): define the step function with def, calling"
-        " synchronous code (or asyncio.run(...) inside it)"
+        f"step {key!r}: its function {what}, which a plain workflow would never await: make"
+        " the workflow an async def and write `await ctx.step.run(...)`, or define the step"
+        " function with def (an atomic=True step's function too: its writes must run in the"
+        " step's transaction, on its thread)"
     ) from None
 
 

@@ -1,8 +1,10 @@
 """The worker loop: claim -> hand to a slot -> execute -> free the slot. Reads top to bottom.
 
-Threads: the main loop (claims), `concurrency` slot threads (each keeps its own connection),
-one heartbeat (which also beats the worker's row), the maintenance leader candidate
-(services/leader.py), and on PostgreSQL one LISTEN connection. SIGTERM/SIGINT: stop claiming, let
+Threads: the main loop (claims), up to `concurrency` slot threads for plain runs (each keeps its
+own connection; all started at once when every workflow is plain), with async workflows one
+event loop and its engine and step threads (async_runs.py), one heartbeat (which also beats the
+worker's row), the maintenance leader candidate (services/leader.py), and on PostgreSQL one
+LISTEN connection. SIGTERM/SIGINT: stop claiming, let
 in-flight steps finish within the grace period, abort the rest, hand their runs back, exit.
 """
 
@@ -38,6 +40,7 @@ from ..runtime import executor
 from ..services.fleet import Registration
 from ..services.leader import Leader
 from ..transitions import claim_mode, queue_state
+from .async_runs import AsyncRuns, engine_threads, held_async, is_async_run
 from .group_commit import GroupCommit
 from .heartbeat import Heartbeat, WorkerHooks
 from .pulse import Pulse, silence_seconds
@@ -82,6 +85,7 @@ class Worker:
         self.slots.caps = claim_mode.worker_caps(claim_mode.limited_queues(self.queues))
         self.wake = self.slots.freed  # a slot freed, a wake-up arrived, or the worker stops
         self._slots: list[threading.Thread] = []
+        self._spawning = threading.Lock()  # the claim loop and the group writer may both start
         self._signals = 0
         self.registration = Registration(self)
         # The claim loop turns at least every poll interval, or every outage back-off.
@@ -103,6 +107,22 @@ class Worker:
         self._batch = max(1, config.concurrency // 2)
         self.group: GroupCommit | None = None
         self.listener: Listener | None = None
+        # Async workflows' runs go on one event loop (async_runs.py), plain ones on slot
+        # threads: as many as the concurrency from the start when every workflow is plain (as
+        # before async workflows), else started as plain runs are claimed.
+        self.async_runs: AsyncRuns | None = None
+        if any(w.is_async for w in config.workflows):
+            self.async_runs = AsyncRuns(
+                self.slots,
+                concurrency=config.concurrency,
+                draining=self.draining,
+                writer=lambda: self.group,
+                timer_armed=self.heartbeat.wake.set,
+                log=self.log,
+            )
+            self.slots.is_async = is_async_run
+            self.slots.shared_cap = True  # --concurrency caps both kinds together
+            self.slots.async_ready = self.async_runs.wake
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -180,6 +200,7 @@ class Worker:
     def _side_loops(self) -> list[threading.Thread]:
         loops: list[threading.Thread | None] = [self.heartbeat, self.leader, self.group]
         loops.append(self.listener)
+        loops.append(self.async_runs)
         return [t for t in loops if t is not None]
 
     def _a_side_loop_died(self) -> bool:
@@ -230,13 +251,22 @@ class Worker:
                     "run crashed the executor", run_id=str(lease.run_id), error=str(exc)
                 )
             finally:
-                retired = self.slots.release(lease)  # unless its completion took the slot
+                retired = self.slots.release(lease)  # unless its completion took the slot along
+        if retired:
+            self.slots.thread_retired()
         connection.close()
 
     def _start_slot(self) -> None:
+        self.slots.thread_started()
         t = threading.Thread(target=self._slot, name=f"tasks-slot-{len(self._slots)}", daemon=True)
         t.start()
         self._slots.append(t)
+
+    def _start_slots(self, n: int) -> None:
+        """Plain runs were claimed and no idle slot thread is left for them."""
+        with self._spawning:
+            for _ in range(n):
+                self._start_slot()
 
     def _execute(self, item: transitions.Claimed) -> None:
         run, lease = item.run, item.lease
@@ -272,6 +302,9 @@ class Worker:
         new one. The stuck thread can no longer write anything (its lease is gone or about to
         be), and it exits when its user code finally returns."""
         if self.slots.write_off(held):
+            if held_async(held):  # its task goes on until its code returns; it holds no thread
+                held.ctx.logger.warning("step ignored its abort signal; run written off")
+                return
             self._start_slot()
             held.ctx.logger.warning("step ignored its abort signal; slot thread replaced")
 
@@ -295,8 +328,12 @@ class Worker:
             )
             self.group = GroupCommit(self.slots, claims, self.log)  # before the slots' runs
             self.group.start()
-        for _ in range(self.config.concurrency):
-            self._start_slot()
+        if self.async_runs is None:
+            for _ in range(self.config.concurrency):
+                self._start_slot()
+        else:
+            self.slots.threads_wanted = self._start_slots
+            self.async_runs.start()
         self.heartbeat.start()
         self.leader.start()
         if listens():
@@ -366,6 +403,8 @@ class Worker:
         with contextlib.suppress(*DB_ERRORS):
             self.registration.remove()  # after the hand-back: the row no longer holds anything
         self.slots.stop_threads(len(self._slots))
+        if self.async_runs is not None:
+            self.async_runs.stop()  # before the group writer: its engine threads write there
         if self.group is not None:
             self.group.stop()
         self.heartbeat.wake.set()
@@ -393,8 +432,9 @@ def listens() -> bool:
     return engine_settings().notify and listening_possible()
 
 
-def connections_per_process(concurrency: int) -> int:
+def connections_per_process(concurrency: int, *, has_async: bool = False) -> int:
     """The database connections one worker process holds (`_start_threads`): one per slot, the
     claim loop's, the heartbeat's, the leader's, and the group writer's and the LISTEN one's
-    when they run (PostgreSQL)."""
-    return concurrency + 3 + int(uses_group_commit()) + int(listens())
+    when they run (PostgreSQL); with async workflows, the engine threads' too."""
+    engine = engine_threads(concurrency) if has_async else 0
+    return concurrency + 3 + engine + int(uses_group_commit()) + int(listens())

@@ -65,6 +65,18 @@ class SlotPool:
         self._busy = 0
         self._held: dict[Key, Held] = {}
         self._queued: deque[transitions.Claimed | None] = deque()  # None: a slot thread stops
+        # Async runs (worker/async_runs.py): queued apart, taken by the event loop, not a thread.
+        self._queued_async: deque[transitions.Claimed] = deque()
+        self.is_async: Callable[[transitions.Claimed], bool] = lambda claimed: False
+        self.async_ready: Callable[[], None] = lambda: None  # async runs were queued
+        self.threads_wanted: Callable[[int], None] = lambda n: None  # start n slot threads
+        self._threads = 0  # slot threads alive (started, not retired)
+        self._idle = 0  # slot threads waiting for a run
+        # Runs taken up (by a slot thread or the event loop) and not released: at most the
+        # concurrency, both kinds together, once `shared_cap` (a worker with async workflows).
+        # With plain runs alone there are as many threads as places: nothing to wait for.
+        self._running = 0
+        self.shared_cap = False
         self._written_off: set[Key] = set()  # runs whose stuck slot thread was replaced
         self.freed = threading.Event()  # a slot freed: the claim loop may claim again
         self.backlog = False  # the last claim filled every slot it asked for
@@ -128,9 +140,19 @@ class SlotPool:
                     if c.run.queue in self.caps:
                         self._capped[c.lease.key] = c.run.queue
                         self._per_queue[c.run.queue] += 1
-            self._queued.extend(claimed)
+            plain = [c for c in claimed if not self.is_async(c)]
+            self._queued_async.extend(c for c in claimed if self.is_async(c))
+            self._queued.extend(plain)
             self._busy -= reserved - len(claimed)
-            self._ready.notify(len(claimed))
+            self._ready.notify(len(plain))
+            wanted = 0
+            if self._threads < self.concurrency:  # slot threads started as plain runs come
+                queued = sum(1 for c in self._queued if c is not None)
+                wanted = min(queued - self._idle, self.concurrency - self._threads)
+        if wanted > 0:
+            self.threads_wanted(wanted)
+        if len(plain) < len(claimed):
+            self.async_ready()
 
     def after_claim(self, claimed: list[transitions.Claimed], reserved: int) -> bool:
         """Queue the claim loop's claimed runs (`fill`) and note whether more is probably
@@ -163,6 +185,11 @@ class SlotPool:
             for c in stale:
                 self._queued.remove(c)
                 self._uncap(c.lease.key)
+            stale_async = [c for c in self._queued_async if now - c.at > max_age]
+            for c in stale_async:
+                self._queued_async.remove(c)
+                self._uncap(c.lease.key)
+            stale.extend(stale_async)
             self._busy -= len(stale)
         if stale:
             self.freed.set()
@@ -173,12 +200,38 @@ class SlotPool:
     def next_run(self) -> transitions.Claimed | None:
         """Block until a run is queued for this slot thread (None: the thread stops)."""
         with self._lock:
-            while not self._queued:
+            self._idle += 1
+            while not self._queued or (
+                self.shared_cap
+                and self._queued[0] is not None
+                and self._running >= self.concurrency
+            ):
                 self._ready.wait()
+            self._idle -= 1
             item = self._queued.popleft()
             if item is not None:
                 self._started += 1
+                self._running += 1
+            else:
+                self._threads -= 1
             return item
+
+    def thread_started(self) -> None:
+        with self._lock:
+            self._threads += 1
+
+    def thread_retired(self) -> None:
+        with self._lock:
+            self._threads -= 1
+
+    def next_async(self, room: int) -> list[transitions.Claimed]:
+        """Up to `room` queued async runs, for the event loop to start now."""
+        with self._lock:
+            n = min(room, self.concurrency - self._running, len(self._queued_async))
+            taken = [self._queued_async.popleft() for _ in range(max(0, n))]
+            self._started += len(taken)
+            self._running += len(taken)
+            return taken
 
     def stop_threads(self, n: int) -> None:
         with self._lock:
@@ -210,8 +263,14 @@ class SlotPool:
             self._uncap(k)
             if not retired and not handed_over:
                 self._busy -= 1
+            if not retired:
+                self._running -= 1
+                self._ready.notify()  # a slot thread held back by the concurrency
+            waiting_async = bool(self._queued_async)
         if not handed_over:
             self.freed.set()
+        if waiting_async:
+            self.async_ready()
         return retired
 
     def write_off(self, held: Held) -> bool:
@@ -226,7 +285,10 @@ class SlotPool:
             self._written_off.add(k)
             self._uncap(k)  # like its slot, its place under a worker_concurrency is given up
             self._busy -= 1
+            self._running -= 1
+            self._ready.notify()
         self.freed.set()
+        self.async_ready()
         return True
 
     def _uncap(self, k: Key) -> None:
@@ -257,7 +319,7 @@ class SlotPool:
         with self._lock:
             queued = sum(1 for c in self._queued if c is not None)
             idle_threads = max(0, self.concurrency - len(self._held))
-            return len(self._held) + min(queued, idle_threads)
+            return len(self._held) + min(queued + len(self._queued_async), idle_threads)
 
     def held(self) -> list[Held]:
         with self._lock:

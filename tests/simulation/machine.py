@@ -209,7 +209,9 @@ GRACE_STOPS = 2  # stops a stopping worker lets each attempt make before it abor
 MAX_STOPS_TO_BODY = 50
 DRAIN_LIMIT = 5000  # stops, claims and clock jumps the quiescence drain may take
 
-PARKING_TASKS = frozenset({"sim-sleep", "sim-fact", "sim-fact-timeout"})  # besides parents
+PARKING_TASKS = frozenset(
+    {"sim-sleep", "sim-fact", "sim-fact-timeout", "sim-async-fact"}
+)  # besides parents
 PARENT_TASKS = frozenset({"sim-parent", "sim-parent-retry"})
 PRUNE_BATCH = 500
 # The retention service's RETENTION_DAYS (test_simulation.py installs it): completed and
@@ -232,6 +234,10 @@ SHAPES: dict[str, Shape] = {
     "steps": Shape("sim-steps"),
     "steps-atomic": Shape("sim-steps", {"atomic": True}),
     "steps-abortable": Shape("sim-steps", {"honor_abort": True}),
+    # Async workflows: the same guarantees, through the async step API (runtime/async_steps.py).
+    "async-steps": Shape("sim-async-steps"),
+    "async-steps-atomic": Shape("sim-async-steps", {"atomic": True, "honor_abort": True}),
+    "async-fact": Shape("sim-async-fact"),
     "sleep": Shape("sim-sleep"),
     "fact": Shape("sim-fact"),
     "fact-timeout": Shape("sim-fact-timeout"),
@@ -308,7 +314,7 @@ class SimWorker:
         # What Registration reads of its worker process.
         self.pairs = env().pairs
         self.config = SimpleNamespace(concurrency=CONCURRENCY)
-        self.concurrency = CONCURRENCY  # fleet.Registration reads it off the process itself
+        self.concurrency = CONCURRENCY  # services/worker_process.py's WorkerProcess reads it
         self.registration = fleet.Registration(self)  # type: ignore[arg-type]
         self.heartbeat = _heartbeat(self)
 

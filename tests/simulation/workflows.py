@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tasks_engine import (
+    AsyncTaskContext,
     FactTimeoutError,
     NonRetryableError,
     RetryPolicy,
@@ -151,6 +152,33 @@ def _bad_body(ctx: TaskContext) -> Any:
 
 
 # -- workflows --------------------------------------------------------------------------------
+
+
+async def astep(ctx: TaskContext, key: str, prev: str = "", *, atomic: bool = False) -> str:
+    """`step` in an async workflow: awaited; its body a plain function, so it runs off the
+    run's event loop, on the thread that executes the claim (harness.current_attempt)."""
+    honor_abort = bool(getattr(ctx.input, "honor_abort", False))
+
+    def body() -> str:
+        harness.executed(ctx, key, slow=_slow(ctx, key))
+        if honor_abort:
+            ctx.raise_if_canceled()
+        return prev + key
+
+    return str(await ctx.step.run(key, body, atomic=atomic))
+
+
+async def sim_async_steps(ctx: AsyncTaskContext) -> str:
+    a = await astep(ctx, "a")
+    b = await astep(ctx, "b", a, atomic=ctx.input.atomic)
+    return await astep(ctx, "c", b)
+
+
+async def sim_async_fact(ctx: AsyncTaskContext) -> str:
+    a = await astep(ctx, "a")
+    await ctx.step.sleep("nap", SLEEP_SECONDS)
+    got = await ctx.step.wait_for_fact(FACT)
+    return await astep(ctx, "b", a + str(got))
 
 
 def sim_steps(ctx: TaskContext) -> str:
@@ -307,8 +335,10 @@ def _name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-DEFINITIONS: list[tuple[Callable[[TaskContext], Any], dict[str, Any], Expect]] = [
+DEFINITIONS: list[tuple[Callable[..., Any], dict[str, Any], Expect]] = [
     (sim_steps, {"input": SimInput}, Expect(frozenset({"abc"}), ("a", "b", "c"))),
+    (sim_async_steps, {"input": SimInput}, Expect(frozenset({"abc"}), ("a", "b", "c"))),
+    (sim_async_fact, {}, Expect(frozenset({"a!b"}), ("a", "b"))),
     (sim_sleep, {}, Expect(frozenset({"ab"}), ("a", "b"))),
     (sim_fact, {}, Expect(frozenset({"a!b"}), ("a", "b"))),
     (sim_fact_timeout, {}, Expect(frozenset({"a!b", "aTb"}), ("a", "b"))),

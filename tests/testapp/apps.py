@@ -8,6 +8,7 @@ class TestAppConfig(AppConfig):
 
     def ready(self) -> None:
         from . import (  # noqa: F401 - workflows in more modules
+            async_workflows,
             bench_workflows,
             flow_workflows,
             leader_probe,

@@ -167,7 +167,9 @@ class Command(OneLineErrors, BaseCommand):
         """More processes than the CPUs and the database's connections allow: a usage error,
         before any child starts."""
         try:
-            problem = bounds.too_many(processes, connections_per_process(concurrency))
+            has_async = any(registry.get(n, v).is_async for n, v in registry.pairs())
+            per_process = connections_per_process(concurrency, has_async=has_async)
+            problem = bounds.too_many(processes, per_process)
         except bounds.CannotCount as exc:
             self.stderr.write(
                 f"warning: cannot read the database's connection limits ({exc}); "

@@ -490,20 +490,6 @@ def test_a_failing_begin_around_a_child_start_is_an_outage(fake_clock: FakeClock
 # -- async code in a plain engine ----------------------------------------------------------
 
 
-def test_an_async_def_workflow_is_a_type_error_where_it_is_defined() -> None:
-    """It was accepted, then every run failed with "holds a coroutine" and a never-awaited
-    coroutine warning."""
-    from tasks_engine.definitions import registry
-
-    with pytest.raises(TypeError, match=r"async def workflows are not supported yet: .*\bdef\b"):
-
-        @tasks_engine.workflow(name="async_flow")
-        async def async_flow(ctx: tasks_engine.TaskContext) -> dict:
-            return {}
-
-    assert registry.find("async_flow", 1) is None
-
-
 @pytest.mark.filterwarnings("error::RuntimeWarning")  # "coroutine ... was never awaited"
 @pytest.mark.parametrize("kind", ["function", "lambda"])
 def test_an_async_step_function_fails_its_step_at_once_saying_what_to_write(
@@ -516,7 +502,8 @@ def test_an_async_step_function_fails_its_step_at_once_saying_what_to_write(
     gc.collect()  # a coroutine left unawaited would warn (an error here) when collected
     r = run(rid)
     assert r.error["type"] == "tasks_engine.exceptions.AsyncStepError"
-    assert "async step functions are not supported yet" in r.error["message"]
-    assert "define the step function with def" in r.error["message"]
+    assert "a plain workflow would never await" in r.error["message"]
+    assert "make the workflow an async def and write `await ctx.step.run(" in r.error["message"]
+    assert "or define the step function with def" in r.error["message"]
     [attempt] = StepAttempt.objects.filter(run_id=rid, name="fetch")
     assert (attempt.status, attempt.error["terminal"]) == ("failed", True)

@@ -153,3 +153,23 @@ def test_a_plain_claim_that_falls_short_ends_the_backlog() -> None:
     assert not pool.backlog
     assert pool.after_claim([claimed(), claimed(), claimed()], pool.reserve(3))
     assert pool.backlog
+
+
+def test_with_async_runs_the_concurrency_caps_both_kinds_together() -> None:
+    """A worker with async workflows: slot threads and the event loop take runs from one
+    count, so --concurrency bounds the runs in flight of both kinds together."""
+    pool = SlotPool(concurrency=2, prefetch=0)
+    plain, first, second = claimed(), claimed(), claimed()
+    pool.is_async = lambda c: c is not plain
+    pool.shared_cap = True
+    woken: list[bool] = []
+    pool.async_ready = lambda: woken.append(True)
+    pool.fill([plain, first, second], pool.reserve(3))
+    assert woken  # the loop was told async runs are queued
+    assert pool.next_run() is plain
+    assert pool.next_async(10) == [first]  # one place left, not two
+    assert pool.next_async(10) == []
+    woken.clear()
+    pool.release(plain.lease)
+    assert woken  # a place freed while an async run waits for one
+    assert pool.next_async(10) == [second]
