@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+import psycopg
 from django.db import Error as DjangoDbError
 from django.db import connection
 
@@ -78,7 +79,7 @@ def drop_if_cut() -> bool:
         poller = select.poll()
         poller.register(raw.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
         cut = bool(poller.poll(0)) or raw.closed
-    except (OSError, ValueError, DjangoDbError):
+    except (OSError, ValueError, DjangoDbError, psycopg.Error):  # psycopg's: a lost socket
         cut = True
     if cut:
         with contextlib.suppress(Exception):

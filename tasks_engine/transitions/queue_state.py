@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..conf import EngineSettings, QueueLimits, engine_settings, parse_rate
+from ..db.outages import DB_ERRORS
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,13 @@ def current() -> Snapshot:
     poll = _poll_interval[0] if _poll_interval[0] is not None else settings.poll_interval
     if snap.settings is settings and age < poll / 2:
         return snap
-    return _read(settings)
+    try:
+        return _read(settings)
+    except DB_ERRORS:
+        # An outage: what was known stands (read again on the next look). The caller's own
+        # statement meets the outage where its loop handles it; this read is no place to end
+        # a worker (CI saw a claim loop exit while PostgreSQL restarted).
+        return snap
 
 
 def paused() -> frozenset[str]:
