@@ -19,6 +19,7 @@ in flight at once (`asyncio.gather` over step calls), is a TypeError that says s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 from collections.abc import Callable, Coroutine, Generator
@@ -73,7 +74,8 @@ class _Cancel:
         self.target: asyncio.Task[Any] | None = None
 
     def from_any_thread(self) -> None:
-        self.loop.call_soon_threadsafe(self.now)
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the run has ended
+            self.loop.call_soon_threadsafe(self.now)
 
     def now(self) -> None:
         if self.target is not None and not self.target.done():

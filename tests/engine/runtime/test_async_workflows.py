@@ -246,3 +246,15 @@ def test_replay_check_replays_an_async_workflows_history(fake_clock: FakeClock) 
     checked, [mismatch] = replay_check.check("async_full")
     assert checked == 1
     assert "renamed" in mismatch.problem
+
+
+@pytest.mark.one_db("no database: the abort signal and a closed event loop")
+def test_an_abort_after_the_runs_loop_closed_does_not_raise() -> None:
+    from tasks_engine.runtime.async_steps import _Cancel
+    from tasks_engine.runtime.context import AbortSignal
+
+    loop = asyncio.new_event_loop()
+    signal = AbortSignal()
+    signal.on_abort(_Cancel(loop).from_any_thread)
+    loop.close()
+    assert signal.abort(tasks_engine.TaskCanceledError("late"))  # the heartbeat's thread
