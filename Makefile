@@ -85,7 +85,7 @@ test-fast: $(STAMP)
 
 # Django 5.2 LTS, the oldest Django the engine supports (pyproject: django>=5.2,<6.2): the
 # fast tier above in a second virtualenv that holds Django 5.2, built once (its stamp follows
-# pyproject.toml), on PostgreSQL when it is reachable, else SQLite. `make test` runs it after its
+# pyproject.toml), on PostgreSQL when it is reachable, else SQLite. `make test` runs it beside its
 # two passes on the newest Django; the django.tasks backend's tests are left out (6.0+), and so,
 # to keep this pass near three minutes, are the PgBouncer tests (a throwaway pooler: two
 # minutes of the pass, about the pooler rather than Django) and the check of make test's passes.
