@@ -137,24 +137,37 @@ def _candidates(req: ClaimRequest, params: dict[str, Any]) -> list[RatedRun]:
 
 def _lock_keys(keys: list[str]) -> dict[str, list[float]]:
     """Each key's log row, created if missing, locked: the keys it got -> their claim times
-    (seconds since the epoch, oldest first). A key another claim holds is left out."""
+    (seconds since the epoch, oldest first). A key another claim holds is left out. The rows
+    are locked first; only when some did not come back (missing, or held by another claim) is
+    the insert of the missing ones sent, and those looked up again: a key's later claims cost
+    one statement here, not two."""
+    found = _locked_rows(keys)
+    if len(found) < len(keys):
+        missing = [k for k in keys if k not in found]
+        if is_postgres():
+            insert = (
+                f"INSERT INTO {LOG} (key, times) SELECT k, '[]'::jsonb"
+                " FROM unnest(%s::text[]) AS k ON CONFLICT DO NOTHING"
+            )
+            execute(insert, [_pg_array(missing)])
+        else:
+            insert = (
+                f"INSERT INTO {LOG} (key, times) SELECT value, '[]' FROM json_each(%s)"
+                " WHERE true ON CONFLICT DO NOTHING"
+            )
+            execute(insert, [json.dumps(missing)])
+        found |= _locked_rows(missing)
+    return found
+
+
+def _locked_rows(keys: list[str]) -> dict[str, list[float]]:
     if is_postgres():
-        execute(
-            f"INSERT INTO {LOG} (key, times) SELECT k, '[]'::jsonb FROM unnest(%s::text[]) AS k"
-            " ON CONFLICT DO NOTHING",
-            [_pg_array(keys)],
-        )
         rows = fetchall(
             f"SELECT key, times FROM {LOG} WHERE key = ANY(%s::text[])"
             " ORDER BY key FOR UPDATE SKIP LOCKED",
             [_pg_array(keys)],
         )
-    else:
-        execute(
-            f"INSERT INTO {LOG} (key, times) SELECT value, '[]' FROM json_each(%s) WHERE true"
-            " ON CONFLICT DO NOTHING",
-            [json.dumps(keys)],
-        )
+    else:  # one writer: nothing to lock
         rows = fetchall(
             f"SELECT key, times FROM {LOG} WHERE key IN (SELECT value FROM json_each(%s))",
             [json.dumps(keys)],
