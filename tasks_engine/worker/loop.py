@@ -1,7 +1,8 @@
 """The worker loop: claim -> hand to a slot -> execute -> free the slot. Reads top to bottom.
 
 Threads: the main loop (claims), up to `concurrency` slot threads for plain runs (each keeps its
-own connection; all started at once when every workflow is plain), with async workflows one
+own connection; all started at once when every workflow is plain, at most EAGER_SLOT_THREADS
+with async workflows too, the rest as plain runs are claimed), with async workflows one
 event loop and its engine and step threads (async_runs.py), one heartbeat (which also beats the
 worker's row), the maintenance leader candidate (services/leader.py), and on PostgreSQL one
 LISTEN connection. SIGTERM/SIGINT: stop claiming, let
@@ -50,6 +51,7 @@ BURST_HORIZON = timedelta(seconds=60)
 PREFETCH_MAX_AGE = 1.0
 PREFETCH_PER_SLOT = 8  # the default prefetch cap, per slot
 CLAIM_GATHER_SECONDS = 0.005  # without group commit (whose own gather is in group_commit.py)
+EAGER_SLOT_THREADS = 16  # a worker with async workflows too: slot threads started at once
 
 
 @dataclass(frozen=True)
@@ -262,6 +264,18 @@ class Worker:
         t.start()
         self._slots.append(t)
 
+    def _eager_slot_threads(self) -> int:
+        """Slot threads started (and connected) with the worker, off the first runs' critical
+        path: one per place when every workflow is plain; with async workflows too, at most
+        EAGER_SLOT_THREADS (a --concurrency sized for async runs must not cost as many idle
+        threads and connections), none when every workflow is async."""
+        workflows = self.config.workflows
+        if self.async_runs is None:
+            return self.config.concurrency
+        if all(w.is_async for w in workflows):
+            return 0
+        return min(self.config.concurrency, EAGER_SLOT_THREADS)
+
     def _start_slots(self, n: int) -> None:
         """Plain runs were claimed and no idle slot thread is left for them."""
         with self._spawning:
@@ -328,11 +342,10 @@ class Worker:
             )
             self.group = GroupCommit(self.slots, claims, self.log)  # before the slots' runs
             self.group.start()
-        if self.async_runs is None:
-            for _ in range(self.config.concurrency):
-                self._start_slot()
-        else:
-            self.slots.threads_wanted = self._start_slots
+        for _ in range(self._eager_slot_threads()):
+            self._start_slot()
+        if self.async_runs is not None:
+            self.slots.threads_wanted = self._start_slots  # more as plain runs are claimed
             self.async_runs.start()
         self.heartbeat.start()
         self.leader.start()
