@@ -52,7 +52,7 @@ MARKED = re.compile(
     re.MULTILINE | re.DOTALL,
 )
 DATABASES = ("postgresql", "sqlite")
-BLOCK_START = "@@@ quickstart block {} @@@"
+BLOCK_START = "@@@ quickstart block {} at $EPOCHREALTIME @@@"  # bash 5: the time, in seconds
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ def shell_script(blocks: list[Block], db: FreshDatabase, database: str) -> str:
     for block in blocks:
         if not block.applies_to(database) or block.action in ("output", "skip", "server"):
             continue
-        lines.append(f"echo '{BLOCK_START.format(block.index)}'")
+        lines.append(f'echo "{BLOCK_START.format(block.index)}"')
         text = for_database(block, db)
         if block.action == "run":
             lines.append(text)
@@ -124,14 +124,32 @@ def shell_script(blocks: list[Block], db: FreshDatabase, database: str) -> str:
             assert block.path is not None and "QUICKSTART_EOF" not in text
             redirect = ">>" if block.action == "append" else ">"
             lines.append(f"cat {redirect} {block.path} <<'QUICKSTART_EOF'\n{text}QUICKSTART_EOF")
-    lines.append(f"echo '{BLOCK_START.format('end')}'")
+    lines.append(f'echo "{BLOCK_START.format("end")}"')
     return "\n".join(lines) + "\n"
 
 
-def outputs_by_block(stdout: str) -> dict[int, str]:
-    parts = re.split(r"^@@@ quickstart block (\d+|end) @@@$", stdout, flags=re.MULTILINE)
-    assert parts[-2] == "end", stdout[-2000:]
-    return {int(n): out for n, out in zip(parts[1:-2:2], parts[2:-2:2], strict=True)}
+def outputs_by_block(stdout: str) -> tuple[dict[int, str], dict[int | str, float]]:
+    """What each block printed, and when it started (seconds since the epoch; "end": when
+    the last one ended)."""
+    parts = re.split(r"^@@@ quickstart block (\d+|end) at ([\d.,]+) @@@$", stdout, flags=re.M)
+    assert len(parts) >= 4 and parts[-3] == "end", stdout[-2000:]
+    names = [int(n) if n != "end" else n for n in parts[1::3]]
+    started = {n: float(t.replace(",", ".")) for n, t in zip(names, parts[2::3], strict=True)}
+    outputs = dict(zip(names[:-1], parts[3:-3:3], strict=True))
+    return {int(n): out for n, out in outputs.items()}, started
+
+
+def report_times(
+    database: str, took: float, started: dict[int | str, float], blocks: list[Block]
+) -> None:
+    """How long the page took, block by block (printed with `pytest -s`; never asserted)."""
+    first = min(started.values())
+    print(f"\nquickstart on {database}: the page's shell took {took:.1f} s")
+    for block in blocks:
+        if block.index in started:
+            heading = block.text.strip().splitlines()[0][:70]
+            print(f"  {started[block.index] - first:6.1f} s  block {block.index}: {heading}")
+    print(f"  {started['end'] - first:6.1f} s  end")
 
 
 def expected_line(line: str) -> re.Pattern[str]:
@@ -187,8 +205,8 @@ def test_the_quickstart_page_runs_as_written(
     )
     took = time.monotonic() - started
     assert done.returncode == 0, f"the page's shell failed:\n{done.stdout}\n{done.stderr}"
-    print(f"\nquickstart on {database}: the page's commands took {took:.1f} s")
-    outputs = outputs_by_block(done.stdout)
+    outputs, block_started = outputs_by_block(done.stdout)
+    report_times(database, took, block_started, blocks)
 
     # each output block shows what the run block before it printed
     checked = 0
