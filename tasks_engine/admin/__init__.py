@@ -45,6 +45,7 @@ from .retry_actions import RETRY, RetryMixin, retry_refused, step_choices
 from .run_page import elapsed, humanize_seconds, pass_timing, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+LONG_TASK_NAME = 24  # characters: a longer task name may break anywhere in the runs list
 
 
 def status_badge(status: str, extra: str = "") -> str:
@@ -183,9 +184,13 @@ class WorkflowRunAdmin(
     @admin.display(description="task")
     def task(self, run: WorkflowRun) -> str:
         child = mark_safe('<span class="te-muted" title="child run">↳ </span>')
+        # A name wraps before its @version; one too long for a column, anywhere (the list must
+        # fit 1280 px: change_list.html).
+        long = len(run.task_name) > LONG_TASK_NAME
         return format_html(
-            '{}{}<span class="te-muted">@{}</span>',
+            '{}<span class="{}">{}</span><wbr><span class="te-muted">@{}</span>',
             child if run.parent_run_id else "",
+            "te-break" if long else "",
             run.task_name,
             run.version,
         )
