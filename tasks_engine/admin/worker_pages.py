@@ -45,7 +45,7 @@ def due_unserved() -> list[str]:
     due now (pending, available) and that no live worker serves, one per (task, version,
     queue); none when every due run has a worker. The same logic as the readiness probe, so
     the admin and the probe never disagree."""
-    return health._unserved_due_runs()
+    return health.unserved_due_runs()
 
 
 def warn_if_unserved(request: HttpRequest, run: WorkflowRun) -> None:
