@@ -221,7 +221,9 @@ def _row(run: NewRun, now: datetime, postgres: bool) -> dict[str, Any]:
 # common values); its JSON as the document writes it.
 _MADE_OF: dict[str, tuple[str, ...]] = {
     **{name: (name,) for name, _ in _COLUMNS},
-    "input": ("input", "input_json"),
+    # Inputs told apart by their hash, of their canonical JSON: {"a": 1} == {"a": True} in
+    # Python, not as stored.
+    "input": ("input_hash", "input_json"),
     "available_at": ("available_at", "debounce"),
     "deadline_at": ("deadline_at", "deadline_after"),
     "debounce_until": ("debounce_max",),
