@@ -2,12 +2,12 @@
 
 `enqueue` and `enqueue_many` both write through `create_runs`: every row goes in one INSERT
 whose rows come from one JSON parameter (PostgreSQL `json_to_recordset`, SQLite `json_each`),
-so the statement's text is the same for any number of runs, and on PostgreSQL the same
-statement NOTIFYs idle workers (delivered at commit), once per queue. On PostgreSQL the JSON
-holds only the columns that differ between the runs (an enqueue_many's ids, inputs and
-hashes): the others are parameters, sent and parsed once, and the inputs' JSON text is the
-one their hashes were taken of (`NewRun.input_json`), not written again. A single run (every `enqueue`) goes in as plain values instead: the
-same columns and conflict clause, without building and parsing a JSON document for one row,
+and on PostgreSQL the same statement NOTIFYs idle workers (delivered at commit), once per
+queue. On PostgreSQL the JSON holds only the columns that differ between the runs (an
+enqueue_many's ids, inputs and hashes): the others are parameters, sent and parsed once, and
+the inputs' JSON text is the one their hashes were taken of (`NewRun.input_json`), not
+written again. A single run (every `enqueue`) goes in as plain values instead: the same
+columns and conflict clause, without building and parsing a JSON document for one row,
 which cost a single enqueue about a fifth of its time inside a transaction (measured in
 docs/guides/many-runs.md, "Measured").
 """
