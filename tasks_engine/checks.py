@@ -454,12 +454,13 @@ def check_unserved_runs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     (a version retired by a deploy while runs of it were mid-way, a queue nobody listens to).
     Only once workers are known: with no live worker row nothing can be said. Says nothing
     when the database cannot be read (not migrated yet, or down): this is advice, not a gate."""
-    from django.db import DatabaseError, transaction
+    from django.db import DatabaseError
 
+    from .db.alias import atomic
     from .services.fleet import unserved_runs
 
     try:
-        with transaction.atomic():  # a failed read inside a caller's transaction stays contained
+        with atomic():  # a failed read inside a caller's transaction stays contained
             unserved = unserved_runs()
     except DatabaseError:
         return []

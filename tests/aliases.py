@@ -79,7 +79,7 @@ def alias(name: str, db: dict[str, Any]) -> Iterator[dict[str, Any]]:
 def _allowed(name: str) -> Any:
     refusing = BaseDatabaseWrapper.ensure_connection
 
-    def ensure_connection(self: BaseDatabaseWrapper, *args: Any, **kwargs: Any) -> None:
+    def ensure_connection(self: BaseDatabaseWrapper, *args: Any, **kwargs: Any) -> Any:
         if (
             self.alias in settings.DATABASES
             and self.alias not in ("default",)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -69,7 +70,7 @@ def replay(replica: Cluster, db: str, paused: bool) -> None:
             )
 
 
-def on_replica(run_id: object) -> WorkflowRun | None:
+def on_replica(run_id: Any) -> WorkflowRun | None:
     return WorkflowRun.objects.using(REPLICA).filter(pk=run_id).first()
 
 
