@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pydantic
-from django.db import transaction
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from . import transitions
 from .db import notify
+from .db.alias import atomic
 from .db.sql import is_postgres
 from .definitions import Workflow, check_priority, is_integer, registry
 from .exceptions import UnknownRunError, UnknownStepError
@@ -281,7 +281,7 @@ def enqueue_many(
     if enqueueing.one_statement(runs):  # all inserted, or none: the statement is atomic
         answers = enqueueing.answer(wf.name, runs)
     else:
-        with transaction.atomic():  # a conflict found after the insert takes it back
+        with atomic():  # a conflict found after the insert takes it back
             answers = enqueueing.answer(wf.name, runs)
     return [Enqueued(run_id, deduplicated) for run_id, deduplicated in answers]
 
@@ -559,7 +559,7 @@ def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:
     """Cancel a run and its children. False when the run had already finished."""
     rid = _run_id(run_id)
     check_reason(reason)
-    with transaction.atomic():
+    with atomic():
         transitions.lock_parent(rid)  # a parent parking on this run must see the cancel
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
         if run is None:
@@ -618,7 +618,7 @@ def signal(
     _check_text("fact name", name)
     if idempotency_key is not None:
         _check_text("idempotency_key", idempotency_key)
-    with transaction.atomic():
+    with atomic():
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
         if run is None:
             raise UnknownRunError(f"no run with id {rid}")

@@ -28,6 +28,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
+from ..db.alias import admin_read_alias
 from ..db.sql import is_postgres
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from ..states import RunStatus
@@ -83,6 +84,11 @@ class ReadOnlyAdmin(RefuseMalformedSelectionMixin, RefuseNulLookupsMixin, admin.
     show_facets = admin.ShowFacets.NEVER
     paginator = CappedPaginator
     list_per_page = 50
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        """Lists and pages read from TASKS_ENGINE["ADMIN_READ_DATABASE"] (a replica, or the
+        engine's alias); the operator's actions write through the engine, on the primary."""
+        return super().get_queryset(request).using(admin_read_alias())
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -264,7 +270,8 @@ class WorkflowRunAdmin(
         if request.method not in SAFE_METHODS:
             raise PermissionDenied
         run = (
-            WorkflowRun.objects.select_related("parent_run")
+            WorkflowRun.objects.using(admin_read_alias())
+            .select_related("parent_run")
             .filter(pk=self._pk_or_none(unquote(object_id)))
             .first()
         )

@@ -15,9 +15,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-from django.db import transaction
-
 from .. import clock
+from ..db.alias import atomic
 from ..db.sql import fetchall, p_dt, p_json, query, r_uuid
 from ..exceptions import IdempotencyConflict
 from ..models import QUEUED, WorkflowRun
@@ -64,7 +63,7 @@ def answer(task_name: str, runs: list[NewRun]) -> list[Answer]:
     strategic = [r for r in runs if r.on_limit != "queue" and r.concurrency_key is not None]
     if not strategic:
         return _answer(task_name, runs)
-    with transaction.atomic():  # the keys' enqueues serialised until the cancels commit
+    with atomic():  # the keys' enqueues serialised until the cancels commit
         key_limits.lock_keys({r.concurrency_key for r in strategic if r.concurrency_key})
         answers = _answer(task_name, runs)
         created = {run_id for run_id, deduplicated in answers if not deduplicated}
