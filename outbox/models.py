@@ -79,3 +79,13 @@ class OutboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.pk} ({self.status})"
+
+    @property
+    def run_key(self) -> str:
+        """The idempotency key for the run this event's route starts: pass it to `enqueue`.
+        When the engine's tables are on another database than the outbox's
+        (TASKS_ENGINE["DATABASE"]), the run commits there at once, apart from the relay's
+        transaction; a relay that dies before marking the event dispatched leaves the event
+        due, and the next dispatch's `enqueue` with this key finds that run instead of starting
+        a second one (docs/DATABASES.md)."""
+        return f"outbox-event:{self.pk}"

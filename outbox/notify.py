@@ -11,14 +11,23 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connection
+from django.db import connections, router
 
 from tasks_engine.db.notify import Listener
 
 CHANNEL = "outbox_wake"
 
 
+def outbox_alias() -> str:
+    """The database of the outbox's table (the business data's: "default" unless a router
+    says otherwise), which may not be the engine's (TASKS_ENGINE["DATABASE"])."""
+    from .models import OutboxEvent
+
+    return router.db_for_write(OutboxEvent)
+
+
 def wake_relay() -> None:
+    connection = connections[outbox_alias()]
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cur:
@@ -27,4 +36,11 @@ def wake_relay() -> None:
 
 def relay_listener(on_wake: Callable[[], None], stop: threading.Event, log: Any) -> Listener:
     """The engine's LISTEN thread on the relay's channel."""
-    return Listener(lambda _payloads: on_wake(), stop, log, channel=CHANNEL, name="outbox-listener")
+    return Listener(
+        lambda _payloads: on_wake(),
+        stop,
+        log,
+        channel=CHANNEL,
+        name="outbox-listener",
+        alias=outbox_alias(),
+    )

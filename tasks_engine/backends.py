@@ -41,7 +41,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
-from django.db import transaction
 from django.dispatch import Signal
 from django.utils.module_loading import import_string
 from pydantic import BaseModel
@@ -58,6 +57,7 @@ try:
     from django.utils.json import normalize_json
 except ModuleNotFoundError as missing:  # Django 5.2: the engine works, this backend cannot
     raise ImportError(no_django_tasks_message()) from missing
+from .db.alias import on_commit
 from .definitions import QUEUE_MAX_LENGTH, RetryPolicy, workflow
 from .exceptions import EngineUnavailable, LeaseLostError, NonRetryableError, Suspend
 from .values.durations import duration_seconds
@@ -202,9 +202,7 @@ class DurableBackend(BaseTaskBackend):
         result = self.get_result(str(res.run_id))
         if not res.deduplicated:
             # Sent once the run is durable: never for an enqueue whose transaction rolls back.
-            transaction.on_commit(
-                lambda: task_enqueued.send(type(self), task_result=result), robust=True
-            )
+            on_commit(lambda: task_enqueued.send(type(self), task_result=result), robust=True)
         return result
 
     def get_result(self, result_id: str) -> TaskResult:

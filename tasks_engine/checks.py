@@ -72,7 +72,50 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
             errors.append(checks.Error(f"TASKS_ENGINE {key} must be > 0", id="tasks_engine.E008"))
     errors += _unknown_keys(raw)
     errors += _sqlite_atomic_step_bound(s)
+    errors += _engine_database(s)
     return errors
+
+
+ENGINE_ROUTER = "tasks_engine.db.routers.EngineRouter"
+
+
+def _engine_db() -> dict[str, Any]:
+    """The DATABASES entry of the engine's alias ({} if it has none: E040 says so)."""
+    try:
+        alias = engine_settings().database
+    except (TypeError, ValueError):
+        alias = DEFAULT_DB_ALIAS
+    return settings.DATABASES.get(alias, {})  # type: ignore[no-any-return]
+
+
+def _engine_database(s: Any) -> list[checks.CheckMessage]:
+    """DATABASE and ADMIN_READ_DATABASE name aliases of DATABASES; an engine off "default"
+    needs its router, or the ORM's statements would go to "default" while the rest go to it."""
+    found: list[checks.CheckMessage] = []
+    for key, alias in (("DATABASE", s.database), ("ADMIN_READ_DATABASE", s.admin_read_database)):
+        if alias is not None and alias not in settings.DATABASES:
+            found.append(
+                checks.Error(
+                    f"TASKS_ENGINE {key} names the database alias {alias!r}, which DATABASES "
+                    f"does not have (it has {', '.join(map(repr, settings.DATABASES))})",
+                    id="tasks_engine.E040",
+                )
+            )
+    routers = [
+        r if isinstance(r, str) else type(r).__module__ + "." + type(r).__qualname__
+        for r in getattr(settings, "DATABASE_ROUTERS", [])
+    ]
+    if s.database != DEFAULT_DB_ALIAS and ENGINE_ROUTER not in routers:
+        found.append(
+            checks.Error(
+                f"TASKS_ENGINE DATABASE is {s.database!r} but DATABASE_ROUTERS does not list "
+                f"{ENGINE_ROUTER}: the engine's models would be read, written and migrated on "
+                "'default'",
+                hint=f'Add "{ENGINE_ROUTER}" to DATABASE_ROUTERS (docs/DATABASES.md).',
+                id="tasks_engine.E041",
+            )
+        )
+    return found
 
 
 def _positive(value: float) -> bool:
@@ -155,9 +198,9 @@ def check_misconfiguration(app_configs: Any = None, **kwargs: Any) -> list[check
         return []  # tasks_engine.E001 reports it
     raw = getattr(settings, "TASKS_ENGINE", {}) or {}
     found = _lease_holds_three_heartbeats(s)
-    if settings.DATABASES.get("default", {}).get("ENGINE") == SQLITE:
+    if _engine_db().get("ENGINE") == SQLITE:
         found += _postgres_only_settings_on_sqlite(raw)
-        found += _sqlite_transaction_mode(settings.DATABASES["default"])
+        found += _sqlite_transaction_mode(_engine_db())
     if behind_transaction_pooler():
         found += _transaction_pooler(s)
     found += _workflow_queue_typos(raw)
@@ -248,7 +291,7 @@ def check_undeclared_pooler(
 ) -> list[checks.CheckMessage]:
     """`check --database default` (and every `runworker` before it starts): a transaction
     pooler the settings do not declare. It connects, so only when asked for the database."""
-    if not databases or DEFAULT_DB_ALIAS not in databases:
+    if not databases or engine_settings().database not in databases:
         return []
     return _undeclared_pooler()
 
@@ -343,7 +386,7 @@ def worker_checks(queues: list[str], processes: int = 1) -> list[checks.CheckMes
     """What `runworker` checks about its own arguments before it starts: errors stop it (one
     line on stderr, exit 1), warnings are printed and it goes on."""
     found = _served_queue_typos(queues)
-    if processes > 1 and settings.DATABASES.get("default", {}).get("ENGINE") == SQLITE:
+    if processes > 1 and _engine_db().get("ENGINE") == SQLITE:
         found.append(
             checks.Warning(
                 f"--processes {processes} on SQLite: SQLite has one writer, so the processes "
@@ -368,7 +411,7 @@ def worker_checks(queues: list[str], processes: int = 1) -> list[checks.CheckMes
 
 def _live_workers_on_sqlite() -> int:
     """Live worker rows, on SQLite only (0 elsewhere, or before the table exists)."""
-    if settings.DATABASES.get("default", {}).get("ENGINE") != SQLITE:
+    if _engine_db().get("ENGINE") != SQLITE:
         return 0
     from django.db import DatabaseError
 
@@ -411,12 +454,13 @@ def check_unserved_runs(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     (a version retired by a deploy while runs of it were mid-way, a queue nobody listens to).
     Only once workers are known: with no live worker row nothing can be said. Says nothing
     when the database cannot be read (not migrated yet, or down): this is advice, not a gate."""
-    from django.db import DatabaseError, transaction
+    from django.db import DatabaseError
 
+    from .db.alias import atomic
     from .services.fleet import unserved_runs
 
     try:
-        with transaction.atomic():  # a failed read inside a caller's transaction stays contained
+        with atomic():  # a failed read inside a caller's transaction stays contained
             unserved = unserved_runs()
     except DatabaseError:
         return []

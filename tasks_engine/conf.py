@@ -75,6 +75,10 @@ class EngineSettings:
     # The largest input, step result, workflow output, fact payload or outbox payload, in bytes
     # of its compact JSON text (values/serialization.py): refused past it, never stored.
     max_payload_bytes: int = 16 * 2**20
+    # The database alias of the engine's tables (db/alias.py; db/routers.py routes the models).
+    database: str = "default"
+    # The alias the admin's lists and run pages read from (a replica); None: `database`.
+    admin_read_database: str | None = None
 
     @property
     def heartbeat(self) -> float:
@@ -103,6 +107,8 @@ KNOWN_KEYS = frozenset(
         "CONFIGURE_LOGGING",
         "LOG_JSON_TO_STDERR",
         "MAX_PAYLOAD_BYTES",
+        "DATABASE",
+        "ADMIN_READ_DATABASE",
     }
 )
 
@@ -139,7 +145,20 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         log_json_to_stderr=bool(raw.get("LOG_JSON_TO_STDERR", False)),
         listen_url=raw.get("LISTEN_URL") or None,
         max_payload_bytes=_payload_bound(raw.get("MAX_PAYLOAD_BYTES", 16 * 2**20)),
+        database=_alias_name("DATABASE", raw.get("DATABASE", "default")),
+        admin_read_database=_alias_name(
+            "ADMIN_READ_DATABASE", raw.get("ADMIN_READ_DATABASE"), optional=True
+        ),
     )
+
+
+def _alias_name(key: str, value: Any, *, optional: bool = False) -> Any:
+    """A database alias: a non-empty string (whether DATABASES has it is checks.py's E040)."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key} must be the name of a DATABASES alias, not {value!r}")
+    return value
 
 
 # MAX_PAYLOAD_BYTES' range. At most 32 MiB: a value of many small elements grows about sixfold

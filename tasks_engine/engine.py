@@ -10,11 +10,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pydantic
-from django.db import transaction
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from . import transitions
 from .db import notify
+from .db.alias import atomic
 from .db.sql import is_postgres
 from .definitions import Workflow, check_priority, is_integer, registry
 from .exceptions import UnknownRunError, UnknownStepError
@@ -24,7 +24,7 @@ from .run_waiter import wait_finished
 from .states import FINISHED, RunStatus
 from .transitions import enqueueing
 from .values import tags as run_tags
-from .values.serialization import check_reason, input_hash, to_jsonable
+from .values.serialization import check_reason, input_hash, plain_stored, to_jsonable
 from .values.text import check_text
 
 
@@ -275,11 +275,14 @@ def enqueue_many(
     keys = _idempotency_keys(idempotency_keys, len(items))
     options = _options(wf, queue=queue, priority=priority, available_at=available_at, tags=tags)
     stored = _validated(wf, items)  # pydantic.ValidationError: nothing written
-    runs = [_new_item(wf, i, data, options, keys[i]) for i, data in enumerate(stored)]
+    runs = _new_items(wf, stored, options, keys)
     if not runs:
         return []
-    with transaction.atomic():  # a conflict found after the insert takes it back
+    if enqueueing.one_statement(runs):  # all inserted, or none: the statement is atomic
         answers = enqueueing.answer(wf.name, runs)
+    else:
+        with atomic():  # a conflict found after the insert takes it back
+            answers = enqueueing.answer(wf.name, runs)
     return [Enqueued(run_id, deduplicated) for run_id, deduplicated in answers]
 
 
@@ -342,9 +345,10 @@ def _new_run(
     concurrency_limit: int | None = None,
     queueing_key: str | None = None,
     debounce_key: str | None = None,
+    digest: str | None = None,
 ) -> transitions.NewRun:
-    """One run of `wf` with its validated input `data`, its keys checked (ValueError; the
-    input's size and depth: UnstorableValueError)."""
+    """One run of `wf` with its validated input `data` (`digest`: its input hash, if known),
+    its keys checked (ValueError; the input's size and depth: UnstorableValueError)."""
     key = wf.key_for(data, concurrency_key)  # ValueError: nothing written
     limit = wf.limit_for(key, concurrency_limit)
     queueing = wf.queueing_key_for(data, queueing_key)  # ValueError: nothing written
@@ -364,7 +368,7 @@ def _new_run(
         task_name=wf.name,
         version=wf.version,
         input=data,
-        input_hash=input_hash(data, f"the input of {wf.key}"),
+        input_hash=digest or input_hash(data, f"the input of {wf.key}"),
         idempotency_key=idempotency_key,
         concurrency_key=key,
         concurrency_limit=limit,
@@ -404,14 +408,24 @@ def _check_key_combination(
         )
 
 
-def _validated(wf: Workflow, items: list[Any]) -> list[Any]:
+# An input validated: (stored form, its canonical JSON text, its input hash), the last two
+# None when not known yet.
+Stored = tuple[Any, str | None, str | None]
+
+
+def _validated(wf: Workflow, items: list[Any]) -> list[Stored]:
     """Every input validated; the errors of all the bad ones in one `pydantic.ValidationError`
-    whose locations start with the input's index."""
-    stored: list[Any] = []
+    whose locations start with the input's index. Without an input model, an input made of
+    JSON's own types is checked, stored and hashed in one pass (`plain_stored`)."""
+    stored: list[Stored] = []
     errors: list[InitErrorDetails] = []
+    plain = wf.input_model is None
     for i, item in enumerate(items):
+        if plain and (found := plain_stored(item if item is not None else {})) is not None:
+            stored.append(found)
+            continue
         try:
-            stored.append(wf.validate_input(item))
+            stored.append((wf.validate_input(item), None, None))
         except pydantic.ValidationError as exc:
             errors += [
                 {
@@ -427,13 +441,52 @@ def _validated(wf: Workflow, items: list[Any]) -> list[Any]:
 
 
 def _new_item(
-    wf: Workflow, index: int, data: Any, options: dict[str, Any], key: str | None
+    wf: Workflow, index: int, item: Stored, options: dict[str, Any], key: str | None
 ) -> transitions.NewRun:
     """`_new_run` for the input at `index` of enqueue_many: its errors name the index."""
+    data, text, digest = item
     try:
-        return _new_run(wf, data, options, idempotency_key=key)
+        run = _new_run(wf, data, options, idempotency_key=key, digest=digest)
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"inputs[{index}]: {exc}") from exc
+    run.input_json = text
+    return run
+
+
+# What differs between the runs of one enqueue_many when its workflow's keys are not
+# callables: the rest is the first run's.
+_PER_RUN = frozenset({"id", "input", "input_hash", "input_json", "idempotency_key"})
+
+
+def _new_items(
+    wf: Workflow, stored: list[Stored], options: dict[str, Any], keys: list[str | None]
+) -> list[transitions.NewRun]:
+    """The runs of enqueue_many. When none of the workflow's keys is a callable of the input,
+    the keys, their checks and every other column are the same for every run: found once,
+    with the first run, and each further run takes only its input, hash and idempotency key."""
+    if not stored:
+        return []
+    declared = (wf.concurrency_key, wf.queueing_key, wf.debounce_key, wf.rate_limit_key)
+    if any(callable(d) for d in declared):
+        return [_new_item(wf, i, item, options, keys[i]) for i, item in enumerate(stored)]
+    first = _new_item(wf, 0, stored[0], options, keys[0])
+    common = {f: v for f, v in vars(first).items() if f not in _PER_RUN}
+    runs = [first]
+    new_run = transitions.NewRun
+    for i in range(1, len(stored)):
+        data, text, digest = stored[i]
+        key = keys[i]
+        if key is not None or digest is None:
+            try:
+                if key is not None:
+                    _check_text("idempotency_key", key)
+                digest = digest or input_hash(data, f"the input of {wf.key}")
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"inputs[{i}]: {exc}") from exc
+        runs.append(
+            new_run(input=data, input_hash=digest, input_json=text, idempotency_key=key, **common)
+        )
+    return runs
 
 
 def _idempotency_keys(keys: Sequence[str | None] | None, count: int) -> list[str | None]:
@@ -506,7 +559,7 @@ def cancel(run_id: uuid.UUID | str, reason: str | None = None) -> bool:
     """Cancel a run and its children. False when the run had already finished."""
     rid = _run_id(run_id)
     check_reason(reason)
-    with transaction.atomic():
+    with atomic():
         transitions.lock_parent(rid)  # a parent parking on this run must see the cancel
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
         if run is None:
@@ -565,7 +618,7 @@ def signal(
     _check_text("fact name", name)
     if idempotency_key is not None:
         _check_text("idempotency_key", idempotency_key)
-    with transaction.atomic():
+    with atomic():
         run = WorkflowRun.objects.select_for_update().filter(pk=rid).first()
         if run is None:
             raise UnknownRunError(f"no run with id {rid}")

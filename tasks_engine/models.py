@@ -97,6 +97,7 @@ class WorkflowRun(models.Model):
         permissions = [
             ("cancel_workflowrun", "Can cancel workflow runs"),
             ("retry_workflowrun", "Can retry workflow runs"),
+            ("deliver_fact_workflowrun", "Can deliver facts to workflow runs"),
         ]
         constraints = [
             models.UniqueConstraint(
@@ -384,7 +385,10 @@ class Schedule(models.Model):
 
     class Meta:
         ordering = ["name"]
-        permissions = [("pause_schedule", "Can pause and resume schedules")]
+        permissions = [
+            ("pause_schedule", "Can pause and resume schedules"),
+            ("run_now_schedule", "Can run schedules now"),
+        ]
 
     def __str__(self) -> str:
         return self.name

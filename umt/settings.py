@@ -65,26 +65,39 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
 _db = DATABASES["default"]
-if _db["ENGINE"] == "django.db.backends.sqlite3":
+# The engine's tables on a database of their own (docs/DATABASES.md): TASKS_DATABASE_URL names
+# it (alias "tasks"); the router sends the engine's models there, the rest stays on "default".
+if env.str("TASKS_DATABASE_URL", default=""):
+    DATABASES["tasks"] = env.db("TASKS_DATABASE_URL")
+DATABASE_ROUTERS = ["tasks_engine.db.routers.EngineRouter"]
+
+
+def _sqlite_settings(db: dict) -> None:  # type: ignore[type-arg]
+    if db["ENGINE"] != "django.db.backends.sqlite3":
+        return
     # select_for_update() is a no-op on SQLite: serialise writers with BEGIN IMMEDIATE,
     # let readers run beside the writer (WAL) and wait for the write lock instead of failing.
     # synchronous=FULL syncs the WAL on every commit: a finished step or a `done` ledger entry
     # survives a power loss. NORMAL (SQLITE_SYNCHRONOUS=normal) syncs only at checkpoints:
     # faster, but the last commits can be lost, and their steps run again (docs/SQLITE.md).
-    _sync = env.str("SQLITE_SYNCHRONOUS", default="full").upper()
-    if _sync not in ("FULL", "NORMAL"):
-        raise ImproperlyConfigured(f"SQLITE_SYNCHRONOUS must be full or normal, not {_sync!r}")
-    _db.setdefault("OPTIONS", {}).update(
+    sync = env.str("SQLITE_SYNCHRONOUS", default="full").upper()
+    if sync not in ("FULL", "NORMAL"):
+        raise ImproperlyConfigured(f"SQLITE_SYNCHRONOUS must be full or normal, not {sync!r}")
+    db.setdefault("OPTIONS", {}).update(
         {
             "transaction_mode": "IMMEDIATE",
             "timeout": 30,
-            "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={_sync};",
+            "init_command": f"PRAGMA journal_mode=WAL; PRAGMA synchronous={sync};",
         }
     )
     # Tests use a file too (test_<name> beside the database), so that worker processes can
     # share the test database.
-    _name = Path(str(_db["NAME"]))
-    _db.setdefault("TEST", {})["NAME"] = str(_name.with_name(f"test_{_name.name}"))
+    name = Path(str(db["NAME"]))
+    db.setdefault("TEST", {})["NAME"] = str(name.with_name(f"test_{name.name}"))
+
+
+for _alias_db in DATABASES.values():
+    _sqlite_settings(_alias_db)
 
 # No constant default (umt/secret_key.py): SECRET_KEY from the environment, else a random key
 # made on first start and kept, readable by its owner only, beside the SQLite database (or at
@@ -148,7 +161,10 @@ TASKS_ENGINE = {
     # SQLite: an atomic step holding the only write lock longer is rolled back (0: no bound).
     "SQLITE_ATOMIC_STEP_SECONDS": env.float("TASKS_SQLITE_ATOMIC_STEP_SECONDS", default=5.0),
 }
-if _db["ENGINE"] == "django.db.backends.postgresql":
+if "tasks" in DATABASES:
+    TASKS_ENGINE["DATABASE"] = "tasks"
+_engine_db = DATABASES[str(TASKS_ENGINE.get("DATABASE", "default"))]
+if _engine_db["ENGINE"] == "django.db.backends.postgresql":
     # PostgreSQL-only settings (manage.py check warns about them on SQLite, which ignores them).
     TASKS_ENGINE |= {
         "NOTIFY": env.bool("TASKS_NOTIFY", default=True),
@@ -158,7 +174,7 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
     # Behind PgBouncer in transaction mode (docs/operations/poolers.md): Django's own switch
     # for transaction pooling, no prepared statements, LISTEN on a direct URL (or polling).
     if env.bool("DATABASE_TRANSACTION_POOLER", default=False):
-        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+        _engine_db["DISABLE_SERVER_SIDE_CURSORS"] = True
         TASKS_ENGINE["PREPARED_STATEMENTS"] = env.bool("TASKS_PREPARED_STATEMENTS", default=False)
     if env.str("TASKS_LISTEN_URL", default=""):
         TASKS_ENGINE["LISTEN_URL"] = env.str("TASKS_LISTEN_URL")

@@ -28,12 +28,14 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
+from ..db.alias import admin_read_alias
 from ..db.sql import is_postgres
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from ..states import RunStatus
 from ..values.secrets import mask_secrets
 from . import stats as admin_stats
 from .cancel_actions import CANCEL, CancelMixin
+from .fact_actions import DeliverFactMixin, waits_on_fact
 from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
 from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 from .matching import MatchingMixin
@@ -44,6 +46,7 @@ from .retry_actions import RETRY, RetryMixin, retry_refused, step_choices
 from .run_page import elapsed, humanize_seconds, pass_timing, run_page
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+LONG_TASK_NAME = 24  # characters: a longer task name may break anywhere in the runs list
 
 
 def status_badge(status: str, extra: str = "") -> str:
@@ -82,6 +85,11 @@ class ReadOnlyAdmin(RefuseMalformedSelectionMixin, RefuseNulLookupsMixin, admin.
     paginator = CappedPaginator
     list_per_page = 50
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        """Lists and pages read from TASKS_ENGINE["ADMIN_READ_DATABASE"] (a replica, or the
+        engine's alias); the operator's actions write through the engine, on the primary."""
+        return super().get_queryset(request).using(admin_read_alias())
+
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
@@ -100,7 +108,9 @@ class ReadOnlyAdmin(RefuseMalformedSelectionMixin, RefuseNulLookupsMixin, admin.
 
 
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, ReadOnlyAdmin):
+class WorkflowRunAdmin(
+    MatchingMixin, CancelMixin, RetryMixin, DeliverFactMixin, QueuesMixin, ReadOnlyAdmin
+):
     list_display = (
         "short_id",
         "task",
@@ -122,7 +132,8 @@ class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, Read
     )
     search_fields = ("id",)  # shows the search box; get_search_results does the matching
     search_help_text = (
-        "Exact run id (or its first 8 characters), idempotency key or trace id;"
+        "Exact run id (or its first 8 characters), task name (or task@version),"
+        " idempotency key or trace id;"
         " tag:KEY=VALUE (several: every pair must match)."
     )
     ordering = ("-created_at",)
@@ -133,6 +144,7 @@ class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, Read
         return (
             self.cancel_urls()
             + self.retry_urls()
+            + self.deliver_fact_urls()
             + self.matching_urls()
             + self.queues_urls()
             + super().get_urls()
@@ -178,9 +190,13 @@ class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, Read
     @admin.display(description="task")
     def task(self, run: WorkflowRun) -> str:
         child = mark_safe('<span class="te-muted" title="child run">↳ </span>')
+        # A name wraps before its @version; one too long for a column, anywhere (the list must
+        # fit 1280 px: change_list.html).
+        long = len(run.task_name) > LONG_TASK_NAME
         return format_html(
-            '{}{}<span class="te-muted">@{}</span>',
+            '{}<span class="{}">{}</span><wbr><span class="te-muted">@{}</span>',
             child if run.parent_run_id else "",
+            "te-break" if long else "",
             run.task_name,
             run.version,
         )
@@ -241,6 +257,7 @@ class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, Read
             "current_status": current,
             "can_cancel_matching": self.may(request, CANCEL),
             "can_retry_matching": self.may(request, RETRY),
+            "due_unserved": due_unserved(),
             **fleet_summary(),
             **(extra_context or {}),
         }
@@ -253,7 +270,8 @@ class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, Read
         if request.method not in SAFE_METHODS:
             raise PermissionDenied
         run = (
-            WorkflowRun.objects.select_related("parent_run")
+            WorkflowRun.objects.using(admin_read_alias())
+            .select_related("parent_run")
             .filter(pk=self._pk_or_none(unquote(object_id)))
             .first()
         )
@@ -281,6 +299,12 @@ class WorkflowRunAdmin(MatchingMixin, CancelMixin, RetryMixin, QueuesMixin, Read
             "retry_refused": refused,
             "retry_url": reverse("admin:tasks_engine_workflowrun_retry", args=[run.pk]),
             "retry_steps": step_choices(run.pk) if run.status in {"failed", "canceled"} else [],
+            "waits_on_fact": waits_on_fact(run),
+            "can_deliver_fact": waits_on_fact(run) is not None
+            and self.has_deliver_fact_permission(request, run),
+            "deliver_fact_url": reverse(
+                "admin:tasks_engine_workflowrun_deliver_fact", args=[run.pk]
+            ),
             "history_url": reverse("admin:tasks_engine_workflowrun_history", args=[run.pk]),
             "object_tools_in_content": django.VERSION < (6, 1),
             **(extra_context or {}),
@@ -422,6 +446,6 @@ def _by_run_id(queryset: QuerySet, term: str) -> QuerySet:
 from . import schedule_pages as _schedules  # noqa: E402, F401 - registers ScheduleAdmin (uses the above)
 
 # Last: the workers page builds on ReadOnlyAdmin and `when` above.
-from .worker_pages import WorkerAdmin, fleet_summary, warn_if_unserved  # noqa: E402
+from .worker_pages import WorkerAdmin, due_unserved, fleet_summary, warn_if_unserved  # noqa: E402
 
 admin.site.register(Worker, WorkerAdmin)

@@ -16,7 +16,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
 from .. import engine
-from ..states import ACTIVE
+from ..models import WorkflowRun
+from ..states import ACTIVE, RunStatus
 from .operator_actions import OperatorActionsMixin, RunAction
 
 CANCEL_PERMISSION = "tasks_engine.cancel_workflowrun"
@@ -46,8 +47,17 @@ class CancelMixin(OperatorActionsMixin):
 
         def cancel_one(run: Any, reason: str) -> bool:
             canceled = self._cancel(request, run, reason)
-            if canceled:
-                messages.success(request, format_html("Cancel requested for run {}.", run.pk))
+            now = WorkflowRun.objects.filter(pk=run.pk).values_list("status", flat=True).first()
+            if canceled and now == RunStatus.CANCELED:  # pending or waiting: canceled at once
+                messages.success(request, format_html("Run {} canceled.", run.pk))
+            elif canceled:  # running: its worker stops it at its next heartbeat
+                messages.success(
+                    request,
+                    format_html(
+                        "Cancel requested for run {}: its worker stops it at its next heartbeat.",
+                        run.pk,
+                    ),
+                )
             else:
                 messages.warning(
                     request, format_html("Run {} had already finished; nothing changed.", run.pk)

@@ -18,6 +18,7 @@ from ..definitions import registry
 from ..values import tags as run_tags
 
 HEX = re.compile(r"^[0-9a-f]{4,32}$")
+TASK_AT_VERSION = re.compile(r"^(?P<task>[^@]+)@(?P<version>[0-9]{1,9})$")
 
 
 def registered() -> list[tuple[str, int]]:
@@ -85,12 +86,14 @@ class QueueFilter(_RegistryFilter):
 
 
 def search_runs(queryset: QuerySet, term: str, *, postgres: bool = False) -> QuerySet:
-    """Exact search: a run id (full, or its first hex digits as shown in the list),
-    an idempotency key, or a trace id; or tags, `tag:K=V` (several, space-separated: every
-    pair must match; ValueError for one the tag rule refuses).
+    """Exact search: a run id (full, or its first hex digits as shown in the list), a task
+    name (or `name@version`, as the list shows it), an idempotency key, or a trace id; or
+    tags, `tag:K=V` (several, space-separated: every pair must match; ValueError for one the
+    tag rule refuses).
 
     An id match is looked up first, through the primary key index; only when none is found
-    are idempotency keys and stored trace ids compared (each on its partial index). A full run
+    are task names, idempotency keys and stored trace ids compared (task names on the
+    `(task_name, created_at)` index, the others each on its partial index). A full run
     id is also a trace id (a run's own, tracing.run_trace_id): the runs that joined its trace
     (its children) come with it.
     """
@@ -106,7 +109,14 @@ def search_runs(queryset: QuerySet, term: str, *, postgres: bool = False) -> Que
         found = queryset.filter(by_id)
         if found.exists():
             return found
-    return queryset.filter(Q(idempotency_key=term) | _stored_trace(term))
+    return queryset.filter(Q(idempotency_key=term) | _stored_trace(term) | _task_match(term))
+
+
+def _task_match(term: str) -> Q:
+    named = TASK_AT_VERSION.match(term)
+    if named:  # "acquire@2", as the list shows a run's task
+        return Q(task_name=term) | Q(task_name=named["task"], version=int(named["version"]))
+    return Q(task_name=term)
 
 
 def _stored_trace(term: str) -> Q:

@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
+from ..db.alias import engine_alias
 from ..models import WorkflowRun
 from ..operations import bulk
 from . import audit
@@ -84,7 +85,7 @@ class MatchingMixin(OperatorActionsMixin):
                 audit.record(request.user, WorkflowRun.objects.filter(pk__in=ids), verb, reason)
 
             try:
-                done = act(runs, reason, log)
+                done = act(runs.using(engine_alias()), reason, log)  # the primary's runs
             except ValueError as exc:  # a reason the engine refuses: nothing changed
                 messages.error(request, str(exc))
                 return HttpResponseRedirect(request.get_full_path())

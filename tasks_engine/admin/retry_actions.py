@@ -16,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html
 
 from .. import engine
+from ..db.alias import admin_read_alias
 from ..exceptions import UnknownStepError
 from ..models import StepAttempt
 from ..transitions.retry import RETRYABLE, why_not_retryable
@@ -37,7 +38,8 @@ RETRY = RunAction(
 def step_choices(run_id: Any) -> list[str]:
     """The run's step keys (not superseded), in the order they were first recorded."""
     names = (
-        StepAttempt.objects.filter(run_id=run_id, superseded=False)
+        StepAttempt.objects.using(admin_read_alias())
+        .filter(run_id=run_id, superseded=False)
         .order_by("id")
         .values_list("name", flat=True)
     )

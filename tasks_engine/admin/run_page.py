@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from .. import clock
+from ..db.alias import admin_read_alias
 from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
 from ..observe import tracing
 from ..states import ACTIVE
@@ -157,11 +158,15 @@ def timeline(run: WorkflowRun, steps: list[StepAttempt], now: datetime) -> list[
 def run_page(run: WorkflowRun) -> dict[str, Any]:
     """Context for the run page. Five queries: steps, facts, ops, children (+ the run itself)."""
     now = clock.now()
-    steps = list(StepAttempt.objects.filter(run_id=run.pk).order_by("id")[:MAX_STEPS])
-    facts = list(Fact.objects.filter(run_id=run.pk).order_by("id")[: MAX_FACTS + 1])
-    ops = list(OpLedger.objects.filter(run_id=run.pk).order_by("created_at", "id")[: MAX_OPS + 1])
+    db = admin_read_alias()
+    steps = list(StepAttempt.objects.using(db).filter(run_id=run.pk).order_by("id")[:MAX_STEPS])
+    facts = list(Fact.objects.using(db).filter(run_id=run.pk).order_by("id")[: MAX_FACTS + 1])
+    ops = list(
+        OpLedger.objects.using(db).filter(run_id=run.pk).order_by("created_at", "id")[: MAX_OPS + 1]
+    )
     children = list(
-        WorkflowRun.objects.filter(parent_run_id=run.pk)
+        WorkflowRun.objects.using(db)
+        .filter(parent_run_id=run.pk)
         .only("id", "task_name", "version", "status", "parent_step", "created_at", "finished_at")
         .order_by("created_at")[: MAX_CHILDREN + 1]
     )

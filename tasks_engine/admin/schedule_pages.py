@@ -7,10 +7,21 @@ permission (staff without it get 403, nothing changes, and are shown no buttons)
 for a reason (the row's button and the schedule's page through its pause/ or resume/ URL, the
 list actions through the same confirmation) and writes an admin log entry with it, shown on
 the schedule's history page.
+
+"Run now" (the row's button, the schedule page's link, `<id>/run_now/`) starts one run of the
+schedule's task with its input at once, outside its cron slots and whether it is paused or not.
+It needs its own permission, `tasks_engine.run_now_schedule`, goes through `tasks_engine.enqueue`,
+and is logged on the schedule's history page and on the run's. Its form carries a one-time
+token that becomes the run's idempotency key (`schedule:<name>:now:<token>`): a form submitted
+twice (a double click, a reload) starts one run. Bad input (a stale token, a reason too long, a
+run the engine refuses) is one line, and nothing is written.
 """
 
 from __future__ import annotations
 
+import re
+import threading
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,16 +36,25 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
+from pydantic import ValidationError
 
-from .. import clock, schedules
-from ..exceptions import UnknownScheduleError
-from ..models import Schedule
+from .. import clock, engine, schedules
+from ..exceptions import IdempotencyConflict, UnknownScheduleError, UnknownTaskError
+from ..models import Schedule, WorkflowRun
+from ..values.secrets import redact_text
 from ..values.serialization import check_reason
 from . import ReadOnlyAdmin, run_link, when
 from .audit import record
 from .operator_actions import reason_from, unknown_object
 
+# Per request: which of the buttons column's buttons the user may use, read once per list.
+_page = threading.local()
+
 PAUSE_PERMISSION = "tasks_engine.pause_schedule"
+RUN_NOW_PERMISSION = "tasks_engine.run_now_schedule"
+TOKEN = re.compile(r"^[0-9a-f]{32}$")
+# What enqueue raises for a run it refuses (as the firing service catches them): nothing written.
+REFUSED = (UnknownTaskError, ValidationError, IdempotencyConflict, ValueError, TypeError)
 ACTIONS = {"pause": ("Paused", schedules.pause), "resume": ("Resumed", schedules.resume)}
 
 
@@ -77,10 +97,15 @@ class ScheduleAdmin(ReadOnlyAdmin):
     def has_pause_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.has_perm(PAUSE_PERMISSION) and self.has_view_permission(request, obj)
 
+    def has_run_now_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(RUN_NOW_PERMISSION) and self.has_view_permission(request, obj)
+
     def get_list_display(self, request: HttpRequest) -> Any:
-        """The Pause/Resume buttons only for users who may use them (others got a 403)."""
+        """The buttons column only for users who may use one of its buttons (others got a
+        403): Pause/Resume, Run now."""
         shown = super().get_list_display(request)
-        if self.has_pause_permission(request):
+        _page.buttons = (self.has_pause_permission(request), self.has_run_now_permission(request))
+        if any(_page.buttons):
             return shown
         return tuple(column for column in shown if column != "buttons")
 
@@ -94,7 +119,14 @@ class ScheduleAdmin(ReadOnlyAdmin):
                 name=f"{info[0]}_{info[1]}_{op}",
             )
             for op in ACTIONS
-        ] + super().get_urls()
+        ] + [
+            path(
+                "<path:object_id>/run_now/",
+                self.admin_site.admin_view(self.run_now_view),
+                name=f"{info[0]}_{info[1]}_run_now",
+            ),
+            *super().get_urls(),
+        ]
 
     # -- columns ---------------------------------------------------------------------------
 
@@ -161,12 +193,25 @@ class ScheduleAdmin(ReadOnlyAdmin):
     def buttons(self, row: Schedule) -> str:
         if self._spec(row) is None:
             return ""
+        may_pause, may_run_now = getattr(_page, "buttons", (False, False))
         op = "resume" if row.paused else "pause"
-        return format_html(
-            '<a class="button" href="{}">{}</a>',
-            reverse(f"admin:tasks_engine_schedule_{op}", args=[row.pk]),
-            op.capitalize(),
-        )
+        shown = []
+        if may_pause:
+            shown.append(
+                format_html(
+                    '<a class="button" href="{}">{}</a>',
+                    reverse(f"admin:tasks_engine_schedule_{op}", args=[row.pk]),
+                    op.capitalize(),
+                )
+            )
+        if may_run_now:
+            shown.append(
+                format_html(
+                    '<a class="button te-run-now" href="{}">Run now</a>',
+                    reverse("admin:tasks_engine_schedule_run_now", args=[row.pk]),
+                )
+            )
+        return mark_safe(" ".join(shown))  # each part built by format_html
 
     # -- views -----------------------------------------------------------------------------
 
@@ -192,6 +237,8 @@ class ScheduleAdmin(ReadOnlyAdmin):
                 extra["schedule_op_url"] = reverse(
                     f"admin:tasks_engine_schedule_{op}", args=[row.pk]
                 )
+            if self.has_run_now_permission(request, row):
+                extra["run_now_url"] = reverse("admin:tasks_engine_schedule_run_now", args=[row.pk])
         return super().change_view(request, object_id, form_url, extra)
 
     def pause_view(self, request: HttpRequest, object_id: str, op: str) -> HttpResponse:
@@ -212,6 +259,75 @@ class ScheduleAdmin(ReadOnlyAdmin):
             title=f"{op.capitalize()} schedule {row.name}",
             form_action=request.path,
             back_url=back,
+        )
+
+    def run_now_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: a confirmation with a reason field and a one-time token. POST: start the run."""
+        if not self.has_run_now_permission(request):
+            raise PermissionDenied
+        row = self.get_object(request, unquote(object_id))
+        if row is None:
+            return unknown_object(request, self.model._meta, object_id)
+        back = reverse("admin:tasks_engine_schedule_changelist")
+        spec = schedules.defined().get(row.name)
+        if spec is None:
+            messages.warning(request, f"{row.name} is no longer defined; nothing started.")
+            return HttpResponseRedirect(back)
+        if request.method == "POST":
+            self._run_now(request, row, spec, str(request.POST.get("token", "")))
+            return HttpResponseRedirect(back)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"Run schedule {row.name} now",
+            "schedule": row,
+            "spec": spec,
+            "token": uuid.uuid4().hex,
+            "form_action": request.path,
+            "back_url": back,
+        }
+        return TemplateResponse(
+            request, "admin/tasks_engine/schedule/run_now_confirmation.html", context
+        )
+
+    def _run_now(
+        self, request: HttpRequest, row: Schedule, spec: schedules.ScheduleSpec, token: str
+    ) -> None:
+        reason = reason_from(request)
+        if not TOKEN.match(token):
+            messages.error(request, "This form is out of date (no form token); open it again.")
+            return
+        try:  # its admin log entries must be storable: check before anything is written
+            check_reason(reason)
+        except ValueError as exc:
+            messages.error(request, f"The {exc}; nothing started.")
+            return
+        key = f"schedule:{row.name}:now:{token}"
+        try:
+            res = engine.enqueue(spec.task, spec.input, idempotency_key=key)
+        except REFUSED as exc:
+            text = redact_text(" ".join(f"{type(exc).__name__}: {exc}".split()))[:500]
+            messages.error(request, f"{row.name} could not start a run ({text}); nothing started.")
+            return
+        link = reverse("admin:tasks_engine_workflowrun_change", args=[res.run_id])
+        if res.deduplicated:
+            messages.info(
+                request,
+                format_html(
+                    'This form was already submitted: it started run <a href="{}">{}</a>.',
+                    link,
+                    res.run_id,
+                ),
+            )
+            return
+        record(request.user, [row], f"Ran now: run {res.run_id}", reason)
+        started = WorkflowRun.objects.filter(pk=res.run_id)
+        record(request.user, started, f"Started by Run now of schedule {row.name}", reason)
+        messages.success(
+            request,
+            format_html(
+                'Started run <a href="{}">{}</a> of schedule {}.', link, res.run_id, row.name
+            ),
         )
 
     def _confirmation(

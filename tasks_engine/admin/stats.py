@@ -20,12 +20,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db import connection
+from django.db import connections
 from django.db.models import Count
 from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from .. import clock
+from ..db.alias import admin_read_alias
 from ..models import WorkflowRun
 from ..states import FINISHED, RunStatus
 
@@ -61,6 +62,7 @@ def compact(n: int) -> str:
 
 def status_counts() -> list[StatusCount]:
     """Rows per status, exact up to STATUS_COUNT_CAP (see the module docstring)."""
+    connection = connections[admin_read_alias()]
     table = connection.ops.quote_name(WorkflowRun._meta.db_table)
     # capped_status_counts: one index-bounded count per status, in one round trip.
     sql = " UNION ALL ".join(
@@ -86,6 +88,7 @@ def status_counts() -> list[StatusCount]:
 
 def _estimates() -> dict[str, int]:
     """Rows per status from the planner's statistics (PostgreSQL only; no rows read)."""
+    connection = connections[admin_read_alias()]
     if connection.vendor != "postgresql":
         return {}
     # status_estimates: most-common-value frequencies times the table's estimated row count.
@@ -135,7 +138,8 @@ def throughput(now: datetime | None = None) -> dict[str, object]:
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
     start = end - timedelta(minutes=MINUTES)
     rows = (
-        WorkflowRun.objects.filter(finished_at__gte=start, finished_at__lt=end)
+        WorkflowRun.objects.using(admin_read_alias())
+        .filter(finished_at__gte=start, finished_at__lt=end)
         .annotate(minute=TruncMinute("finished_at"))
         .values("minute", "status")
         .annotate(n=Count("pk"))

@@ -16,6 +16,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from ..models import Worker, WorkflowRun
+from ..services import health
 from ..services.fleet import UNFINISHED, alive_since, live_filters, served, unserved_runs
 from ..services.leader import current_leader
 from . import ReadOnlyAdmin, when
@@ -37,6 +38,14 @@ def fleet_summary() -> dict[str, Any]:
             {**u, "url": runs_url(**unserved_filters(u))} for u in unserved_runs(live) or []
         ],
     }
+
+
+def due_unserved() -> list[str]:
+    """The runs list's red banner: the lines of `manage.py tasks health` about runs that are
+    due now (pending, available) and that no live worker serves, one per (task, version,
+    queue); none when every due run has a worker. The same logic as the readiness probe, so
+    the admin and the probe never disagree."""
+    return health.unserved_due_runs()
 
 
 def warn_if_unserved(request: HttpRequest, run: WorkflowRun) -> None:
@@ -111,9 +120,16 @@ class WorkerAdmin(ReadOnlyAdmin):
             "alive" if alive else "dead",
         )
 
-    @admin.display(description="leader", boolean=True)
-    def leader(self, w: Worker) -> bool:
-        return w.pk == getattr(_page, "leader", None)
+    @admin.display(description="leader")
+    def leader(self, w: Worker) -> str:
+        """A badge on the one leader; nothing on the others (being no leader is not a fault,
+        so no red mark)."""
+        if w.pk != getattr(_page, "leader", None):
+            return ""
+        return format_html(
+            '<span class="te-badge te-running te-leader" title="{}">leader</span>',
+            "runs the maintenance services (schedules, reaping, retention)",
+        )
 
     @admin.display(description="runs held")
     def held(self, w: Worker) -> str:

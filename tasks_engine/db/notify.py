@@ -11,9 +11,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from django.db import connection, connections
+from django.db import connections
 
 from ..conf import engine_settings
+from .alias import connection, engine_alias
 from .pooler import behind_transaction_pooler
 
 CHANNEL = "tasks_engine_wake"
@@ -38,13 +39,13 @@ def listening_possible() -> bool:
     return bool(engine_settings().listen_url) or not behind_transaction_pooler()
 
 
-def listen_params() -> dict[str, Any]:
-    """LISTEN_URL when set, else Django's connection parameters minus the options only
-    Django's wrapper understands."""
+def listen_params(alias: str | None = None) -> dict[str, Any]:
+    """LISTEN_URL when set (for the engine's alias), else Django's connection parameters of
+    `alias` (the engine's by default) minus the options only Django's wrapper understands."""
     url = engine_settings().listen_url
-    if url:
+    if url and alias in (None, engine_alias()):
         return {"conninfo": url}
-    params = dict(connections["default"].get_connection_params())
+    params = dict(connections[alias or engine_alias()].get_connection_params())
     for key in ("cursor_factory", "context", "server_side_binding", "prepare_threshold"):
         params.pop(key, None)
     return params
@@ -62,6 +63,7 @@ class Listener(threading.Thread):
         log: Any,
         *,
         channel: str = CHANNEL,
+        alias: str | None = None,
         name: str = "tasks-listener",
     ) -> None:
         super().__init__(name=name, daemon=True)
@@ -69,6 +71,7 @@ class Listener(threading.Thread):
         self.stop = stop
         self.log = log
         self.channel = channel
+        self.alias = alias  # the database whose NOTIFYs it hears (None: the engine's)
 
     def run(self) -> None:
         try:
@@ -82,7 +85,7 @@ class Listener(threading.Thread):
         outage = False
         while not self.stop.is_set():
             try:
-                with psycopg.connect(**listen_params(), autocommit=True) as conn:
+                with psycopg.connect(**listen_params(self.alias), autocommit=True) as conn:
                     conn.execute(f"LISTEN {self.channel}")
                     self.log.info(
                         "listening for wake-ups", channel=self.channel, reconnected=outage

@@ -13,9 +13,9 @@ from typing import Any
 
 import psycopg
 from django.db import Error as DjangoDbError
-from django.db import connection
 
 from ..exceptions import EngineUnavailable
+from .alias import connection
 from .pooler import explained, lost_prepared_statement
 
 DB_ERRORS: tuple[type[BaseException], ...] = (DjangoDbError, EngineUnavailable)

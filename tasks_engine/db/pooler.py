@@ -24,10 +24,11 @@ import contextlib
 from typing import Any
 
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
 from django.db import Error as DjangoDbError
+from django.db import connections
 
 from ..exceptions import TransactionPoolerError
+from .alias import engine_alias
 
 SETTINGS_TO_CHANGE = (
     "set DATABASES['default']['DISABLE_SERVER_SIDE_CURSORS'] = True and "
@@ -40,7 +41,7 @@ LOST_PREPARED_STATEMENT = {"26000", "42P05"}  # invalid_sql_statement_name, dupl
 
 
 def behind_transaction_pooler() -> bool:
-    db = settings.DATABASES.get(DEFAULT_DB_ALIAS, {})
+    db = settings.DATABASES.get(engine_alias(), {})
     return db.get("ENGINE") == "django.db.backends.postgresql" and bool(
         db.get("DISABLE_SERVER_SIDE_CURSORS")
     )
@@ -69,7 +70,7 @@ def explained(exc: BaseException) -> BaseException:
     )
 
 
-def undeclared_pooler_seen(alias: str = DEFAULT_DB_ALIAS, rounds: int = 3) -> bool:
+def undeclared_pooler_seen(alias: str | None = None, rounds: int = 3) -> bool:
     """Whether a transaction pooler the settings do not declare stands between this process
     and PostgreSQL: two connections of its own, each statement its own transaction, reach the
     same server session (a pooler in transaction mode hands the server connection the first
@@ -78,7 +79,7 @@ def undeclared_pooler_seen(alias: str = DEFAULT_DB_ALIAS, rounds: int = 3) -> bo
     cannot be reached (the worker's outage handling reports that). A pooler that hands out
     its server connections round-robin may go unseen here; TransactionPoolerError names the
     settings then, at the first statement it breaks."""
-    conn = connections[alias]
+    conn = connections[alias or engine_alias()]
     if conn.vendor != "postgresql" or behind_transaction_pooler():
         return False
     opened: list[Any] = []

@@ -16,10 +16,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, ProgrammingError, connection, connections, models
+from django.db import ProgrammingError, connections, models
 from django.db.models.functions import Now
 
 from . import pooler
+from .alias import connection, engine_alias
 
 _DT = models.DateTimeField()
 NEVER_AUTOMATICALLY = 2**31 - 1  # psycopg prepare_threshold: prepare only on prepare=True
@@ -32,14 +33,14 @@ _JSON = models.JSONField(null=True)
 
 
 def is_postgres() -> bool:
-    return _vendor() == "postgresql"
+    return _vendor(engine_alias()) == "postgresql"
 
 
 @functools.cache
-def _vendor() -> str:
-    # The engine uses one database alias; its backend does not change in a process. (The
-    # lookup through Django's thread-local connection proxy is a hot-path cost otherwise.)
-    return connections[DEFAULT_DB_ALIAS].vendor
+def _vendor(alias: str) -> str:
+    # An alias's backend does not change in a process. (The lookup through Django's
+    # thread-local connection proxy is a hot-path cost otherwise.)
+    return connections[alias].vendor
 
 
 # -- named queries ----------------------------------------------------------------------------
@@ -58,7 +59,7 @@ def _queries(vendor: str) -> dict[str, str]:
 
 def query(name: str) -> str:
     """The named query for the database in use (its `%(name)s` parameters unfilled)."""
-    return _queries(_vendor())[name]
+    return _queries(_vendor(engine_alias()))[name]
 
 
 Params = Sequence[Any] | Mapping[str, Any]
@@ -217,7 +218,7 @@ def _pg(sql: str, params: Params, *, fetch: bool) -> int | list[tuple[Any, ...]]
     Django's error wrapping and query log (CaptureQueriesContext) still apply."""
     # The thread's connection looked up once (each attribute read through the `connection`
     # proxy looks it up again: 2.4 us each, four of them a statement).
-    conn = connections[DEFAULT_DB_ALIAS]
+    conn = connections[engine_alias()]
     conn.ensure_connection()  # a new connection is set up by prepare_engine_statements
     start = time.monotonic()
     try:

@@ -36,6 +36,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from ..conf import engine_settings
 from ..exceptions import AtomicStepTimeoutError, EngineUnavailable, LeaseLostError, StepTimeoutError
 from ..observe.logs import get_logger
+from .alias import engine_alias
 
 SETTING = 'TASKS_ENGINE["SQLITE_ATOMIC_STEP_SECONDS"]'
 
@@ -58,10 +59,10 @@ def bound_by_lease(lease_seconds: float) -> float | None:
     return atomic_step_bound()
 
 
-def atomic_step_bound(using: str = DEFAULT_DB_ALIAS) -> float | None:
+def atomic_step_bound(using: str | None = None) -> float | None:
     """Seconds an atomic step may keep its transaction open on this database; None: unbounded."""
     seconds = engine_settings().sqlite_atomic_step_seconds
-    if connections[using].vendor != "sqlite" or not seconds or seconds <= 0:
+    if connections[using or engine_alias()].vendor != "sqlite" or not seconds or seconds <= 0:
         return None
     if _worker_lease is not None:
         return min(seconds, _worker_lease * LEASE_SHARE)
@@ -72,7 +73,7 @@ def atomic_step_bound(using: str = DEFAULT_DB_ALIAS) -> float | None:
 def atomic_step(atomic: transaction.Atomic, step: str = "") -> Iterator[None]:
     """Enter `atomic` (the step's `transaction.atomic()`); on SQLite roll it back and fail with
     `AtomicStepTimeoutError` once it has been open longer than SQLITE_ATOMIC_STEP_SECONDS."""
-    using = atomic.using or DEFAULT_DB_ALIAS
+    using = atomic.using or engine_alias()
     conn = connections[using]
     seconds = atomic_step_bound(using)
     if seconds is None or conn.in_atomic_block:
@@ -277,8 +278,10 @@ def optimize(connection: Any) -> bool:
 
 
 def analyze_after_migrate(sender: Any, using: str = DEFAULT_DB_ALIAS, **kwargs: Any) -> None:
-    """`post_migrate` receiver (connected for the tasks_engine app only)."""
-    optimize(connections[using])
+    """`post_migrate` receiver (connected for the tasks_engine app only): on the engine's alias,
+    the one with its tables."""
+    if using == engine_alias():
+        optimize(connections[using])
 
 
 _next_optimize: float | None = None

@@ -27,6 +27,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 
 from ..observe.logs import get_logger
+from .alias import engine_alias
 
 TRANSACTION_MODE = "IMMEDIATE"
 BUSY_TIMEOUT_SECONDS = 30
@@ -40,7 +41,7 @@ def busy_timeout_seconds(db: dict[str, Any]) -> float:
 
 
 def safe_connection_settings(sender: Any, connection: Any, **kwargs: Any) -> None:
-    if connection.vendor != "sqlite" or connection.alias != DEFAULT_DB_ALIAS:
+    if connection.vendor != "sqlite" or connection.alias not in (DEFAULT_DB_ALIAS, engine_alias()):
         return
     options = connection.settings_dict.get("OPTIONS") or {}
     if options.get("transaction_mode") is None:

@@ -11,12 +11,12 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.db.models import Count
 
 from .. import clock
 from ..conf import engine_settings, parse_rate
 from ..db import notify
+from ..db.alias import atomic, on_commit
 from ..definitions import QUEUE_MAX_LENGTH, registry
 from ..models import Queue, WorkflowRun
 from ..transitions import queue_state
@@ -38,7 +38,7 @@ def pause_queue(name: str, *, reason: str | None = None) -> bool:
     check_queue_name(name)
     check_reason(reason)
     now = clock.now()
-    with transaction.atomic():
+    with atomic():
         row = _locked_row(name, now)
         if row.paused:
             return False
@@ -53,7 +53,7 @@ def resume_queue(name: str) -> bool:
     PostgreSQL). False if it was not paused."""
     check_queue_name(name)
     now = clock.now()
-    with transaction.atomic():
+    with atomic():
         row = Queue.objects.select_for_update().filter(name=name).first()
         if row is None or not row.paused:
             return False
@@ -81,7 +81,7 @@ def set_queue_limits(
     if rate_limit is not UNSET and rate_limit is not None:
         parse_rate(rate_limit, "rate_limit")
     now = clock.now()
-    with transaction.atomic():
+    with atomic():
         row = _locked_row(name, now)
         if concurrency is not UNSET:
             row.concurrency = concurrency
@@ -183,6 +183,6 @@ def _locked_row(name: str, now: datetime) -> Queue:
 def _announce(name: str) -> None:
     """This process reads the table again at its next claim; on PostgreSQL, every listening
     worker too (delivered at commit), and idle ones wake to claim (a resume's runs)."""
-    transaction.on_commit(queue_state.forget)
+    on_commit(queue_state.forget)
     queue_state.forget()
     notify.wake_workers(CHANGED + name)

@@ -21,17 +21,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
+
+from ..db.alias import engine_alias
 
 KEEPALIVE_SECONDS = 1.0  # far below the 10 s floor of the worker's idle bound
 
 
 @contextmanager
-def kept_alive(aborted: Callable[[], bool], using: str = DEFAULT_DB_ALIAS) -> Iterator[None]:
+def kept_alive(aborted: Callable[[], bool], using: str | None = None) -> Iterator[None]:
     """Inside the step's `transaction.atomic()`: keep it from being ended as idle until the
     block exits or `aborted()` is true (the run's abort signal). Nothing on SQLite, where
     db/sqlite_bounds.py bounds the transaction instead."""
-    conn = connections[using]
+    conn = connections[using or engine_alias()]
     if conn.vendor != "postgresql" or conn.connection is None:
         yield
         return

@@ -26,8 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from asgiref.sync import async_to_sync, sync_to_async
-from django.db import connection
 
+from ..db.alias import connection
 from ..db.outages import DB_ERRORS, drop_if_cut
 
 

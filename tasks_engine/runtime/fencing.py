@@ -12,9 +12,10 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
 from .. import clock, transitions
+from ..db.alias import atomic
 from ..exceptions import FencingError, Suspend
 from ..models import OpLedger, WorkflowRun
 from ..values.serialization import to_jsonable
@@ -65,7 +66,7 @@ def commit_fenced(
     result = to_jsonable(value)
     # A lost connection is an outage (the op is resumed on replay); an error of `commit`'s own
     # writes is the caller's.
-    with transitions.outage_guard(op_key, transitions.TRANSIENT_ERRORS), transaction.atomic():
+    with transitions.outage_guard(op_key, transitions.TRANSIENT_ERRORS), atomic():
         _check_lease(lease, op_key)
         if commit is not None:
             commit(result)
@@ -112,12 +113,12 @@ def _record_start(
     """Commit "this attempt started op_key". Returns whether an earlier attempt had started it
     (`resumed`), its stored result, or that a live attempt of another run is inside it."""
     now = clock.now()
-    with transaction.atomic():
+    with atomic():
         _check_lease(lease, op_key)
         entry = OpLedger.objects.select_for_update().filter(op_key=op_key).first()
         if entry is None:
             try:
-                with transaction.atomic():
+                with atomic():
                     OpLedger.objects.create(
                         op_key=op_key,
                         run_id=lease.run_id,

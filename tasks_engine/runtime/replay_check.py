@@ -25,10 +25,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from django.db import connection
 from pydantic import ValidationError
 
 from .. import transitions
+from ..db.alias import connection
 from ..definitions import Workflow, registry
 from ..exceptions import NonDeterminismError
 from ..models import OpLedger, StepAttempt, WorkflowRun

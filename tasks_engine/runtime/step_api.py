@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
-
 from .. import clock, transitions
+from ..db import alias as engine_db
 from ..db import sqlite_bounds
 from ..definitions import RetryPolicy
 from ..exceptions import (
@@ -54,7 +53,7 @@ class StepAPI(WaitSteps, PatchSteps):
             if atomic:
                 with (
                     transitions.outage_guard(key, transitions.TRANSIENT_ERRORS),
-                    sqlite_bounds.atomic_step(transaction.atomic(), key),
+                    sqlite_bounds.atomic_step(engine_db.atomic(), key),
                     atomic_keepalive.kept_alive(lambda: self._ctx.abort_signal.aborted),
                 ):
                     output = self._call(key, fn, timer)

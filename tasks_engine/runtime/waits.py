@@ -13,9 +13,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
-
 from .. import clock, transitions
+from ..db.alias import atomic
 from ..engine import enqueue
 from ..exceptions import FactTimeoutError, StepTimeoutError, Suspend, TaskCanceledError
 from ..models import WorkflowRun
@@ -170,7 +169,7 @@ class WaitSteps(StepBase):
         if armed is None:
             self._guard()  # outside the transaction: a hand-back must not roll back with it
             give_up_at = clock.now() + timedelta(seconds=seconds) if seconds else None
-            with transitions.outage_guard("run_child"), transaction.atomic():
+            with transitions.outage_guard("run_child"), atomic():
                 if transitions.lock_for_child(lease):
                     self._canceled()
                 armed = self._arm(key, StepKind.CHILD, rec, guarded=True, wake_at=give_up_at)

@@ -7,9 +7,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
-
 from .. import clock
+from ..db.alias import atomic
 from ..exceptions import UnknownScheduleError
 from ..models import Schedule
 from .firing import new_row, next_fire, state_row
@@ -80,7 +79,7 @@ def pause(name: str) -> bool:
     was already paused. Raises UnknownScheduleError for a name no schedule has."""
     spec = spec_of(name)
     now = clock.now()
-    with transaction.atomic():
+    with atomic():
         row = state_row(spec, now)
         if row.paused:
             return False
@@ -93,7 +92,7 @@ def resume(name: str) -> bool:
     """Fire `name` again from its first slot after now. False when it was not paused."""
     spec = spec_of(name)
     now = clock.now()
-    with transaction.atomic():
+    with atomic():
         row = state_row(spec, now)
         if not row.paused:
             return False

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db import transaction
 from pydantic import ValidationError
 
 from .. import clock
+from ..db.alias import atomic, on_commit
 from ..engine import enqueue
 from ..exceptions import IdempotencyConflict, UnknownTaskError
 from ..models import Schedule
@@ -105,7 +105,7 @@ def state_row(spec: ScheduleSpec, now: datetime) -> Schedule:
 
 
 def fire_if_due(spec: ScheduleSpec, now: datetime) -> str | None:
-    with transaction.atomic():
+    with atomic():
         row = state_row(spec, now)
         if not in_step(row, spec):
             row.cron, row.timezone = spec.cron.expr, spec.cron.timezone
@@ -140,11 +140,11 @@ def _enqueue(spec: ScheduleSpec, row: Schedule, slot: datetime, now: datetime) -
         # the cut (a URL cut before its `@` would keep its password).
         error = f"{key}: {redact_text(f'{type(exc).__name__}: {exc}')}"[:2000]
         row.last_error = error
-        transaction.on_commit(lambda: log.error("schedule_fire_failed", error=error))
+        on_commit(lambda: log.error("schedule_fire_failed", error=error))
         return "failed"
     row.last_run_id, row.last_error = res.run_id, ""
     missed = first_due.isoformat() if first_due is not None and first_due != slot else None
-    transaction.on_commit(
+    on_commit(
         lambda: log.info(
             "schedule_fired",
             run_id=str(res.run_id),

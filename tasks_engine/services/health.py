@@ -49,7 +49,7 @@ def check_health() -> Health:
         unapplied = _unapplied_migrations(connection)
         problems = [_migrations_line(unapplied)] if unapplied else []
         if not any(app == WorkflowRun._meta.app_label for app, _ in unapplied):
-            problems += _unserved_due_runs()  # only once the runs table is what the code expects
+            problems += unserved_due_runs()  # only once the runs table is what the code expects
     except DatabaseError as exc:
         return Health([f"database {alias!r} cannot be read: {_one_line(exc)}"])
     return Health(problems)
@@ -78,7 +78,7 @@ def _migrations_line(unapplied: list[tuple[str, str]]) -> str:
     return f"{len(unapplied)} migration(s) not applied (manage.py migrate): {listed}"
 
 
-def _unserved_due_runs() -> list[str]:
+def unserved_due_runs() -> list[str]:
     due = (
         WorkflowRun.objects.filter(status="pending")
         .filter(Q(available_at__isnull=True) | Q(available_at__lte=db_now()))

@@ -26,9 +26,8 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import connection
-
 from ..conf import engine_settings
+from ..db.alias import connection
 from ..db.outages import DB_ERRORS, Outage
 from ..db.sql import db_now, db_now_sql, execute, fetchall
 from ..models import LeaderLease

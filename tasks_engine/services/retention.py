@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 
 from .. import clock
 from ..conf import engine_settings
+from ..db.alias import atomic, connection
 from ..db.sql import p_uuid, placeholders
 from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
 from ..states import ACTIVE, FINISHED
@@ -102,7 +102,7 @@ def register_pruner(
 
 
 def _prune_batch(statuses: list[str], cutoff: datetime, batch: int) -> dict[str, int]:
-    with transaction.atomic():
+    with atomic():
         # Oldest first, on the partial index of finished runs. On PostgreSQL a run that is
         # being retried right now (its row is locked) is left for the next prune. A child whose
         # parent is unfinished stays: the parent reads the child's row when it resumes. A

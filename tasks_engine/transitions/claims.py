@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.base import ModelState
 
 from .. import clock
+from ..db.alias import atomic, engine_alias
 from ..db.sql import (
     Params,
     fetchall,
@@ -351,7 +351,7 @@ def _run_from_row(row: tuple[Any, ...]) -> WorkflowRun:
     run.__dict__.update(values)
     run._state = ModelState()
     run._state.adding = False
-    run._state.db = DEFAULT_DB_ALIAS
+    run._state.db = engine_alias()
     return run
 
 
@@ -404,4 +404,4 @@ def _write_lock() -> AbstractContextManager[Any]:
     """SQLite has one writer: its BEGIN IMMEDIATE waits for the write lock, so times computed
     inside the block (lease expiries) start when the write can actually happen. PostgreSQL
     needs no transaction for a single statement."""
-    return nullcontext() if is_postgres() else transaction.atomic()
+    return nullcontext() if is_postgres() else atomic()

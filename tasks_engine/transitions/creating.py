@@ -2,10 +2,12 @@
 
 `enqueue` and `enqueue_many` both write through `create_runs`: every row goes in one INSERT
 whose rows come from one JSON parameter (PostgreSQL `json_to_recordset`, SQLite `json_each`),
-so the statement's text is the same for any number of runs, and on PostgreSQL the same
-statement NOTIFYs idle workers (delivered at commit; PostgreSQL folds a transaction's identical
-notifications into one). A single run (every `enqueue`) goes in as plain values instead: the
-same columns and conflict clause, without building and parsing a JSON document for one row,
+and on PostgreSQL the same statement NOTIFYs idle workers (delivered at commit), once per
+queue. On PostgreSQL the JSON holds only the columns that differ between the runs (an
+enqueue_many's ids, inputs and hashes): the others are parameters, sent and parsed once, and
+the inputs' JSON text is the one their hashes were taken of (`NewRun.input_json`), not
+written again. A single run (every `enqueue`) goes in as plain values instead: the same
+columns and conflict clause, without building and parsing a JSON document for one row,
 which cost a single enqueue about a fifth of its time inside a transaction (measured in
 docs/guides/many-runs.md, "Measured").
 """
@@ -17,11 +19,13 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from operator import attrgetter
 from typing import Any
 
 from .. import clock
 from ..db import notify
-from ..db.sql import fetchall, is_postgres, json_rows, p_dt, p_json, p_uuid, r_uuid
+from ..db.sql import execute, fetchall, is_postgres, json_rows, p_dt, p_json, p_uuid, r_uuid
 from . import claim_mode
 from ._common import RUN
 
@@ -56,6 +60,8 @@ class NewRun:
     rate_key: str | None = None
     rate_limit: str = ""
     id: uuid.UUID = field(default_factory=uuid.uuid4)
+    # The input's canonical JSON text when known (enqueue_many): sent as it is.
+    input_json: str | None = None
 
 
 _COLUMNS = (
@@ -132,6 +138,18 @@ def create_runs(runs: list[NewRun]) -> set[uuid.UUID]:
     now = clock.now()
     postgres = is_postgres()
     single = len(runs) == 1
+    if postgres and not single:
+        created = _create_many_pg(runs, now)
+    else:
+        created = _create(runs, now, postgres, single)
+    if created and any(r.rate_key is not None for r in runs):
+        claim_mode.note_rate_keyed()
+    if created and any(r.concurrency_key is not None for r in runs):
+        claim_mode.note_keyed()
+    return created
+
+
+def _create(runs: list[NewRun], now: datetime, postgres: bool, single: bool) -> set[uuid.UUID]:
     sql = _statement(_conflict(runs), postgres, single)
     if single:
         params = [*_values(runs[0], now), p_dt(now), p_dt(now)]
@@ -140,12 +158,7 @@ def create_runs(runs: list[NewRun]) -> set[uuid.UUID]:
     if postgres and notify.enabled():
         sql = f"WITH created AS ({sql}) SELECT id, pg_notify(%s, queue) FROM created"
         params.append(notify.CHANNEL)
-    created = {r_uuid(row[0]) for row in fetchall(sql, params)}
-    if created and any(r.rate_key is not None for r in runs):
-        claim_mode.note_rate_keyed()
-    if created and any(r.concurrency_key is not None for r in runs):
-        claim_mode.note_keyed()
-    return created
+    return {r_uuid(row[0]) for row in fetchall(sql, params)}
 
 
 def _deadline(run: NewRun, now: datetime) -> datetime | None:
@@ -202,3 +215,123 @@ def _row(run: NewRun, now: datetime, postgres: bool) -> dict[str, Any]:
     }
     row.update((k, v) for k, v in optional.items() if v is not None)
     return row
+
+
+# The many-runs statement on PostgreSQL: a column whose value is the same for every run is one
+# parameter of it, the others come from the JSON document, whose rows hold only them. What
+# each column is made of, to tell (by identity first: the runs of one enqueue_many share their
+# common values); its JSON as the document writes it.
+_MADE_OF: dict[str, tuple[str, ...]] = {
+    **{name: (name,) for name, _ in _COLUMNS},
+    # Inputs told apart by their hash, of their canonical JSON: {"a": 1} == {"a": True} in
+    # Python, not as stored.
+    "input": ("input_hash", "input_json"),
+    "available_at": ("available_at", "debounce"),
+    "deadline_at": ("deadline_at", "deadline_after"),
+    "debounce_until": ("debounce_max",),
+}
+
+
+def _text(value: Any) -> str:
+    return "null" if value is None else encode_basestring(value)
+
+
+def _number(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def _moment(value: Any) -> str:
+    return "null" if value is None else f'"{value}"'
+
+
+def _document(value: Any) -> str:
+    return "null" if value is None else json.dumps(value, separators=(",", ":"))
+
+
+_JSON_OF: dict[str, Any] = {"text": _text, "integer": _number, "timestamptz": _moment}
+
+
+def _fragments(name: str, kind: str, runs: list[NewRun], now: datetime) -> list[str]:
+    """Column `name` of every run as JSON text."""
+    if name == "id":
+        return [f'"{r.id.hex}"' for r in runs]
+    if name == "input":
+        return [r.input_json or _document(r.input) for r in runs]
+    if name == "tags":
+        return [_document(r.tags or None) for r in runs]
+    if kind == "uuid":
+        return [
+            _text(None if r.parent_run_id is None else str(p_uuid(r.parent_run_id))) for r in runs
+        ]
+    if name in ("available_at", "deadline_at", "debounce_until"):
+        return [_moment(_row(r, now, postgres=True).get(name)) for r in runs]
+    return [_JSON_OF[kind](v) for v in map(attrgetter(name), runs)]
+
+
+def _create_many_pg(runs: list[NewRun], now: datetime) -> set[uuid.UUID]:
+    """Insert runs in one statement whose JSON document holds only the columns that differ
+    between them (an enqueue_many's ids, inputs and hashes, often nothing else). Without a
+    conflict clause every run is inserted or the statement fails, so nothing is read back;
+    idle workers are woken with one NOTIFY per queue."""
+    first, count = runs[0], len(runs)
+    varying = tuple(
+        (name, kind)
+        for name, kind in _COLUMNS
+        if any(
+            list(map(attrgetter(a), runs)).count(getattr(first, a)) != count for a in _MADE_OF[name]
+        )
+    )
+    conflict = _conflict(runs)
+    wake = notify.enabled()
+    sql = _many_statement(varying, conflict, wake)
+    row = _row(first, now, postgres=True)
+    params: list[Any] = []
+    for name, kind in _COLUMNS:
+        if (name, kind) in varying:
+            continue
+        value = row.get(name)
+        if name == "input":
+            value = first.input_json or _document(value)
+        elif kind == "jsonb":
+            value = _document(value) if value is not None else None
+        params.append(value)
+    template = "{" + ",".join(f'"{name}":%s' for name, _ in varying) + "}"
+    columns = [_fragments(name, kind, runs, now) for name, kind in varying]
+    document = "[" + ",".join([template % parts for parts in zip(*columns, strict=True)]) + "]"
+    params += [p_dt(now), p_dt(now), document]
+    if wake:
+        params.append(notify.CHANNEL)
+    if not conflict:
+        if wake:
+            fetchall(sql, params)
+        else:
+            execute(sql, params)
+        return {r.id for r in runs}
+    return {r_uuid(found[0]) for found in fetchall(sql, params) if found[0] is not None}
+
+
+@functools.cache
+def _many_statement(varying: tuple[tuple[str, str], ...], conflict: str, wake: bool) -> str:
+    names = {name for name, _ in varying}
+    values = ", ".join(
+        (f"NULLIF(r.{name}, 'null'::jsonb)" if name == "tags" else f"r.{name}")
+        if name in names
+        else f"%s::{kind}"
+        for name, kind in _COLUMNS
+    )
+    record = ", ".join(f"{name} {kind}" for name, kind in varying)
+    returning = " RETURNING id, queue" if conflict else " RETURNING queue"
+    insert = f"""
+        INSERT INTO {RUN} ({_NAMES}, status, attempts, failures, worker_id, waiting_on,
+            cancel_reason, unreached_steps, created_at, updated_at)
+        SELECT {values}, 'pending', 0, 0, '', '', '', '[]', %s::timestamptz, %s::timestamptz
+        FROM json_to_recordset(%s::json) AS r({record}){conflict}"""
+    if not wake:
+        return insert + (" RETURNING id" if conflict else "")
+    woken = "SELECT pg_notify(%s, q) FROM (SELECT DISTINCT queue AS q FROM created) d"
+    if not conflict:
+        return f"WITH created AS ({insert}{returning}) {woken}"
+    return (
+        f"WITH created AS ({insert}{returning}), woken AS ({woken})"
+        " SELECT id FROM created UNION ALL SELECT NULL FROM woken"
+    )

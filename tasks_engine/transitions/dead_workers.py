@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import connection, transaction
 from django.db.models import Q
 
 from ..conf import engine_settings
+from ..db.alias import atomic, connection
 from ..db.sql import db_now, db_now_sql, placeholders, skip_locked
 from ..models import Worker, WorkflowRun
 
@@ -41,7 +41,7 @@ def reap_dead_workers() -> dict[str, int]:
     so the claim-delay metric counts from when the runs became claimable, not from the beat."""
     cutoff_sql, cutoff_params = db_now_sql(-engine_settings().dead_worker_seconds)
     # Not sql.execute(): a statement shape per number of dead workers is not worth preparing.
-    with transaction.atomic(), connection.cursor() as cur:
+    with atomic(), connection.cursor() as cur:
         # Locked, so a late beat of one of them waits and then re-inserts its row.
         cur.execute(
             f"SELECT id FROM {WORKER} WHERE last_heartbeat < {cutoff_sql}{skip_locked()}",

@@ -15,9 +15,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 
-from django.db import transaction
-
 from .. import clock
+from ..db.alias import atomic
 from ..db.sql import fetchall, p_dt, p_json, query, r_uuid
 from ..exceptions import IdempotencyConflict
 from ..models import QUEUED, WorkflowRun
@@ -38,12 +37,33 @@ LOOKUP_CHUNK = 900  # keys per lookup: under SQLite's bound on a statement's par
 Answer = tuple[uuid.UUID, bool]  # (run id, deduplicated)
 
 
+def one_statement(runs: list[NewRun]) -> bool:
+    """Whether `answer` inserts every one of `runs` in one statement, or fails: none has a
+    key another run may hold, nor a limit whose enqueue cancels runs, and they fit one
+    INSERT. No savepoint is then needed to take a partial write back."""
+    return len(runs) <= CHUNK and not any(map(_keyed, runs))
+
+
+def _keyed(run: NewRun) -> bool:
+    return (
+        run.idempotency_key is not None
+        or run.queueing_key is not None
+        or run.debounce_key is not None
+        or (run.on_limit != "queue" and run.concurrency_key is not None)
+    )
+
+
 def answer(task_name: str, runs: list[NewRun]) -> list[Answer]:
     """Insert `runs` (all of task `task_name`) and answer each: (run id, deduplicated)."""
+    if one_statement(runs):
+        created = create_runs(runs)
+        if len(created) == len(runs):
+            return [(run.id, False) for run in runs]
+        raise RuntimeError(f"enqueue of {task_name}: {len(created)} of {len(runs)} runs inserted")
     strategic = [r for r in runs if r.on_limit != "queue" and r.concurrency_key is not None]
     if not strategic:
         return _answer(task_name, runs)
-    with transaction.atomic():  # the keys' enqueues serialised until the cancels commit
+    with atomic():  # the keys' enqueues serialised until the cancels commit
         key_limits.lock_keys({r.concurrency_key for r in strategic if r.concurrency_key})
         answers = _answer(task_name, runs)
         created = {run_id for run_id, deduplicated in answers if not deduplicated}
@@ -104,7 +124,9 @@ def _repeats(task_name: str, runs: list[NewRun]) -> dict[int, int]:
             repeats[i] = j
         elif debounced is not None and (j := first_debounced.get(debounced)) is not None:
             repeats[i] = j
-            runs[j].input, runs[j].input_hash = run.input, run.input_hash  # the last one's
+            # the last one's input
+            runs[j].input, runs[j].input_hash = run.input, run.input_hash
+            runs[j].input_json = run.input_json
         else:
             if key is not None:
                 first_with_key[key] = i

@@ -20,10 +20,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
-
 from .. import clock
 from ..conf import QueueLimits
+from ..db.alias import atomic
 from ..db.sql import fetchall, is_postgres, p_dt, p_uuid, query, r_dt, r_uuid
 from . import claim_mode, queue_rooms
 from ._common import Claimed
@@ -87,7 +86,7 @@ def _claim_guarded(req: ClaimRequest) -> list[Claimed]:
     limited = claim_mode.limited_queues(req.queues)
     if is_postgres():
         return claim_guarded_pg(req, limited, clock.now())
-    with transaction.atomic():  # BEGIN IMMEDIATE: one writer, nothing changes under the count
+    with atomic():  # BEGIN IMMEDIATE: one writer, nothing changes under the count
         now = clock.now()  # the lease starts once the write lock is held
         params = _claim_params(req, now)
         keys = dict(_candidate_keys(req, params)[: req.limit])

@@ -30,10 +30,11 @@ import time
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import ProgrammingError, connection
+from django.db import ProgrammingError
 
 from ..conf import QueueLimits, engine_settings
 from ..db import pooler
+from ..db.alias import connection
 from ..db.sql import p_dt, query, statement_cursor
 from ..models import Queue, QueueClaim
 from . import claim_mode, first_steps, queue_state

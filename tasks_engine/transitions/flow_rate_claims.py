@@ -30,10 +30,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
-
 from .. import clock
 from ..conf import parse_rate
+from ..db.alias import atomic
 from ..db.sql import (
     execute,
     fetchall,
@@ -87,7 +86,7 @@ def claim_rate_keyed(req: ClaimRequest) -> list[Claimed]:
     if req.limit <= 0:
         return []
     limited = claim_mode.limited_queues(req.queues)
-    with transaction.atomic():
+    with atomic():
         if limited and is_postgres():
             execute(
                 "SELECT count(pg_advisory_xact_lock(%s, hashtext(q))) FROM unnest(%s::text[]) q",
@@ -261,7 +260,7 @@ def prune_idle_keys(cutoff: datetime, batch: int, max_batches: int | None) -> in
     cutoff = min(cutoff, clock.now() - timedelta(seconds=LONGEST_WINDOW))
     gone = 0
     for _ in itertools.count() if max_batches is None else range(max_batches):
-        with transaction.atomic():
+        with atomic():
             keys = list(
                 RateKeyLog.objects.filter(last_at__lt=cutoff).values_list("key", flat=True)[:batch]
             )

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from django.db import connection
-
 from .. import clock
+from ..db.alias import connection
 from ..db.sql import execute, fetchall, is_postgres, json_rows, p_dt, p_json, p_uuid, query, r_uuid
 from ..exceptions import LeaseLostError
 from . import claim_mode, hot_sql

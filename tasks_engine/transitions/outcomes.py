@@ -7,12 +7,12 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.db.models import DateTimeField, Value
 from django.db.models.functions import Coalesce
 
 from .. import clock
 from ..db import notify
+from ..db.alias import atomic
 from ..db.sql import execute, fetchall, is_postgres, p_dt, p_json, p_uuid
 from ..exceptions import DeadlineExceededError, LeaseLostError
 from ..models import StepAttempt, Worker, WorkflowRun
@@ -84,7 +84,7 @@ def complete_run(
     if not has_parent:
         writer_for(lease).hand_off(write)
         return "completed"
-    with lease.deferred.until_commit(), transaction.atomic():
+    with lease.deferred.until_commit(), atomic():
         lock_parent(lease.run_id)
         write_alone(write)
         write.outcome()
@@ -127,7 +127,7 @@ def _end_run(
     compare-and-set the run, close attempts still open, cancel children still unfinished
     (`children_reason`: a failed or canceled run leaves none behind), wake the parent waiting
     on it; all in one transaction."""
-    with lease.deferred.until_commit(), transaction.atomic():
+    with lease.deferred.until_commit(), atomic():
         if has_parent:
             lock_parent(lease.run_id)
         _cas_run(lease, assignments, params, progress=progress)
@@ -150,7 +150,7 @@ def requeue_run(
     progress: dict[str, Any] | None = None,
 ) -> None:
     """Back to `pending`: step retry backoff, workflow retry, or a graceful hand-back."""
-    with lease.deferred.until_commit(), transaction.atomic():
+    with lease.deferred.until_commit(), atomic():
         _cas_run(
             lease,
             "status = 'pending', lease_token = NULL, available_at = %s, waiting_on = '',"
@@ -258,7 +258,7 @@ def cancel_all_active(runs: list[WorkflowRun], reason: str) -> None:
 def cancel_batch(run_ids: list[uuid.UUID], reason: str) -> list[uuid.UUID]:
     """engine.cancel_runs' batch, in one transaction: each run still unfinished (and not a
     running run already asked to stop) is canceled as `engine.cancel` does; the ids of those."""
-    with transaction.atomic():
+    with atomic():
         lock_parents(run_ids)  # parent rows before their children's, as every run end takes them
         runs = [
             run
@@ -316,7 +316,7 @@ def end_orphaned_cancels() -> int:
     )
     ended = 0
     for run_id in ids:
-        with transaction.atomic():
+        with atomic():
             lock_parent(run_id)  # parent row, then the child's, as every run end takes them
             run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
             if (
@@ -408,7 +408,7 @@ def pend_paused_timers(queues: list[str], batch: int = 1000) -> int:
     if not queues:
         return 0
     now = clock.now()
-    with transaction.atomic():
+    with atomic():
         ids = list(
             WorkflowRun.objects.filter(
                 status="waiting", available_at__lte=now, queue__in=queues

@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import uuid
 
-from django.db import transaction
 from django.db.models import Max
 
 from .. import clock
 from ..db import notify
+from ..db.alias import atomic
 from ..db.sql import execute, is_postgres, json_rows, p_dt, p_uuid, query
 from ..exceptions import UnknownRunError, UnknownStepError
 from ..models import Fact, StepAttempt, WorkflowRun
@@ -35,7 +35,7 @@ def retry_run(
 ) -> bool:
     """Failed or canceled -> pending, due now. False (nothing changed) for any other status,
     or for a child whose parent has finished (`retry_refusal` says why)."""
-    with transaction.atomic():
+    with atomic():
         lock_parent(run_id)  # the order every run end takes: parent row, then the child's
         run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first()
         if run is None:
@@ -65,7 +65,7 @@ def retry_run(
 def retry_batch(run_ids: list[uuid.UUID], *, reason: str = "", by: str = "") -> list[uuid.UUID]:
     """engine.retry_runs' batch, in one transaction: each run `retry_run` would retry now is
     sent back as it does (without from_step); the ids of those."""
-    with transaction.atomic():
+    with atomic():
         lock_parents(run_ids)  # parent rows first, as every run end takes them
         runs = list(
             WorkflowRun.objects.select_for_update()

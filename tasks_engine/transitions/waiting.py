@@ -8,9 +8,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError
 
 from .. import clock
+from ..db.alias import atomic
 from ..exceptions import LeaseLostError
 from ..models import Fact, WorkflowRun
 from ..states import FINISHED
@@ -34,7 +35,7 @@ def take_fact(lease: Lease, step_id: int, key: str, fact_name: str) -> tuple[boo
     Returns (found, payload). One transaction: the fact, the step and the fence move together.
     """
     flush_deferred(lease)
-    with transaction.atomic():
+    with atomic():
         if not lock_held_run(lease):
             raise LeaseLostError(f"run {lease.run_id}: lease lost while waiting for a fact")
         fact = (
@@ -73,7 +74,7 @@ def park_run_unless(
     waiting (signal, child completion and cancel lock the same row), so none is lost.
     """
     flush_deferred(lease)
-    with transaction.atomic():
+    with atomic():
         if not lock_held_run(lease):
             raise LeaseLostError(f"run {lease.run_id}: lease lost before parking")
         if arrived():
@@ -100,7 +101,7 @@ def time_out_child(lease: Lease, step_id: int, child_id: uuid.UUID, error: dict[
     transaction, unless the child finished meanwhile (then False, nothing written). The
     parent's row is locked before the child's (the lock order)."""
     flush_deferred(lease)
-    with transaction.atomic():
+    with atomic():
         if not lock_held_run(lease):
             raise LeaseLostError(f"run {lease.run_id}: lease lost before a child timed out")
         child = WorkflowRun.objects.select_for_update().filter(pk=child_id).first()
@@ -141,7 +142,7 @@ def store_fact(
         fact.save(force_insert=True)
         return True
     try:
-        with transaction.atomic():
+        with atomic():
             fact.save(force_insert=True)
     except IntegrityError:
         return False

@@ -274,3 +274,34 @@ def rebuild_error(error: dict[str, Any]) -> BaseException:
     except Exception:  # noqa: BLE001 - any failure means "cannot rebuild"
         pass
     return StepFailedError(message)
+
+
+# Made once: json.dumps with any argument builds an encoder a call.
+_ENCODE = json.JSONEncoder(allow_nan=False).encode
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
+
+def plain_stored(value: Any) -> tuple[Any, str, str] | None:
+    """(stored form, canonical JSON text, input hash) of a value made of JSON's own types, in
+    one pass: what `to_jsonable` and `input_hash` answer for it. None for anything else (a
+    type with no JSON form, NaN, a NUL character, a value near the depth or size bounds):
+    the caller then takes the full checks, which name what is wrong."""
+    try:
+        text = _ENCODE(value)
+    except (TypeError, ValueError, RecursionError):
+        return None
+    if (
+        len(text) > UNMEASURED_BYTES
+        or "\\u0000" in text
+        or (len(text) > MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH)
+    ):
+        return None
+    stored = _AS_STORED.decode(text)
+    canonical = _CANONICAL(stored)
+    try:
+        data = canonical.encode()
+    except UnicodeEncodeError:  # a lone surrogate: input_hash says so
+        return None
+    if len(data) > UNMEASURED_BYTES:
+        return None
+    return stored, canonical, hashlib.sha256(data).hexdigest()

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import os
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError
 
+from ..db.alias import connection
 from ..db.pooler import behind_transaction_pooler
 
 CPU_MULTIPLE = 4

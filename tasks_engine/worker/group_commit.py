@@ -29,9 +29,8 @@ import threading
 import time
 from typing import Any
 
-from django.db import connection
-
 from .. import transitions
+from ..db.alias import connection
 from ..db.outages import DB_ERRORS, Outage, drop_if_cut
 from ..db.pooler import behind_transaction_pooler
 from ..exceptions import EngineUnavailable

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
-
 from .. import clock, transitions
 from ..db import sqlite_bounds
+from ..db.alias import connection
 from ..db.outages import DB_ERRORS, Outage, drop_if_cut
 from ..exceptions import DeadlineExceededError, LeaseLostError, StepTimeoutError, TaskCanceledError
 from ..models import WorkflowRun

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connection
 from django.db.backends.signals import connection_created
 
 from .. import clock, transitions
 from ..conf import engine_settings
 from ..db import sqlite_bounds
+from ..db.alias import connection
 from ..db.notify import Listener, listening_possible
 from ..db.outages import DB_ERRORS, MAX_BACKOFF_SECONDS, Outage, drop_if_cut, misconfigured
 from ..db.pooler import behind_transaction_pooler

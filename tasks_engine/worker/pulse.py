@@ -18,6 +18,7 @@ from typing import Any
 from django.conf import settings
 
 from ..conf import engine_settings
+from ..db.alias import engine_alias
 from ..db.sqlite_connections import busy_timeout_seconds
 
 PULSE_FD_ENV = "TASKS_ENGINE_PULSE_FD"  # set by the supervisor: the pipe's write end
@@ -41,7 +42,7 @@ def sqlite_busy_timeout(db: dict[str, Any] | None = None) -> float:
     locked rows and whose engine writes hold row locks only for a statement or a commit): the
     project's OPTIONS timeout, else the one the engine sets on its connections."""
     if db is None:
-        db = settings.DATABASES.get("default", {})
+        db = settings.DATABASES.get(engine_alias(), {})
     if db.get("ENGINE") != "django.db.backends.sqlite3":
         return 0.0
     return busy_timeout_seconds(db)

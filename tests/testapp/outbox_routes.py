@@ -33,6 +33,18 @@ def enqueue_noop(event: OutboxEvent) -> None:
     tasks_engine.enqueue("noop", {"n": event.payload["n"]}, trace_id=os.environ.get("WORKER_TAG"))
 
 
+@route("test.start_run_once")
+def start_run_once(event: OutboxEvent) -> None:
+    """Start a `noop` run keyed by the event (`event.run_key`; none with payload "unkeyed"),
+    then stop the relay here when a test asks (umt.testpoints): between the run, committed on
+    the engine's database, and the event's outcome, in the relay's transaction."""
+    from umt.testpoints import stop_here
+
+    key = None if event.payload.get("unkeyed") else event.run_key
+    tasks_engine.enqueue("noop", {"n": event.payload["n"]}, idempotency_key=key)
+    stop_here("outbox-run-started")
+
+
 @route("test.record")
 def record(event: OutboxEvent) -> None:
     """Write one row per call, after an optional pause (a slow route)."""

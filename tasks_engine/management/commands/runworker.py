@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connection
 
 from tasks_engine.checks import worker_checks
 from tasks_engine.conf import engine_settings
@@ -14,6 +13,7 @@ from tasks_engine.observe import metrics
 from tasks_engine.worker import Worker, WorkerConfig, bounds, supervisor
 from tasks_engine.worker.loop import connections_per_process
 
+from ...db.alias import connection
 from ..cli import (
     OneLineErrors,
     non_negative_float,

@@ -3,6 +3,7 @@ calls, the caller's transaction; the same rows as enqueue."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pydantic
@@ -13,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 import tasks_engine
 from tasks_engine import IdempotencyConflict, UnknownTaskError
 from tasks_engine.models import WorkflowRun
+from tests.testapp.workflows import N
 
 pytestmark = pytest.mark.django_db
 
@@ -168,3 +170,112 @@ def test_the_workflow_object_and_its_defaults() -> None:
 
     [r] = tasks_engine.enqueue_many(tagged, [{"n": 1}], tags={"tier": "2"})
     assert tasks_engine.get_run(r.run_id).tags == {"team": "media", "tier": "2"}
+
+
+# One enqueue_many against enqueue per input, at one instant: every column alike but the id.
+# Inputs that differ, repeat, or are the same object; columns the same for every run of the
+# call (sent once) and columns that differ (a callable key, the idempotency keys).
+SAME_ROWS = [
+    ("noop", [{"n": 1}, {"n": 2}, {"n": 1}], {"tags": {"a": "b"}, "priority": 4}),
+    ("bench_noop", [{}, {}, {"x": [1.5, "é", None]}], {"queue": "q2"}),
+    ("bench_noop", [None, {"k": 1e20}, {"k": -0.0}, (1, 2)], {}),
+    # equal in Python, not as JSON; a model inside: the full checks, not the one pass
+    ("bench_noop", [{"a": 1, "m": N(n=1)}, {"a": True, "m": N(n=1)}, {"a": 1.0, "m": N(n=1)}], {}),
+    ("flow-disk", [{"disk": "a"}, {"disk": "b"}], {}),
+    ("flow-pair", [{"disk": "a"}, {"disk": "b"}], {}),
+    ("flow-key-rate", [{"disk": "a"}, {"disk": "b"}], {}),
+    ("deadline_sleeper", [{"seconds": 1}, {"seconds": 2}], {}),
+    ("tagged", [{"n": 1}, {"n": 2}], {"tags": {"tier": "2"}}),
+    ("bench_debounced", [{"k": "x"}, {"k": "y"}], {}),
+]
+
+
+@pytest.mark.parametrize(("task", "inputs", "kwargs"), SAME_ROWS)
+def test_many_runs_are_the_rows_enqueue_writes(
+    task: str, inputs: list, kwargs: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tasks_engine import clock
+
+    at = datetime.now(UTC).replace(microsecond=123456)
+    monkeypatch.setattr(clock, "now", lambda: at)
+    keys = [f"k{i}" if i % 2 else None for i in range(len(inputs))]
+    columns = [f.attname for f in WorkflowRun._meta.concrete_fields if f.attname != "id"]
+
+    def rows(found: list[tasks_engine.Enqueued]) -> list[dict]:
+        assert not any(r.deduplicated for r in found)
+        by_id = WorkflowRun.objects.filter(pk__in=[r.run_id for r in found]).in_bulk()
+        # repr: {"a": 1} == {"a": True} == {"a": 1.0} in Python, not as stored
+        return [{c: repr(getattr(by_id[r.run_id], c)) for c in columns} for r in found]
+
+    got = rows(tasks_engine.enqueue_many(task, inputs, idempotency_keys=keys, **kwargs))
+    WorkflowRun.objects.all().delete()  # no key held for the enqueues
+    each = [
+        tasks_engine.enqueue(task, inp, idempotency_key=key, **kwargs)
+        for inp, key in zip(inputs, keys, strict=True)
+    ]
+    assert got == rows(each)
+
+
+def test_a_thousand_equal_inputs_and_a_thousand_different_ones() -> None:
+    same = tasks_engine.enqueue_many("bench_noop", [{}] * 1000)
+    different = tasks_engine.enqueue_many("bench_noop", [{"i": i} for i in range(1000)])
+    assert len({r.run_id for r in same + different}) == 2000
+    stored = dict(WorkflowRun.objects.values_list("pk", "input"))
+    assert [stored[r.run_id] for r in same] == [{}] * 1000
+    assert [stored[r.run_id] for r in different] == [{"i": i} for i in range(1000)]
+
+
+@pytest.mark.postgres_only("NOTIFY")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("keys", [None, ["a", "b", None]])
+def test_many_runs_wake_the_workers_of_their_queue_once(keys: list | None) -> None:
+    import psycopg
+
+    from tasks_engine.db import notify
+
+    with psycopg.connect(**notify.listen_params(), autocommit=True) as conn:
+        conn.execute(f"LISTEN {notify.CHANNEL}")
+        inputs = [{"n": 1}, {"n": 2}, {"n": 3}]
+        tasks_engine.enqueue_many("noop", inputs, queue="q7", idempotency_keys=keys)
+        heard = [n.payload for n in conn.notifies(timeout=1.0)]
+    assert heard == ["q7"]
+
+
+PLAIN_OR_NOT = [
+    {},
+    {"b": 1, "a": [1, 2.5, None, True], "é": "ü"},
+    {"big": 1e20, "neg": -0.0, "small": 1e-7},
+    {1: "int key", 2: "sorted as text", 10: "x"},
+    {"t": (1, 2)},
+    [{"z": 1, "a": 2}],
+    "text",
+    7,
+    {"nul": "a\x00b"},
+    {"nan": float("nan")},
+    {"when": datetime(2030, 1, 1, tzinfo=UTC)},
+    {"deep": [[[[]]]] * 300},
+    {"surrogate": "\ud800"},
+]
+
+
+@pytest.mark.parametrize("value", PLAIN_OR_NOT)
+def test_one_pass_over_an_input_answers_as_the_full_checks(value: object) -> None:
+    """plain_stored: the stored form, canonical text and hash the full checks give, or None
+    (the full checks then run and name what is wrong)."""
+    from tasks_engine.values.serialization import (
+        canonical_json,
+        input_hash,
+        plain_stored,
+        to_jsonable,
+    )
+
+    found = plain_stored(value)
+    try:
+        stored = to_jsonable(value)
+        want = (stored, canonical_json(stored), input_hash(stored))
+    except (TypeError, ValueError, UnicodeEncodeError):
+        assert found is None
+        return
+    assert found is None or found == want
+    if found is not None:
+        assert json.dumps(found[0]) == json.dumps(want[0])  # floats alike too (-0.0, 1e20)

@@ -1,0 +1,140 @@
+"""TASKS_ENGINE["ADMIN_READ_DATABASE"] against a real streaming replica: a standby made with
+`pg_basebackup -R` from the throwaway cluster. The admin's list and run page read the replica
+(with its replay paused, they show what only the replica still holds); the operator's cancel,
+from the run page and as a list action, writes the primary (the replica is read-only: a write
+there raises, so a cancel that went to it would fail the request)."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.contrib.auth.models import User
+from django.core.cache import cache
+from django.db import InternalError
+from django.test import Client
+from django.urls import reverse
+
+import tasks_engine
+from tasks_engine.models import WorkflowRun
+from tests import aliases
+from tests.helpers import wait_for
+from tests.pgcluster import Cluster, pg_bin
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.one_db("its own cluster")]
+
+PRIMARY, REPLICA = "engine_primary", "engine_replica"
+
+
+@pytest.fixture
+def replica(cluster: Cluster) -> Iterator[Cluster]:
+    """A hot standby of `cluster`, streaming from it, on a port and folder of its own."""
+    standby = Cluster()
+    if standby._as_postgres:
+        shutil.chown(standby.base, "postgres", "postgres")
+    standby._run(
+        pg_bin("pg_basebackup"),
+        "-D",
+        str(standby.data),
+        "-R",  # standby.signal and primary_conninfo: a streaming replica
+        "-X",
+        "stream",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(cluster.port),
+        "-U",
+        "postgres",
+    )
+    with open(standby.data / "postgresql.conf", "a") as f:
+        f.write(f"port = {standby.port}\nunix_socket_directories = '{standby.base}'\n")
+        f.write("hot_standby = on\n")
+    standby.start()
+    standby.wait_ready()
+    yield standby
+    standby.destroy()
+
+
+def replay(replica: Cluster, db: str, paused: bool) -> None:
+    with replica.connect(db) as conn:
+        conn.execute("SELECT pg_wal_replay_pause()" if paused else "SELECT pg_wal_replay_resume()")
+        if paused:
+            wait_for(
+                lambda: (
+                    conn.execute("SELECT pg_get_wal_replay_pause_state()").fetchone()[0] == "paused"
+                ),
+                what="replay paused",
+            )
+
+
+def on_replica(run_id: Any) -> WorkflowRun | None:
+    return WorkflowRun.objects.using(REPLICA).filter(pk=run_id).first()
+
+
+@pytest.fixture
+def replica_db(cluster: Cluster, replica: Cluster) -> Iterator[str]:
+    name = "umt_enginedb_replicated"
+    cluster.createdb(name)
+    with (
+        aliases.alias(PRIMARY, aliases.pg_settings(cluster.url(name))),
+        aliases.alias(REPLICA, aliases.pg_settings(replica.url(name))),
+        aliases.engine_on(PRIMARY, ADMIN_READ_DATABASE=REPLICA),
+    ):
+        aliases.migrate(PRIMARY)
+        yield name
+    with cluster.connect() as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def test_admin_reads_the_replica_and_cancels_on_the_primary(
+    replica: Cluster, replica_db: str
+) -> None:
+    cache.clear()
+    seen, page_cancel, list_cancel = (tasks_engine.enqueue("noop", {"n": i}) for i in range(3))
+    wait_for(lambda: on_replica(list_cancel.run_id), what="the runs replicated")
+    replay(replica, replica_db, paused=True)
+    tasks_engine.cancel(seen.run_id, "on the primary only")  # the replica still has it pending
+    unseen = tasks_engine.enqueue("noop", {"n": 9})  # not on the replica
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("boss", password="pw"))
+    listed = client.get(reverse("admin:tasks_engine_workflowrun_changelist")).content.decode()
+    assert str(seen.run_id)[:8] in listed
+    assert str(unseen.run_id)[:8] not in listed
+    pending_only = client.get(
+        reverse("admin:tasks_engine_workflowrun_changelist"), {"status__exact": "pending"}
+    ).content.decode()
+    assert str(seen.run_id)[:8] in pending_only  # canceled on the primary, pending on the replica
+    page = client.get(reverse("admin:tasks_engine_workflowrun_change", args=[unseen.run_id]))
+    assert page.status_code == 302  # "doesn't exist": the replica has not replayed it
+
+    # The replica refuses writes: an action that wrote there would fail its request.
+    with pytest.raises(InternalError, match="read-only"):
+        WorkflowRun.objects.using(REPLICA).filter(pk=page_cancel.run_id).update(priority=1)
+
+    cancel = reverse("admin:tasks_engine_workflowrun_cancel", args=[page_cancel.run_id])
+    assert client.post(cancel, {"reason": "from the run page"}).status_code == 302
+    selected = client.post(
+        reverse("admin:tasks_engine_workflowrun_changelist"),
+        {
+            "action": "cancel_selected",
+            "_selected_action": [str(list_cancel.run_id)],
+            "confirm": "yes",
+            "reason": "from the list",
+        },
+    )
+    assert selected.status_code == 302
+    primary = WorkflowRun.objects.using(PRIMARY)
+    assert primary.get(pk=page_cancel.run_id).status == "canceled"
+    assert primary.get(pk=list_cancel.run_id).status == "canceled"
+    assert on_replica(page_cancel.run_id).status == "pending"  # replay still paused
+
+    replay(replica, replica_db, paused=False)
+    wait_for(
+        lambda: on_replica(list_cancel.run_id).status == "canceled", what="the cancels replayed"
+    )
+    with psycopg.connect(replica.url(replica_db)) as conn:
+        assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is True
