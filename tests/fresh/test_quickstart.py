@@ -231,11 +231,17 @@ def test_the_quickstart_page_runs_as_written(
         username,
         password,
         [
+            "/admin/",
             "/admin/tasks_engine/workflowrun/",
             *[f"/admin/tasks_engine/workflowrun/{r}/change/" for r in runs],
         ],
     )
-    listing, first, second = pages
+    index, listing, first, second = pages
+    # the way the page tells the reader to go: **App → Model** on the admin's index
+    way = re.search(r"\*\*(.+?) → (.+?)\*\*", PAGE.read_text())
+    assert way is not None
+    for name in way.groups():
+        assert name in index, (name, index)
     for run_id in runs:  # each order's row links to its page
         assert f"/admin/tasks_engine/workflowrun/{run_id}/change/" in listing, listing
     for page, run_id in ((first, runs[0]), (second, runs[1])):
