@@ -40,3 +40,18 @@ def run_logged(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -
 class Dist:
     wheel: Path
     sdist: Path
+
+
+@dataclass(frozen=True)
+class FreshDatabase:
+    """A new database for a fresh project: its URL, and for PostgreSQL its name and server."""
+
+    url: str
+    name: str | None = None  # None: SQLite
+    host: str | None = None
+    port: str | None = None
+    user: str | None = None
+
+    @property
+    def postgresql(self) -> bool:
+        return self.name is not None

@@ -12,18 +12,14 @@ import json
 import sqlite3
 import sys
 import textwrap
-import uuid
-from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
-import psycopg
 import pytest
-from django.conf import settings
 
 from tests.helpers import ROOT
 
-from .shell import Dist, run, run_logged
+from .shell import Dist, FreshDatabase, run, run_logged
 
 pytestmark = pytest.mark.slow
 
@@ -67,19 +63,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory, dist: Dist) -> Path:
 
 
 @pytest.fixture
-def database_url(tmp_path: Path) -> Iterator[str]:
-    """A new, empty database of the pass's kind."""
-    db = settings.DATABASES["default"]
-    if db["ENGINE"] == "django.db.backends.sqlite3":
-        yield f"sqlite:///{tmp_path / 'fresh.sqlite3'}"
-        return
-    name = f"fresh_{uuid.uuid4().hex[:12]}"
-    server = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    yield f"{server}/{name}"
-    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def database_url(fresh_database: FreshDatabase) -> str:
+    return fresh_database.url
 
 
 def test_a_fresh_project_runs_a_workflow_from_the_installed_wheel(
