@@ -8,12 +8,13 @@ from __future__ import annotations
 import copy
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 from unittest import mock
 
 import psycopg
+import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connections
@@ -126,3 +127,22 @@ def tables(name: str) -> set[str]:
     conn = connections[name]
     with conn.cursor() as cur:
         return set(conn.introspection.table_names(cur))
+
+
+@contextmanager
+def engine_database(name: str, vendor: str, sqlite_path: Path) -> Iterator[str]:
+    """The engine on a fresh, migrated database of `vendor` under the alias `name` (a new
+    PostgreSQL database on the shared server, or an SQLite file at sqlite_path); yields its URL.
+    """
+    with ExitStack() as stack:
+        if vendor == "postgresql":
+            if not pg_server_reachable():
+                pytest.skip("no PostgreSQL server at 127.0.0.1:5432")
+            url = stack.enter_context(new_pg_database())
+            stack.enter_context(alias(name, pg_settings(url)))
+        else:
+            url = f"sqlite:///{sqlite_path}"
+            stack.enter_context(alias(name, sqlite_settings(sqlite_path)))
+        stack.enter_context(engine_on(name))
+        migrate(name)
+        yield url

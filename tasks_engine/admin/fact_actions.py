@@ -122,15 +122,7 @@ class DeliverFactMixin:
         form = FactForm(request.POST)
         if form.problem:
             messages.error(request, f"{form.problem}; nothing delivered.")
-            return self._fact_form(
-                request,
-                run,
-                run_url,
-                name=form.name,
-                payload=form.payload_text,
-                reason=form.reason,
-                token=form.token if TOKEN.match(form.token) else uuid.uuid4().hex,
-            )
+            return self._fact_form_again(request, run, run_url, form)
         key = idempotency_key(form.token)
         repeat = Fact.objects.filter(run_id=run.pk, idempotency_key=key).exists()
         try:
@@ -139,15 +131,7 @@ class DeliverFactMixin:
             return unknown_object(request, self.model._meta, object_id)
         except ValueError as exc:  # a name the engine refuses, a payload it cannot store
             messages.error(request, f"{' '.join(str(exc).split())}; nothing delivered.")
-            return self._fact_form(
-                request,
-                run,
-                run_url,
-                name=form.name,
-                payload=form.payload_text,
-                reason=form.reason,
-                token=form.token,
-            )
+            return self._fact_form_again(request, run, run_url, form)
         if repeat:
             messages.info(
                 request, f"This form was already submitted: fact {form.name} was delivered once."
@@ -171,6 +155,20 @@ class DeliverFactMixin:
                 ),
             )
         return HttpResponseRedirect(run_url)
+
+    def _fact_form_again(
+        self, request: HttpRequest, run: WorkflowRun, run_url: str, form: FactForm
+    ) -> HttpResponse:
+        """The form as submitted, after an error (a new token when the old one was malformed)."""
+        return self._fact_form(
+            request,
+            run,
+            run_url,
+            name=form.name,
+            payload=form.payload_text,
+            reason=form.reason,
+            token=form.token if TOKEN.match(form.token) else uuid.uuid4().hex,
+        )
 
     def _fact_form(
         self, request: HttpRequest, run: WorkflowRun, run_url: str, **fields: Any

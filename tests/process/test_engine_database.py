@@ -6,7 +6,6 @@ relay's transaction on "default")."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,18 +29,7 @@ pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True), pyte
 def engine_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The engine on a fresh database (alias tasks_<vendor> here, "tasks" in the children)."""
     name = f"tasks_{request.param}"
-    with contextlib.ExitStack() as stack:
-        if request.param == "postgresql":
-            if not aliases.pg_server_reachable():
-                pytest.skip("no PostgreSQL server at 127.0.0.1:5432")
-            url = stack.enter_context(aliases.new_pg_database())
-            stack.enter_context(aliases.alias(name, aliases.pg_settings(url)))
-        else:
-            path = tmp_path / "engine.sqlite3"
-            url = f"sqlite:///{path}"
-            stack.enter_context(aliases.alias(name, aliases.sqlite_settings(path)))
-        stack.enter_context(aliases.engine_on(name))
-        aliases.migrate(name)
+    with aliases.engine_database(name, request.param, tmp_path / "engine.sqlite3") as url:
         yield url
         for alias in (name, "default"):
             connections[alias].close()

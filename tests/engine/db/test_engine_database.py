@@ -5,7 +5,6 @@ alias's transaction is transactional, and the admin's list, run page and cancel 
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -40,16 +39,7 @@ ENGINE_TABLE = WorkflowRun._meta.db_table
 def engine_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """The engine on a fresh database of the param's vendor (alias engine_<vendor>), migrated."""
     name = f"engine_{request.param}"
-    with contextlib.ExitStack() as stack:
-        if request.param == "postgresql":
-            if not aliases.pg_server_reachable():
-                pytest.skip("no PostgreSQL server at 127.0.0.1:5432")
-            url = stack.enter_context(aliases.new_pg_database())
-            stack.enter_context(aliases.alias(name, aliases.pg_settings(url)))
-        else:
-            stack.enter_context(aliases.alias(name, aliases.sqlite_settings(tmp_path / "e.db")))
-        stack.enter_context(aliases.engine_on(name))
-        aliases.migrate(name)
+    with aliases.engine_database(name, request.param, tmp_path / "e.db"):
         yield name
 
 
