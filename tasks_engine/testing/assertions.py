@@ -47,6 +47,7 @@ def assert_enqueued(
     validates it (a pydantic input model's defaults filled in); with `queue` or `parent` (a
     parent run's id), only the runs of that queue or the children of that run. Returns the
     matching runs' views, oldest first."""
+    __tracebackhide__ = True  # pytest shows the test's line, not this function's
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
         raise ValueError(f"count must be an integer >= 0, not {count!r}")
     name, matching, every = _runs(task, input, queue, parent)
@@ -68,6 +69,7 @@ def assert_not_enqueued(
 ) -> None:
     """Assert that no run of `task` (with `input`, in `queue`, a child of `parent`, when
     given) was enqueued."""
+    __tracebackhide__ = True
     name, matching, every = _runs(task, input, queue, parent)
     if matching:
         inputs = _inputs([r for r in every if r.pk in matching])

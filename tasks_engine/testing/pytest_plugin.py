@@ -13,7 +13,7 @@ asks for them), and it defines only fixtures named `tasks_*` and one marker:
     def test_new_year(tasks_tester, tasks_clock): ...
 
 - `tasks_tester`: an open `WorkflowTester` (its fake clock installed) on the test database
-  (it asks pytest-django for `db`, or for `transactional_db` when the test uses that);
+  (it needs pytest-django's `db`: `transactional_db` when the test asks for that);
   `tasks_tester.assert_enqueued(...)` and `assert_not_enqueued(...)` check what the code
   under test enqueued.
 - `tasks_clock`: that tester's `FakeClock` (`now()`, `advance()`, `jump_to()`): the engine's
@@ -42,17 +42,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.fixture
-def tasks_tester(request: pytest.FixtureRequest) -> Iterator[WorkflowTester]:
+def tasks_tester(request: pytest.FixtureRequest, db: None) -> Iterator[WorkflowTester]:
     """A `tasks_engine.testing.WorkflowTester`, entered: the engine's clock is its fake clock
-    for the test (the real one is back after it). Needs pytest-django (the test database)."""
-    try:
-        request.getfixturevalue("db")  # pytest-django's: transactional_db when the test has it
-    except pytest.FixtureLookupError:
-        pytest.fail(
-            "the tasks_tester fixture runs workflows on the test database: it needs"
-            " pytest-django (pip install pytest-django)",
-            pytrace=False,
-        )
+    for the test (the real one is back after it). On the test database: pytest-django's `db`
+    (a transaction rolled back after the test), or `transactional_db` when the test asks for
+    it; named in the signature, so that pytest-django sets the test database up and orders
+    the test among its database tests."""
     from . import tester  # the models: Django is set up by now
 
     marker = request.node.get_closest_marker(MARKER)

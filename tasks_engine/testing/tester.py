@@ -355,6 +355,7 @@ class WorkflowTester:
         parent: uuid.UUID | str | None = None,
     ) -> list[RunView]:
         """`testing.assert_enqueued`: runs of `task` (with `input`, ...) were enqueued."""
+        __tracebackhide__ = True
         return assert_enqueued(task, input, count=count, queue=queue, parent=parent)
 
     def assert_not_enqueued(
@@ -366,4 +367,5 @@ class WorkflowTester:
         parent: uuid.UUID | str | None = None,
     ) -> None:
         """`testing.assert_not_enqueued`: no run of `task` (with `input`, ...) was enqueued."""
+        __tracebackhide__ = True
         assert_not_enqueued(task, input, queue=queue, parent=parent)
