@@ -20,61 +20,28 @@ import psycopg
 import pytest
 from django.conf import settings
 
+from tests.helpers import ROOT
+
 from .shell import OUTSIDE_ENV, Dist, run
 
 pytestmark = pytest.mark.slow
 
-WORKFLOWS = """
-from datetime import timedelta
-
-from pydantic import BaseModel
-
-import tasks_engine
-from tasks_engine import TaskContext, workflow
+PAGE = (ROOT / "docs" / "testing.md").read_text()
 
 
-class Welcome(BaseModel):
-    email: str
+def page_block(first_line: str) -> str:
+    """The ```python block of docs/testing.md that starts with `first_line`."""
+    (block,) = [
+        b.split("```", 1)[0] for b in PAGE.split("```python\n")[1:] if b.startswith(first_line)
+    ]
+    return block
 
 
-@workflow(name="send-welcome", input=Welcome)
-def send_welcome(ctx: TaskContext) -> str:
-    ctx.step.sleep("a-day-later", timedelta(days=1))
-    return ctx.step.run("send", lambda: f"sent to {ctx.input.email}")
-
-
-def sign_up(email: str) -> None:
-    # what a view would do: the run commits with the sign-up's transaction
-    tasks_engine.enqueue(send_welcome, {"email": email})
-"""
-
-TESTS = """
-from datetime import UTC, datetime, timedelta
-
-import pytest
-
-from shop.workflows import send_welcome, sign_up
-
-
-def test_sign_up_enqueues_the_welcome(tasks_tester):
-    sign_up("ada@example.com")
-    (run,) = tasks_tester.assert_enqueued(send_welcome, {"email": "ada@example.com"}, count=1)
-    assert run.status == "pending"
-    tasks_tester.assert_not_enqueued(send_welcome, {"email": "bob@example.com"})
-
-
-def test_the_welcome_goes_a_day_later(tasks_tester, tasks_clock):
-    started = tasks_clock.now()
-    run = tasks_tester.start(send_welcome, {"email": "ada@example.com"})
-    assert tasks_tester.run_to_completion(run).output == "sent to ada@example.com"
-    assert tasks_clock.now() - started >= timedelta(days=1)  # jumped, not waited
-
-
-@pytest.mark.tasks_tester(start=datetime(2030, 1, 1, tzinfo=UTC))
-def test_the_clock_starts_where_the_marker_says(tasks_clock):
-    tasks_clock.advance(60)
-    assert tasks_clock.now() == datetime(2030, 1, 1, 0, 1, tzinfo=UTC)
-
+WORKFLOWS = page_block("# shop/workflows.py\n")
+# The page's tests, and two more: a transactional test, and one that fails on purpose.
+TESTS = (
+    page_block("# shop/tests.py\n")
+    + """
 
 def test_in_a_transactional_test_too(transactional_db, tasks_tester):
     run = tasks_tester.start(send_welcome, {"email": "eve@example.com"})
@@ -85,6 +52,7 @@ def test_a_sign_up_that_enqueues_nothing_fails(tasks_tester):  # fails on purpos
     sign_up("ada@example.com")
     tasks_tester.assert_enqueued(send_welcome, {"email": "bob@example.com"})
 """
+)
 
 SETTINGS_TAIL = """
 import os
@@ -169,6 +137,7 @@ def test_a_fresh_project_tests_its_workflows_with_the_plugins_fixtures(
     assert "4 passed, 1 failed" in out, out
     assert "FAILED shop/tests.py::test_a_sign_up_that_enqueues_nothing_fails" in out, out
     assert FAILURE in out, out
+    assert FAILURE.removeprefix("AssertionError: ") in PAGE  # the page shows it as it is
     # The failure's traceback shows the test's line, not the engine's frames.
     assert 'tasks_tester.assert_enqueued(send_welcome, {"email": "bob' in out, out
     assert "tasks_engine/testing" not in out, out
@@ -193,3 +162,5 @@ def test_a_project_that_does_not_use_the_plugin_runs_its_tests_as_before(
     assert "PASSED test_plain.py::test_arithmetic" in out, out
     code, out = pytest_run(venv, tmp_path, "--fixtures", "test_plain.py", env={})
     assert code == 0 and "tasks_tester" in out and "tasks_clock" in out, out
+    code, out = pytest_run(venv, tmp_path, "-p", "no:tasks_engine", "--fixtures", env={})
+    assert code == 0 and "tasks_tester" not in out, out  # docs/testing.md: how to turn it off
