@@ -134,7 +134,7 @@ def test_a_fresh_project_tests_its_workflows_with_the_plugins_fixtures(
     assert code == 1, out  # the one failure on purpose, nothing else
     plugins = next(line for line in out.splitlines() if line.startswith("plugins:"))
     assert "django-tasks-engine-" in plugins and "django-" in plugins, plugins  # entry points
-    assert "4 passed, 1 failed" in out, out
+    assert "1 failed, 4 passed" in out, out
     assert "FAILED shop/tests.py::test_a_sign_up_that_enqueues_nothing_fails" in out, out
     assert FAILURE in out, out
     assert FAILURE.removeprefix("AssertionError: ") in PAGE  # the page shows it as it is
