@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 
 import tasks_engine
-from tasks_engine import StepTimeoutError, clock, testing, transitions
+from tasks_engine import StepTimeoutError, clock, transitions
 from tasks_engine.definitions import registry
 from tasks_engine.exceptions import TasksEngineError
 from tasks_engine.models import StepAttempt, WorkflowRun
 from tasks_engine.runtime import executor
 from tasks_engine.runtime.context import AbortSignal
 from tasks_engine.runtime.step_timeouts import StepTimer, WriteOff, timeout_seconds
+from tasks_engine.testing import tester
 from tasks_engine.values.durations import MAX_DURATION
 from tests.helpers import FakeClock, drain
 from tests.testapp.models import Marker, SideEffect
@@ -100,7 +101,7 @@ def test_an_atomic_step_that_outlives_its_timeout_unfired_fails_and_writes_nothi
 ) -> None:
     # Nobody fires the timer, as when a worker's heartbeat waits for SQLite's write lock, held
     # by this step's own transaction: the step itself finds it ran past its timeout.
-    monkeypatch.setattr(testing, "_StepTimeouts", lambda prepared: contextlib.nullcontext())
+    monkeypatch.setattr(tester, "_StepTimeouts", lambda prepared: contextlib.nullcontext())
     res = tasks_engine.enqueue("atomic_timed_step", {"timeout": 0.1, "hold": 0.3})
     drain(fake_clock)
     assert tasks_engine.get_run(res.run_id).output == (

@@ -33,18 +33,19 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from . import clock, engine, transitions
-from .conf import engine_settings, parse_rate
-from .definitions import Workflow, registry
-from .engine import RunView, Signaled, StepView
-from .models import WorkflowRun
-from .runtime import executor
-from .states import RunStatus
-from .transitions import queue_state
-from .transitions.flow_claims import rate_frees_at
-from .transitions.flow_rate_claims import rate_key_frees_at
-from .values.durations import duration_seconds
-from .values.text import check_text
+from .. import clock, engine, transitions
+from ..conf import engine_settings, parse_rate
+from ..definitions import Workflow, registry
+from ..engine import RunView, Signaled, StepView
+from ..models import WorkflowRun
+from ..runtime import executor
+from ..states import RunStatus
+from ..transitions import queue_state
+from ..transitions.flow_claims import rate_frees_at
+from ..transitions.flow_rate_claims import rate_key_frees_at
+from ..values.durations import duration_seconds
+from ..values.text import check_text
+from .assertions import ANY, assert_enqueued, assert_not_enqueued
 
 FINISHED = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED})
 
@@ -343,3 +344,28 @@ class WorkflowTester:
     def steps(self, run_id: uuid.UUID | str) -> list[StepView]:
         """Every step attempt of the run, oldest first."""
         return list(self.get_run(run_id).steps)
+
+    def assert_enqueued(
+        self,
+        task: str | Workflow,
+        input: Any = ANY,
+        *,
+        count: int | None = None,
+        queue: str | None = None,
+        parent: uuid.UUID | str | None = None,
+    ) -> list[RunView]:
+        """`testing.assert_enqueued`: runs of `task` (with `input`, ...) were enqueued."""
+        __tracebackhide__ = True
+        return assert_enqueued(task, input, count=count, queue=queue, parent=parent)
+
+    def assert_not_enqueued(
+        self,
+        task: str | Workflow,
+        input: Any = ANY,
+        *,
+        queue: str | None = None,
+        parent: uuid.UUID | str | None = None,
+    ) -> None:
+        """`testing.assert_not_enqueued`: no run of `task` (with `input`, ...) was enqueued."""
+        __tracebackhide__ = True
+        assert_not_enqueued(task, input, queue=queue, parent=parent)
