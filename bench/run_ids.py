@@ -9,10 +9,11 @@ each, alternating (bench/common.py: BENCH_CODE_ROOT):
 Each round: the table filled with `--finished` finished runs whose ids are of the engine's kind
 (version 7 ids in creation order, ending a day ago), VACUUM, CHECKPOINT; `--runs` enqueues, one
 per transaction; CHECKPOINT again (runs that waited through one, as most do); then the runs
-claimed and completed one at a time in-process. pg_stat_wal's counters before and after each
-phase (the insert position, and pg_stat_wal's full-page images) give WAL bytes and full-page
-images per run: run it on a cluster of its own (no $BENCH_SERVER_URL: a throwaway one); the rates are printed too, but on a shared
-machine only the WAL counts are steady. Prints one JSON line (medians of the rounds).
+claimed and completed one at a time in-process. The WAL insert position and pg_stat_wal's
+full-page images before and after each phase give WAL bytes and full-page images per run: run
+it on a cluster of its own (no $BENCH_SERVER_URL: a throwaway one). The rates are printed too,
+but on a shared machine only the WAL counts are steady. Prints one JSON line (medians of the
+rounds).
 """
 
 from __future__ import annotations
