@@ -533,7 +533,7 @@ def markdown(raw: dict[str, Any], chart: bool) -> str:
     load = raw["load_before"][0]
     res = raw["results"]
     lines = [
-        "# Benchmarks: ours vs PgQueuer, Procrastinate, DBOS, django-tasks-db",
+        "# Benchmarks: ours vs PgQueuer, Procrastinate, DBOS, django-tasks-db, Celery on Redis",
         "",
         f"Produced by `make bench` (`bench/run_all.py`) on {raw['when']} in"
         f" {raw['wall_seconds'] // 60} min {raw['wall_seconds'] % 60} s; medians of"
