@@ -1,11 +1,13 @@
-"""Peer comparison (`make bench`): our engine against PgQueuer, Procrastinate, DBOS and
-django-tasks-db on one throwaway PostgreSQL cluster (fsync on, every engine on its durable
-defaults), alternating engines, N repetitions; then bench/report.py writes bench/results.md and
+"""Peer comparison (`make bench`): our engine against PgQueuer, Procrastinate, DBOS,
+django-tasks-db and Celery on Redis on one throwaway PostgreSQL cluster (fsync on, every engine
+on its durable defaults; Celery's redis-server is its own, on its defaults), alternating
+engines, N repetitions; then bench/report.py writes bench/results.md and
 bench/results.png and updates README.md's benchmark sentence.
 
     .venv/bin/python bench/run_all.py                    # the full run (see results.md)
     .venv/bin/python bench/run_all.py --baseline main~3  # and ours at that commit, alternating
     .venv/bin/python bench/run_all.py --quick            # 2,000 jobs, 1 repetition: bench/out/quick
+    .venv/bin/python bench/run_all.py --issue-rows --out /tmp/x  # enqueue, pickup, default drains
 
 With --baseline REF, our engine at REF (a `git worktree add` of it in a temporary directory,
 driven by this checkout's bench/engine.py with this .venv, $BENCH_CODE_ROOT pointing at the
@@ -67,7 +69,11 @@ PEERS: dict[str, tuple[str, list[str], list[str]]] = {
     "procrastinate": ("drive_procrastinate.py", ["procrastinate"], ["procrastinate"]),
     "dbos": ("drive_dbos.py", ["dbos"], ["dbos", "SQLAlchemy"]),
     "django-tasks-db": ("drive_django_tasks_db.py", ["django_tasks_db"], ["django-tasks-db"]),
+    "celery": ("drive_celery.py", ["celery", "redis"], ["celery", "kombu", "redis"]),
 }
+# The peers drained on their own defaults beside ours (the headline); Celery only there (its
+# prefork pool has no "in flight" setting but its process count).
+DEFAULT_PEERS = ("pgqueuer", "celery")
 
 
 def drain_key(processes: int, concurrency: int | None) -> str:
@@ -267,6 +273,11 @@ class Harness:
         if "error" in value:
             self.failed[(engine, bench)] = self.failed.get((engine, bench), 0) + 1
 
+    def peers(self) -> list[str]:
+        """The peers of the enqueue and pickup rows: every one, or with --issue-rows the
+        issue's two."""
+        return list(DEFAULT_PEERS) if self.a.issue_rows else list(PEERS)
+
     def skip(self, engine: str, bench: str) -> bool:
         return self.failed.get((engine, bench), 0) >= 2
 
@@ -304,7 +315,7 @@ class Harness:
 
     def enqueue(self, rep: int) -> None:
         n = self.a.enqueue_jobs
-        for e in self.engines(rep, [OURS, *PEERS]):
+        for e in self.engines(rep, [OURS, *self.peers()]):
             if e in (OURS, BASELINE):
                 self.ours(e, "enqueue", rep, "enqueue", "--runs", str(n))
             else:
@@ -312,9 +323,11 @@ class Harness:
 
     def drain(self, rep: int, processes: int, concurrency: int | None) -> None:
         """One drain configuration: ours and PgQueuer (concurrency None: each on its own
-        defaults), and at eight in flight the slow peers too."""
+        defaults, and Celery on its own), and at eight in flight the slow peers too."""
         bench = drain_key(processes, concurrency)
         names = [OURS, "pgqueuer", *(SLOW_PEERS if concurrency == 8 else ())]
+        if concurrency is None:
+            names.append("celery")
         for e in self.engines(rep, names):
             n = self.a.slow_jobs if e in SLOW_PEERS else self.a.jobs
             window = ["--max-seconds", str(self.a.drain_seconds)]
@@ -331,14 +344,14 @@ class Harness:
                     "drain",
                     jobs=n,
                     processes=processes,
-                    concurrency=concurrency or 0,  # PgQueuer: 0 is batch 10, no cap
+                    concurrency=concurrency or 0,  # 0: PgQueuer batch 10, no cap; Celery's own
                     max_seconds=self.a.drain_seconds,
                 )
 
     def rss(self, rep: int) -> None:
         n = self.a.rss_jobs
         for e in self.engines(rep, [OURS, *PEERS]):
-            if e == BASELINE:
+            if e in (BASELINE, "celery"):
                 continue
             if e == OURS:
                 args = ["drain", "--runs", str(n), "--concurrency", "16", "--max-seconds", "10"]
@@ -350,11 +363,11 @@ class Harness:
         """Every engine's worker on its defaults (PgQueuer: batch 10, no cap) but the peers
         that need a concurrency (Procrastinate, DBOS: 8, as before)."""
         n = self.a.latency_jobs
-        for e in self.engines(rep, [OURS, *PEERS]):
+        for e in self.engines(rep, [OURS, *self.peers()]):
             if e in (OURS, BASELINE):
                 self.ours(e, "latency", rep, "latency", "--runs", str(n))
             else:
-                c = 0 if e == "pgqueuer" else 8
+                c = 0 if e in DEFAULT_PEERS else 8
                 self.peer(e, "latency", rep, "latency", jobs=n, concurrency=c)
 
     def steps(self, rep: int) -> None:
@@ -549,6 +562,12 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path, default=None, help="where results.md/.png/.json go")
     p.add_argument("--note", action="append", default=[], help="a line for results.md")
+    p.add_argument(
+        "--issue-rows",
+        action="store_true",
+        help="only the rows of issue 42's table: enqueue, pickup and the drains on every"
+        " engine's defaults (ours, PgQueuer, Celery), 1 and 2 processes",
+    )
     a = p.parse_args()
     if a.quick:
         a.reps = a.long_reps = 1
@@ -577,6 +596,10 @@ def main() -> None:
                 log(f"repetition {rep + 1}/{a.reps}")
                 h.enqueue(rep)
                 h.latency(rep)
+                if a.issue_rows:
+                    for processes in (1, 2):
+                        h.drain(rep, processes, None)
+                    continue
                 for processes, concurrency in SWEEP:
                     if (processes, concurrency) in HEADLINE or rep < a.long_reps:
                         h.drain(rep, processes, concurrency)
@@ -584,9 +607,10 @@ def main() -> None:
                 h.pgbench(rep)
                 if rep < a.rss_reps:
                     h.rss(rep)
-            h.scale()
-            h.flow()
-            h.key_flow()
+            if not a.issue_rows:
+                h.scale()
+                h.flow()
+                h.key_flow()
         finally:
             cluster.destroy()
     raw = {
@@ -610,6 +634,7 @@ def main() -> None:
     if a.out.resolve() == BENCH and not a.quick:
         cmd += ["--readme", str(ROOT / "README.md")]
     report = run(cmd, 120)
+    sys.stdout.write(report.stdout)  # the issue table among it
     sys.stderr.write(report.stderr)
     log(f"done in {raw['wall_seconds']} s: {a.out / 'results.md'}")
     if report.returncode:

@@ -3,11 +3,10 @@ facts and `runtime/fencing.py` keeps the op ledger."""
 
 from __future__ import annotations
 
-import uuid
-
 from django.db import models
 from django.db.models import Q
 
+from .clock import new_run_id
 from .states import RunStatus, StepKind, StepStatus
 
 # A queued run: pending and never started, and not put back by an operator's retry (a retried
@@ -17,7 +16,8 @@ QUEUED = {"status": "pending", "started_at__isnull": True, "retries__isnull": Tr
 
 
 class WorkflowRun(models.Model):
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Time-ordered (version 7): clock.new_run_id says why.
+    id = models.UUIDField(primary_key=True, default=new_run_id, editable=False)
     task_name = models.CharField(max_length=200)
     version = models.PositiveIntegerField(default=1)
     queue = models.CharField(max_length=100, default="default")

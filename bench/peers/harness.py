@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -136,24 +137,33 @@ def stop_workers(procs: list[subprocess.Popen[bytes]], a: argparse.Namespace) ->
 
 def watch(
     dsn: str,
-    sql: str,
+    sql: str | Callable[[], tuple[int, int]],
     n: int,
     procs: list[subprocess.Popen[bytes]],
     timeout: float = 600,
     max_seconds: float = 0,
 ) -> tuple[int, float]:
-    """Poll ``sql`` (returning: still queued, finished) every 10 ms; (jobs finished, seconds)
-    from the first job leaving the queue to the last one finishing, as seen in the database
-    (each event placed mid-way between the poll that saw it and the one before). With
-    ``max_seconds``, stop counting that long after the first job left the queue."""
+    """Poll ``sql`` (returning: still queued, finished; or a function returning them, for a
+    peer whose queue is not in PostgreSQL) every 10 ms; (jobs finished, seconds) from the first
+    job leaving the queue to the last one finishing, as seen in the database (each event placed
+    mid-way between the poll that saw it and the one before). With ``max_seconds``, stop
+    counting that long after the first job left the queue."""
     t0 = None
     end = time.monotonic() + timeout
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with contextlib.ExitStack() as stack:
+        if callable(sql):
+            poll = sql
+        else:
+            conn = stack.enter_context(psycopg.connect(dsn, autocommit=True))
+
+            def poll() -> tuple[int, int]:
+                row = conn.execute(sql).fetchone()
+                assert row is not None, sql
+                return row[0], row[1]
+
         last = time.perf_counter()
         while True:
-            row = conn.execute(sql).fetchone()
-            assert row is not None, sql
-            queued, finished = row
+            queued, finished = poll()
             now = time.perf_counter()
             if t0 is None and queued < n:
                 t0 = (last + now) / 2
@@ -270,7 +280,7 @@ def run_conductor(a: argparse.Namespace, script: str, peer: dict[str, Any]) -> d
     ``setup()``: install the schema; ``enqueue_each(n)``: n enqueues, one transaction each;
     ``enqueue_bulk(n)``: n jobs queued however the peer batches best; ``enqueue_timed(k)``: one
     job (its own transaction) whose payload carries k, for its record_pickup(k);
-    ``progress_sql``: (still queued, finished);
+    ``progress_sql``: (still queued, finished), or ``progress()`` returning them;
     optional: ``steps(a, script)`` for the 10-step workflow, ``worker_env``, ``close()``,
     ``concurrency`` (what the worker really runs at, when it has no such setting).
     """
@@ -300,9 +310,8 @@ def _conduct(a: argparse.Namespace, script: str, peer: dict[str, Any]) -> dict[s
         procs = spawn_workers(script, a, a.processes, env)
         try:
             with RssSampler([p.pid for p in procs]) as rss:
-                done, seconds = watch(
-                    a.dsn, peer["progress_sql"], a.jobs, procs, max_seconds=a.max_seconds
-                )
+                progress = peer.get("progress") or peer["progress_sql"]
+                done, seconds = watch(a.dsn, progress, a.jobs, procs, max_seconds=a.max_seconds)
         finally:
             stop_workers(procs, a)
         return {

@@ -36,7 +36,7 @@ from ..values.secrets import mask_secrets
 from . import stats as admin_stats
 from .cancel_actions import CANCEL, CancelMixin
 from .fact_actions import DeliverFactMixin, waits_on_fact
-from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs
+from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs, short_run_id
 from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 from .matching import MatchingMixin
 from .operator_actions import unknown_object
@@ -57,7 +57,7 @@ def run_link(run_id: Any) -> str:
     if run_id is None:
         return "-"
     url = reverse("admin:tasks_engine_workflowrun_change", args=[run_id])
-    return format_html('<a href="{}" class="te-mono">{}</a>', url, str(run_id)[:8])
+    return format_html('<a href="{}" class="te-mono">{}</a>', url, short_run_id(run_id))
 
 
 def when(value: Any) -> str:
@@ -132,8 +132,8 @@ class WorkflowRunAdmin(
     )
     search_fields = ("id",)  # shows the search box; get_search_results does the matching
     search_help_text = (
-        "Exact run id (or its first 8 characters), task name (or task@version),"
-        " idempotency key or trace id;"
+        "Exact run id (or its last 8 characters, as listed, or its first ones), task name"
+        " (or task@version), idempotency key or trace id;"
         " tag:KEY=VALUE (several: every pair must match)."
     )
     ordering = ("-created_at",)
@@ -185,7 +185,9 @@ class WorkflowRunAdmin(
 
     @admin.display(description="run")
     def short_id(self, run: WorkflowRun) -> str:
-        return format_html('<span class="te-mono" title="{}">{}</span>', run.pk, str(run.pk)[:8])
+        return format_html(
+            '<span class="te-mono" title="{}">{}</span>', run.pk, short_run_id(run.pk)
+        )
 
     @admin.display(description="task")
     def task(self, run: WorkflowRun) -> str:

@@ -12,13 +12,23 @@ import uuid
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import Q, QuerySet
+from django.db.models import CharField, Q, QuerySet, Value
+from django.db.models.functions import Cast, Replace
 
 from ..definitions import registry
 from ..values import tags as run_tags
 
 HEX = re.compile(r"^[0-9a-f]{4,32}$")
 TASK_AT_VERSION = re.compile(r"^(?P<task>[^@]+)@(?P<version>[0-9]{1,9})$")
+SHORT_ID = 8  # the hex digits of a run id the lists show: its last ones (short_run_id)
+TAIL_MATCHES = 1000  # at most this many runs found by the last characters of their ids
+
+
+def short_run_id(run_id: object) -> str:
+    """What the admin's lists show of a run id: its last 8 hex digits. A run id is a version 7
+    UUID (clock.new_run_id) whose first digits are its creation time (the first 8 are a
+    65-second window that every run created in it shares) and whose last 8 are random."""
+    return str(run_id)[-SHORT_ID:]
 
 
 def registered() -> list[tuple[str, int]]:
@@ -86,10 +96,10 @@ class QueueFilter(_RegistryFilter):
 
 
 def search_runs(queryset: QuerySet, term: str, *, postgres: bool = False) -> QuerySet:
-    """Exact search: a run id (full, or its first hex digits as shown in the list), a task
-    name (or `name@version`, as the list shows it), an idempotency key, or a trace id; or
-    tags, `tag:K=V` (several, space-separated: every pair must match; ValueError for one the
-    tag rule refuses).
+    """Exact search: a run id (full, or its last hex digits as the list shows them, or its
+    first ones), a task name (or `name@version`, as the list shows it), an idempotency key,
+    or a trace id; or tags, `tag:K=V` (several, space-separated: every pair must match;
+    ValueError for one the tag rule refuses).
 
     An id match is looked up first, through the primary key index; only when none is found
     are task names, idempotency keys and stored trace ids compared (task names on the
@@ -104,7 +114,7 @@ def search_runs(queryset: QuerySet, term: str, *, postgres: bool = False) -> Que
     if all(word.startswith("tag:") for word in words):
         pairs = run_tags.parse_pairs([word.removeprefix("tag:") for word in words])
         return run_tags.with_tags(queryset, pairs, postgres=postgres)
-    by_id = _id_match(term)
+    by_id = _id_match(queryset, term)
     if by_id is not None:
         found = queryset.filter(by_id)
         if found.exists():
@@ -124,13 +134,33 @@ def _stored_trace(term: str) -> Q:
     return Q(trace_id=term) & ~Q(trace_id="")
 
 
-def _id_match(term: str) -> Q | None:
+def _id_match(queryset: QuerySet, term: str) -> Q | None:
     compact = term.lower().replace("-", "")
     if not HEX.match(compact):
         return None
     if len(compact) == 32:  # with the runs that joined its trace (its own trace id)
         return Q(pk=uuid.UUID(compact)) | _stored_trace(compact)
-    # A prefix of the id is a range of ids: the primary key index serves it.
-    low = uuid.UUID(compact.ljust(32, "0"))
-    high = uuid.UUID(compact.ljust(32, "f"))
-    return Q(pk__gte=low, pk__lte=high)
+    # Its first characters: a range of ids, which the primary key index serves. A version 7 id
+    # starts with its creation time, so a short prefix lists the runs of a window (8 digits:
+    # 65 seconds, 12: a millisecond); the digits after are a counter that starts at random
+    # every millisecond, so a few more pick one run.
+    by_start = Q(
+        pk__gte=uuid.UUID(compact.ljust(32, "0")), pk__lte=uuid.UUID(compact.ljust(32, "f"))
+    )
+    # Its last characters, as the list shows them (short_run_id): random bits, which no index
+    # orders, so their ids are read first in a statement of their own (an OR of the two in one
+    # statement would scan the runs table for every prefix search too).
+    by_end = _ids_ending_with(queryset, compact)
+    return by_start | Q(pk__in=by_end) if by_end else by_start
+
+
+def _ids_ending_with(queryset: QuerySet, tail: str) -> list[uuid.UUID]:
+    # PostgreSQL's text of a uuid has dashes; SQLite stores the 32 hex digits.
+    hex_id = Replace(Cast("pk", output_field=CharField()), Value("-"), Value(""))
+    ids = (
+        queryset.model._default_manager.annotate(hex_id=hex_id)
+        .filter(hex_id__endswith=tail)
+        .order_by()
+        .values_list("pk", flat=True)
+    )
+    return list(ids[:TAIL_MATCHES])

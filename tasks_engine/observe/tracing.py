@@ -57,7 +57,9 @@ def new_trace_id() -> str:
 
 def run_trace_id(stored: str, run_id: uuid.UUID | str) -> str:
     """A run's trace id: the one stored with it (a caller's, or the span current at enqueue),
-    else its own id as 32 hex digits (as random as a new W3C trace id)."""
+    else its own id as 32 hex digits: unique, as a W3C trace id must be (a version 7 id starts
+    with its creation time, as AWS X-Ray's trace ids do; its last 16 digits, the span id
+    `_run_parent` derives, are a counter seeded at random and 32 random bits)."""
     if stored:
         return stored
     return run_id.hex if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id)).hex

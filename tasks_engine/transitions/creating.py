@@ -59,7 +59,7 @@ class NewRun:
     on_limit: str = "queue"  # what its enqueue does when its concurrency key is full
     rate_key: str | None = None
     rate_limit: str = ""
-    id: uuid.UUID = field(default_factory=uuid.uuid4)
+    id: uuid.UUID = field(default_factory=clock.new_run_id)  # time-ordered: clock says why
     # The input's canonical JSON text when known (enqueue_many): sent as it is.
     input_json: str | None = None
 

@@ -143,10 +143,44 @@ def test_search_by_id_prefix_key_and_trace(admin_client: Client) -> None:
         return shown_ids(admin_client.get(LIST, {"q": term}).content)
 
     assert ids(str(acquire.pk)) == [str(acquire.pk)]
-    assert ids(str(acquire.pk)[:8]) == [str(acquire.pk)]
+    assert str(acquire.pk) in ids(str(acquire.pk)[:8])  # its first characters: with its window's
+    assert ids(str(acquire.pk)[-8:]) == [str(acquire.pk)]  # its last ones, as listed
     assert ids("plan:4711") == [str(acquire.pk)]
     assert ids(acquire.trace_id) == [str(acquire.pk)]
     assert ids("no-such-thing") == []
+
+
+def shown_short_ids(content: bytes) -> dict[str, str]:
+    """{full id: the characters the list shows of it}."""
+    cells = re.findall(
+        r'<span class="te-mono" title="([0-9a-f-]{36})">([^<]*)</span>', content.decode()
+    )
+    return dict(cells)
+
+
+def test_typing_the_short_id_the_list_shows_finds_exactly_that_run(admin_client: Client) -> None:
+    """Run ids are time-ordered (version 7): runs created together share their first digits,
+    so the list shows each id's last 8, random, digits, and searching those finds that run
+    alone. The first characters of an id still find it, with the runs of its time window."""
+    runs = [make_run("completed") for _ in range(20)]
+    by_start: dict[str, int] = {}
+    for run in runs:
+        by_start[str(run.pk)[:8]] = by_start.get(str(run.pk)[:8], 0) + 1
+    assert max(by_start.values()) > 1  # created together: first 8 digits in common
+
+    def ids(term: str) -> list[str]:
+        return shown_ids(admin_client.get(LIST, {"q": term}).content)
+
+    shown = shown_short_ids(admin_client.get(LIST).content)
+    assert set(shown) == {str(run.pk) for run in runs}
+    for full, short in shown.items():
+        assert len(short) == 8 and full.endswith(short)
+        assert ids(short) == [full]
+        assert ids(short.upper()) == [full]
+        assert full in ids(full[:8])
+        assert ids(full[:-8]) == [full]  # a long prefix: one run
+    page = admin_client.get(run_url(runs[0])).content.decode()
+    assert str(runs[0].pk)[-8:] in page
 
 
 def test_search_by_a_run_s_own_trace_id_finds_the_runs_that_joined_it(
@@ -283,7 +317,7 @@ def test_run_page_shows_everything(admin_client: Client) -> None:
     assert "abandoned" in content and "No space left on device" in content
     assert "&quot;plan_id&quot;: 4711" in content  # input as formatted JSON
     assert "download-done" in content and "qbt:add:plan-4711" in content  # fact, ledger
-    assert str(runs["child"].pk)[:8] in content  # child link
+    assert str(runs["child"].pk)[-8:] in content  # child link
     assert "window.location.reload" in content  # live while active
     child_page = admin_client.get(run_url(runs["child"])).content.decode()
     assert 'id="parent-link"' in child_page and run_url(runs["acquire"]) in child_page
