@@ -445,9 +445,13 @@ def listens() -> bool:
     return engine_settings().notify and listening_possible()
 
 
-def connections_per_process(concurrency: int, *, has_async: bool = False) -> int:
-    """The database connections one worker process holds (`_start_threads`): one per slot, the
-    claim loop's, the heartbeat's, the leader's, and the group writer's and the LISTEN one's
-    when they run (PostgreSQL); with async workflows, the engine threads' too."""
+def connections_per_process(
+    concurrency: int, *, has_async: bool = False, has_plain: bool = True
+) -> int:
+    """The database connections one worker process holds (`_start_threads`): one per slot (a
+    worker of async workflows only starts none), the claim loop's, the heartbeat's, the
+    leader's, and the group writer's and the LISTEN one's when they run (PostgreSQL); with
+    async workflows, the engine threads' too."""
+    slots = concurrency if has_plain else 0
     engine = engine_threads(concurrency) if has_async else 0
-    return concurrency + 3 + engine + int(uses_group_commit()) + int(listens())
+    return slots + 3 + engine + int(uses_group_commit()) + int(listens())
