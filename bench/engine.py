@@ -436,11 +436,11 @@ def cmd_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
 def cmd_key_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
     """bench/key_flow.py's row (issue 46: per-key rate limits against per-queue, enqueue with
     a debounce key against without); none for a tree from before it."""
-    import importlib.util
-
     import key_flow
 
-    if importlib.util.find_spec("tasks_engine.transitions.flow_rate_claims") is None:
+    # Looked up as a file: importing tasks_engine.transitions (as find_spec would) needs
+    # Django set up, which key_flow.measure does.
+    if not (CODE_ROOT / "tasks_engine" / "transitions" / "flow_rate_claims.py").exists():
         return []  # a baseline tree from before issue 46
     return [key_flow.measure(runs=a.runs, rounds=a.rounds)]
 
