@@ -44,7 +44,7 @@ class Log:
 
 def test_a_fresh_async_run_with_a_prestarted_first_step_makes_no_trip_off_the_loop() -> None:
     sqlite = connection.vendor == "sqlite"
-    if sqlite and connection.is_in_memory_db():
+    if sqlite and connection.is_in_memory_db():  # type: ignore[attr-defined]
         pytest.skip("the group writer's thread needs a database file")
     first_steps.learn("async_io", 1, "io")  # its claim starts step "io" (PostgreSQL)
     rid = tasks_engine.enqueue("async_io", {"seconds": 0}).run_id
