@@ -1,6 +1,7 @@
 """Our engine on its own: drain, enqueue rate, pickup latency, claim rate at scale.
 
     python bench/engine.py drain --runs 20000 [--concurrency 32] [--processes 2] [--max-seconds 10]
+    python bench/engine.py drain --task bench_async_noop ...  # async no-op runs (async rows)
     python bench/engine.py enqueue --runs 2000
     python bench/engine.py latency --runs 200 [--concurrency 8] [--no-notify]
     python bench/engine.py scale --waiting 100000 [--finished 0] --runs 2000
@@ -157,20 +158,25 @@ def backlog(url: str, task: str, runs: int) -> None:
 
 def cmd_drain(a: argparse.Namespace) -> dict[str, Any]:
     with database() as url:
-        backlog(url, "bench_noop", a.runs)
+        backlog(url, a.task, a.runs)
         args = [*concurrency_args(a.concurrency), "--burst"]
         if a.processes > 1:
             args += ["--processes", str(a.processes)]
+        if a.task != "bench_noop":
+            # A worker of that (async) workflow only: it starts no slot thread, so that
+            # --processes 2 --concurrency 256 fits in the cluster's max_connections.
+            args += ["--task", f"{a.task}@1"]
         procs = [worker(url, *args)]
         with Timer() as t:
-            window = drained_within("bench_noop", procs, a.max_seconds)
+            window = drained_within(a.task, procs, a.max_seconds)
         if window is None:
-            wait_all_finished("bench_noop", a.runs, 5)
-            done, seconds = a.runs, span("bench_noop")
+            wait_all_finished(a.task, a.runs, 5)
+            done, seconds = a.runs, span(a.task)
         else:
             done, seconds = window
         return {
             "bench": "drain",
+            "task": a.task,
             "runs": a.runs,
             "processes": a.processes,
             "concurrency": a.concurrency,
@@ -430,11 +436,11 @@ def cmd_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
 def cmd_key_flow(a: argparse.Namespace) -> list[dict[str, Any]]:
     """bench/key_flow.py's row (issue 46: per-key rate limits against per-queue, enqueue with
     a debounce key against without); none for a tree from before it."""
-    import importlib.util
-
     import key_flow
 
-    if importlib.util.find_spec("tasks_engine.transitions.flow_rate_claims") is None:
+    # Looked up as a file: importing tasks_engine.transitions (as find_spec would) needs
+    # Django set up, which key_flow.measure does.
+    if not (CODE_ROOT / "tasks_engine" / "transitions" / "flow_rate_claims.py").exists():
         return []  # a baseline tree from before issue 46
     return [key_flow.measure(runs=a.runs, rounds=a.rounds)]
 
@@ -446,6 +452,11 @@ def main() -> None:
     d.add_argument("--runs", type=int, default=2000)
     d.add_argument("--concurrency", type=int, default=None, help="default: runworker's")
     d.add_argument("--processes", type=int, default=1, help="runworker --processes N")
+    d.add_argument(
+        "--task",
+        default="bench_noop",
+        help="the no-op workflow drained: bench_noop, or bench_async_noop (an async def one)",
+    )
     d.add_argument(
         "--max-seconds",
         type=float,

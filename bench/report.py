@@ -22,11 +22,18 @@ ENGINES = [OURS, *PEERS]
 TIMES, DASH = "\u00d7", "\u2013"  # the multiplication sign and the en dash
 DRAIN_KEYS = ("runs_per_s", "per_s")
 CONCURRENCIES: list[int | None] = [None, 8, 16, 32, 64]
+ASYNC_CONCURRENCIES = [16, 64, 256]
+PGQUEUER_BATCH = 10  # PgQueuer's default dequeue batch (bench/run_all.py's async rows)
 
 
 def drain_key(processes: int, concurrency: int | None) -> str:
     """As bench/run_all.py names a drain: "drain p1 c32", "drain p2 cdefault"."""
     return f"drain p{processes} c{concurrency or 'default'}"
+
+
+def async_drain_key(processes: int, concurrency: int) -> str:
+    """As bench/run_all.py names an async drain: "async drain p1 c64"."""
+    return f"async drain p{processes} c{concurrency}"
 
 
 # (row label, bench, keys in the result line(s), higher is better)
@@ -220,6 +227,33 @@ def sweep(raw: dict[str, Any]) -> list[str]:
     return lines
 
 
+def async_sweep(raw: dict[str, Any]) -> list[str]:
+    """The async rows: ours draining async no-op runs, PgQueuer at the same cap."""
+    res = raw["results"]
+    base = has_baseline(raw)
+    head = "| processes | concurrency | ours, async | PgQueuer | ours ÷ PgQueuer |"
+    rule = "|---:|---|---:|---:|---:|"
+    if base:
+        head += " baseline | ours ÷ baseline |"
+        rule += "---:|---:|"
+    lines = [head, rule]
+    for processes in (1, 2):
+        for c in ASYNC_CONCURRENCIES:
+            bench = async_drain_key(processes, c)
+            ours = values(res, OURS, bench, DRAIN_KEYS)
+            pgq = values(res, "pgqueuer", bench, DRAIN_KEYS)
+            if not ours and not pgq:
+                continue
+            batch = max(1, min(PGQUEUER_BATCH, c // 2))
+            label = f"{c} (PgQueuer: batch {batch}, cap {c})"
+            row = [str(processes), label, cell(ours), cell(pgq), ratio(med(ours), med(pgq), True)]
+            if base:
+                b = values(res, BASELINE, bench, DRAIN_KEYS)
+                row += [cell(b), ratio(med(ours), med(b), True)]
+            lines.append("| " + " | ".join(row) + " |")
+    return lines if len(lines) > 2 else []
+
+
 def best_concurrency(raw: dict[str, Any], processes: int = 1) -> tuple[str, float] | None:
     """The concurrency of our fastest drain with `processes` processes (median jobs/s)."""
     res = raw["results"]
@@ -314,6 +348,16 @@ def baseline_table(raw: dict[str, Any]) -> list[str]:
         )
         for p in (1, 2)
         for c in CONCURRENCIES
+    ]
+    metrics += [
+        (
+            f"async drain, jobs/s: {p} proc, concurrency {c}",
+            async_drain_key(p, c),
+            DRAIN_KEYS,
+            True,
+        )
+        for p in (1, 2)
+        for c in ASYNC_CONCURRENCIES
     ]
     metrics += [CAPPED[5], CAPPED[6], *SCALE_KEYS, *flow_metrics(res)]
     lines = [
@@ -478,6 +522,12 @@ measurement, engines alternated and the order rotated each repetition):
   `finished_at`); the peers' drivers poll their job table every 10 ms. Two processes: ours is
   **`runworker --processes 2`** (one supervisor, two worker processes), a peer's driver starts
   two worker processes.
+- **async drain**: the drain above with an `async def` workflow of one `async def` no-op step
+  (`bench_async_noop`, awaited on the worker's event loop) at `--concurrency` 16, 64 and 256,
+  against PgQueuer (asyncio-native: its no-op entrypoint is a coroutine on its loop) capped at
+  the same concurrency on its default dequeue batch, 10 (8 at concurrency 16: PgQueuer wants
+  max_concurrent_tasks at least twice batch_size); {long_reps} repetition(s). Ours is a worker
+  of that workflow only (`runworker --task bench_async_noop@1`): it starts no slot thread.
 - **pickup latency**: one idle worker, {latency_jobs:,} jobs enqueued 20 ms apart, each in its
   own transaction. **The same method for every engine**: the job itself, first thing in its
   code (for ours: in its step, after the step start is durable), appends its wall-clock start
@@ -577,6 +627,18 @@ def markdown(raw: dict[str, Any], chart: bool) -> str:
         lines += [
             "",
             f"Our fastest one-process drain: concurrency {best[0]}, {fmt(best[1])} jobs/s.",
+        ]
+    asyncs = async_sweep(raw)
+    if asyncs:
+        lines += [
+            "",
+            "### Async drain (async def workflows)",
+            "",
+            f"Async no-op runs (an `async def` workflow, one `async def` step) drained at each"
+            f" concurrency against PgQueuer capped at it on its default batch; above 1{TIMES}"
+            " means ours is better.",
+            "",
+            *asyncs,
         ]
     if has_baseline(raw):
         lines += ["", "## Ours against the baseline", "", *baseline_table(raw)]
@@ -711,7 +773,7 @@ def plot(raw: dict[str, Any], path: Path) -> bool:
         ax.set_xticks(range(len(groups)), [g[0] for g in groups])
         ax.set_title(title, fontsize=10)
         ax.set_ylabel(ylabel)
-        if "log" in ylabel:
+        if "log" in ylabel and ax.patches:  # (a run of some sections may have no bars here)
             ax.set_yscale("log")
         ax.grid(axis="y", alpha=0.3)
     tps = med(values(res, "pgbench", "pgbench", ("tps",)))

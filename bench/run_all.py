@@ -8,6 +8,7 @@ bench/results.png and updates README.md's benchmark sentence.
     .venv/bin/python bench/run_all.py --baseline main~3  # and ours at that commit, alternating
     .venv/bin/python bench/run_all.py --quick            # 2,000 jobs, 1 repetition: bench/out/quick
     .venv/bin/python bench/run_all.py --issue-rows --out /tmp/x  # enqueue, pickup, default drains
+    .venv/bin/python bench/run_all.py --only async       # some sections only (see --only)
 
 With --baseline REF, our engine at REF (a `git worktree add` of it in a temporary directory,
 driven by this checkout's bench/engine.py with this .venv, $BENCH_CODE_ROOT pointing at the
@@ -63,6 +64,14 @@ SLOW_PEERS = ("procrastinate", "dbos", "django-tasks-db")
 # Ours and PgQueuer: (processes, concurrency) drained; None is the engine's own default.
 SWEEP = [(p, c) for p in (1, 2) for c in (None, 8, 16, 32, 64)]
 HEADLINE = [(p, c) for p in (1, 2) for c in (None, 32)]
+# The async rows (issue 44): async no-op runs (bench_async_noop, an `async def` workflow) drained
+# by ours at each concurrency, against PgQueuer (asyncio-native) capped at it on its default
+# batch (10; at concurrency 16, 8: PgQueuer wants max_concurrent_tasks >= 2 x batch_size).
+ASYNC_SWEEP = [(p, c) for p in (1, 2) for c in (16, 64, 256)]
+ASYNC_TASK = "bench_async_noop"
+PGQUEUER_BATCH = 10
+# What --only can pick: the sections of a run, in their order.
+SECTIONS = ("enqueue", "latency", "drain", "async", "steps", "pgbench", "rss", "scale", "flow")
 # peer -> (driver script, modules that must import, distributions whose version we report)
 PEERS: dict[str, tuple[str, list[str], list[str]]] = {
     "pgqueuer": ("drive_pgqueuer.py", ["pgqueuer", "asyncpg"], ["pgqueuer", "asyncpg"]),
@@ -79,6 +88,16 @@ DEFAULT_PEERS = ("pgqueuer", "celery")
 def drain_key(processes: int, concurrency: int | None) -> str:
     """The bench name of a drain: "drain p1 c32", "drain p2 cdefault"."""
     return f"drain p{processes} c{concurrency or 'default'}"
+
+
+def async_drain_key(processes: int, concurrency: int) -> str:
+    """The bench name of an async drain: "async drain p1 c64"."""
+    return f"async drain p{processes} c{concurrency}"
+
+
+def pgqueuer_async_batch(concurrency: int) -> int:
+    """PgQueuer's batch on an async row: its default, as far as its own rule allows."""
+    return max(1, min(PGQUEUER_BATCH, concurrency // 2))
 
 
 def log(msg: str) -> None:
@@ -348,6 +367,28 @@ class Harness:
                     max_seconds=self.a.drain_seconds,
                 )
 
+    def async_drain(self, rep: int, processes: int, concurrency: int) -> None:
+        """One async configuration: our async no-op runs and PgQueuer's (its jobs are
+        coroutines on its loop anyway), at the same concurrency, the same window."""
+        bench = async_drain_key(processes, concurrency)
+        for e in self.engines(rep, [OURS, "pgqueuer"]):
+            if e in (OURS, BASELINE):
+                args = ["drain", "--task", ASYNC_TASK, "--runs", str(self.a.jobs)]
+                args += ["--processes", str(processes), "--concurrency", str(concurrency)]
+                self.ours(e, bench, rep, *args, "--max-seconds", str(self.a.drain_seconds))
+            else:
+                self.peer(
+                    e,
+                    bench,
+                    rep,
+                    "drain",
+                    jobs=self.a.jobs,
+                    processes=processes,
+                    concurrency=concurrency,
+                    batch_size=pgqueuer_async_batch(concurrency),
+                    max_seconds=self.a.drain_seconds,
+                )
+
     def rss(self, rep: int) -> None:
         n = self.a.rss_jobs
         for e in self.engines(rep, [OURS, *PEERS]):
@@ -561,6 +602,14 @@ def main() -> None:
         help="validate the harness: 2,000 jobs, 1 repetition, small scale rows, bench/out/quick",
     )
     p.add_argument("--out", type=Path, default=None, help="where results.md/.png/.json go")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        default=None,
+        help="run only these sections (repeatable; default: all); e.g. --only async for the"
+        " async drain rows",
+    )
     p.add_argument("--note", action="append", default=[], help="a line for results.md")
     p.add_argument(
         "--issue-rows",
@@ -577,7 +626,8 @@ def main() -> None:
     if a.long_reps is None:
         a.long_reps = 1 if a.baseline else 2
     if a.out is None:
-        a.out = OUT / "quick" if a.quick else BENCH
+        a.out = OUT / "quick" if a.quick else OUT / "partial" if a.only else BENCH
+    only = set(a.only or SECTIONS)
     started = time.monotonic()
     load_before = os.getloadavg()
     na = ensure_peers_venv()
@@ -594,21 +644,29 @@ def main() -> None:
             info = machine(server)
             for rep in range(a.reps):
                 log(f"repetition {rep + 1}/{a.reps}")
-                h.enqueue(rep)
-                h.latency(rep)
+                if "enqueue" in only:
+                    h.enqueue(rep)
+                if "latency" in only:
+                    h.latency(rep)
                 if a.issue_rows:
                     for processes in (1, 2):
                         h.drain(rep, processes, None)
                     continue
-                for processes, concurrency in SWEEP:
+                for processes, concurrency in SWEEP if "drain" in only else ():
                     if (processes, concurrency) in HEADLINE or rep < a.long_reps:
                         h.drain(rep, processes, concurrency)
-                h.steps(rep)
-                h.pgbench(rep)
-                if rep < a.rss_reps:
+                for processes, concurrency in ASYNC_SWEEP if "async" in only else ():
+                    if rep < a.long_reps:
+                        h.async_drain(rep, processes, concurrency)
+                if "steps" in only:
+                    h.steps(rep)
+                if "pgbench" in only:
+                    h.pgbench(rep)
+                if rep < a.rss_reps and "rss" in only:
                     h.rss(rep)
-            if not a.issue_rows:
+            if "scale" in only and not a.issue_rows:
                 h.scale()
+            if "flow" in only and not a.issue_rows:
                 h.flow()
                 h.key_flow()
         finally:

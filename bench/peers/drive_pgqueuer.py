@@ -1,7 +1,9 @@
 """PgQueuer driver: Queries.enqueue on an asyncpg connection (PgQueuer's primary driver) and a
 QueueManager worker with one no-op entrypoint. In-flight jobs are capped at --concurrency, with a
 dequeue batch of half that (PgQueuer requires max_concurrent_tasks >= 2 x batch_size);
---concurrency 0 runs PgQueuer's defaults (batch 10, no cap). Run with the peers' venv python."""
+--concurrency 0 runs PgQueuer's defaults (batch 10, no cap). --batch-size B sets the batch instead
+(the async rows: PgQueuer's default batch, 10, capped at --concurrency / 2). Run with the peers'
+venv python."""
 
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ async def enqueue_timed(q: Queries, k: int) -> None:
     await q.enqueue("noop", json.dumps({"k": k}).encode())
 
 
-async def worker(dsn: str, concurrency: int) -> None:
+async def worker(dsn: str, concurrency: int, batch_size: int = 0) -> None:
     conn = await asyncpg.connect(dsn)
     qm = QueueManager(Queries(AsyncpgDriver(conn)))
 
@@ -59,7 +61,8 @@ async def worker(dsn: str, concurrency: int) -> None:
 
     harness.mark_ready()
     if concurrency:
-        await qm.run(batch_size=max(1, concurrency // 2), max_concurrent_tasks=concurrency)
+        batch = batch_size or max(1, concurrency // 2)
+        await qm.run(batch_size=batch, max_concurrent_tasks=concurrency)
     else:
         await qm.run()
 
@@ -67,7 +70,7 @@ async def worker(dsn: str, concurrency: int) -> None:
 if __name__ == "__main__":
     a = harness.parse_args(__doc__)
     if a.role == "worker":
-        asyncio.run(worker(a.dsn, a.concurrency))
+        asyncio.run(worker(a.dsn, a.concurrency, a.batch_size))
     else:
         run = Client(a.dsn)
         result = harness.run_conductor(

@@ -36,6 +36,12 @@ def parse_args(description: str) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--processes", type=int, default=1)
     p.add_argument(
+        "--batch-size",
+        type=int,
+        default=0,
+        help="jobs fetched per dequeue, for a peer that has the setting (0: the driver's rule)",
+    )
+    p.add_argument(
         "--mode", choices=["enqueue", "enqueue_bulk", "drain", "latency", "steps"], default="drain"
     )
     p.add_argument("--gap", type=float, default=0.02, help="latency: seconds between enqueues")
@@ -75,6 +81,7 @@ def spawn_workers(
     for i in range(n):
         cmd = [sys.executable, script, "--role", "worker", "--dsn", a.dsn, "--mode", a.mode]
         cmd += ["--concurrency", str(a.concurrency), "--jobs", str(a.jobs)]
+        cmd += ["--batch-size", str(a.batch_size)]
         penv = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         penv[READY_FILE] = f"{ready_base(a)}.{i}"
         Path(penv[READY_FILE]).unlink(missing_ok=True)

@@ -261,7 +261,10 @@ class AsyncStepAPI:
         timeout: timedelta | float | None,
     ) -> Any:
         sync = self._sync
-        opened = await self.engine(sync._open, name, retry, timeout)
+        if self._opens_in_memory(name):  # no statement: no trip off the loop
+            opened = sync._open(name, retry, timeout, in_memory=True)
+        else:
+            opened = await self.engine(sync._open, name, retry, timeout)
         if isinstance(opened, Replayed):
             return opened.value
         try:
@@ -273,6 +276,23 @@ class AsyncStepAPI:
             await self.engine(sync._failed, opened, exc)
             raise
         return sync._close(opened, output)
+
+    def _opens_in_memory(self, name: str) -> bool:
+        """Whether opening step `name` makes no statement, so that the loop may open it
+        itself: a fresh run's first step, which its claim started already (the claim guessed
+        its name: first_steps.py), while the worker is not draining (a drain hands the run
+        back, a write). Everything else `_open` does then is in memory: the history is empty,
+        the cancel and abort checks read flags, a timer is made, not written."""
+        s = self._ctx._state
+        guess = s.prestarted
+        return (
+            s.fresh
+            and not s.started
+            and guess is not None
+            and guess[0] == name
+            and not s.history.name_counts
+            and not s.draining.is_set()
+        )
 
     async def _timed(self, key: str, fn: Callable[[], Any], timer: StepTimer | None) -> Any:
         """The body, cancellable by an abort; with a timer, a step that ran past it fails

@@ -174,7 +174,30 @@ async def _adrive(run: WorkflowRun, wf: Workflow, ctx: TaskContext, bridge: Brid
         raise  # the run's task treats it as a database outage (worker/async_runs.py)
     except BaseException as exc:  # noqa: BLE001 - every outcome of user code is recorded
         return str(await steps.engine(_after_exception, run, wf, ctx, exc))
+    if _completes_in_memory(ctx):  # a hand-off to the group writer: no trip off the loop
+        return _complete(run, ctx, output)
     return str(await steps.engine(_after_return, run, wf, ctx, output))
+
+
+def _completes_in_memory(ctx: TaskContext) -> bool:
+    """Whether the run's completion makes no statement on the caller's thread, so that an
+    async run's loop may hand it off itself (`_complete`): a group writer takes it (the
+    worker's, alive), and it is the plain completion: no abort or fatal error to record, no
+    parent to wake in the same transaction, no deadline that could pass before it is
+    written, no step its claim started that the run never reached (each of those writes on
+    the caller's connection)."""
+    state = ctx._state
+    writer = state.lease.writer
+    unreached_prestart = state.fresh and not state.started and state.prestarted is not None
+    return (
+        writer is not None
+        and not unreached_prestart
+        and not getattr(writer, "dead", True)
+        and not state.handle.has_parent
+        and state.lease.deadline_at is None
+        and state.fatal is None
+        and not ctx.abort_signal.aborted
+    )
 
 
 def _not_awaitable(wf: Workflow, output: Any) -> Any:
@@ -214,9 +237,16 @@ def _before(run: WorkflowRun, ctx: TaskContext) -> str | None:
 
 def _after_return(run: WorkflowRun, wf: Workflow, ctx: TaskContext, output: Any) -> str:
     state = ctx._state
-    lease, handle = state.lease, state.handle
     if ctx.abort_signal.aborted or state.fatal is not None:
         return _after_exception(run, wf, ctx, state.fatal or ctx.abort_signal.reason)
+    return _complete(run, ctx, output)
+
+
+def _complete(run: WorkflowRun, ctx: TaskContext, output: Any) -> str:
+    """The body returned and nothing aborted it: write the completion. (An abort that comes
+    after the look at it is as one that came after the completion was written.)"""
+    state = ctx._state
+    lease, handle = state.lease, state.handle
     state.first_step_begins(ctx.task_name, ctx.version, None)  # ends without one
     unreached = state.history.unreached()
     progress = handle.take_dirty_progress()

@@ -70,10 +70,16 @@ class StepAPI(WaitSteps, PatchSteps):
         return self._close(opened, output, deferred=not atomic)
 
     def _open(
-        self, name: str, retry: RetryPolicy | None, timeout: timedelta | float | None
+        self,
+        name: str,
+        retry: RetryPolicy | None,
+        timeout: timedelta | float | None,
+        *,
+        in_memory: bool = False,
     ) -> Opened | Replayed:
         """A function step up to its body: replayed (its stored value), or its attempt
-        started (the async step API runs this off the event loop, then awaits the body)."""
+        started (the async step API runs this off the event loop, then awaits the body; or on
+        the loop, `in_memory`, when it makes no statement: see `_guard`)."""
         seconds = timeout_seconds(timeout)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {retry!r}")
@@ -84,7 +90,7 @@ class StepAPI(WaitSteps, PatchSteps):
         run_pass = self._s.run_pass
         policy = retry or self._s.step_retry
         failures = rec.counted_failures(run_pass) if rec else 0
-        self._guard()
+        self._guard(drain=not in_memory)
         attempt_no = rec.next_attempt if rec else 1
         if failures >= policy.max_attempts:
             # Every earlier attempt died with its worker: fail for good instead of looping.

@@ -135,11 +135,14 @@ class StepBase:
             raise rebuild_error(terminal)
         return False, None
 
-    def _guard(self) -> None:
-        """Before any new work: stop on abort or cancel, hand back when the worker drains."""
+    def _guard(self, *, drain: bool = True) -> None:
+        """Before any new work: stop on abort or cancel, hand back when the worker drains.
+        `drain=False`: the caller looked at the drain just before (an async run's step opened
+        on its event loop, which must not write: `AsyncStepAPI._opens_in_memory`); a drain
+        that began since is seen by the run's next step, as one that began a moment later."""
         self._ctx.raise_if_canceled()
         s = self._s
-        if s.draining.is_set():
+        if drain and s.draining.is_set():
             transitions.requeue_run(s.lease, clock.now(), progress=s.progress_to_carry())
             raise Suspend("handed back: worker stopping")
         if s.history.attempts_made >= s.max_attempts_per_run:

@@ -34,7 +34,7 @@ from ._common import (
 from .claims import ClaimRequest, anything_due_before, claim_runs, renew_leases
 from .creating import NewRun, create_runs
 from .dead_workers import alive, reap_dead_workers
-from .hot import DIRECT, HotWrite, write_alone, write_group
+from .hot import DIRECT, HotWrite, write_alone, write_group, write_group_sqlite
 from .outcomes import (
     cancel_active,
     cancel_all_active,
@@ -145,4 +145,5 @@ __all__ = [
     "wake_run",
     "write_alone",
     "write_group",
+    "write_group_sqlite",
 ]

@@ -6,7 +6,8 @@ PostgreSQL: `write_group` puts any number of writes (and, under a backlog, the c
 runs that take over their slots) in one statement; a lone start or completion is a scalar
 statement of its own (`_write_single`); both are built by hot_sql.py from one definition of
 each part in queries/postgresql.sql. SQLite, which has no data-modifying CTEs: `_write_sqlite`,
-the deferred completions first, then the write (queries/sqlite.sql).
+the deferred completions first, then the write (queries/sqlite.sql); `write_group_sqlite` puts
+any number of them in one transaction (an async worker's group writer on SQLite).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
+from django.db import DatabaseError
+
 from .. import clock
-from ..db.alias import connection
+from ..db.alias import atomic, connection
 from ..db.sql import execute, fetchall, is_postgres, json_rows, p_dt, p_json, p_uuid, query, r_uuid
 from ..exceptions import LeaseLostError
 from . import claim_mode, hot_sql
@@ -276,7 +279,30 @@ def claim_after_group(claim: ClaimRequest) -> list[Claimed]:
 # -- SQLite: one write at a time ---------------------------------------------------------------
 
 
+def write_group_sqlite(writes: list[HotWrite]) -> None:
+    """SQLite: every write in one transaction (BEGIN IMMEDIATE: one commit, one sync of the
+    WAL for the lot), each in a savepoint of its own, so that a write whose fence fails
+    (LeaseLostError) or whose row the database refuses fails alone, as in a PostgreSQL group.
+    Each is settled (its deferred completions, its `ended`) once the transaction committed. A
+    database error at the BEGIN or the COMMIT is raised: the caller fails the whole group."""
+    with atomic():
+        for w in writes:
+            try:
+                with atomic():
+                    _sqlite_statements(w)
+            except DatabaseError as exc:
+                w.result, w.error = None, exc
+    for w in writes:
+        _settle(w)
+
+
 def _write_sqlite(w: HotWrite) -> None:
+    _sqlite_statements(w)
+    _settle(w)
+
+
+def _sqlite_statements(w: HotWrite) -> None:
+    """The write's statements (each fenced); `result`, or `error` when its fence failed."""
     lease = w.lease
     fence = {"run_id": p_uuid(lease.run_id), "token": p_uuid(lease.token)}
     deferred_ok = True
@@ -322,4 +348,3 @@ def _write_sqlite(w: HotWrite) -> None:
         ok, w.result = deferred_ok, True if deferred_ok else None
     if not ok:
         w.error = LeaseLostError(f"run {lease.run_id}: lease lost")
-    _settle(w)

@@ -7,7 +7,11 @@ claims (or frees it) after the commit. While one group is in flight the next one
 under load each statement (and each WAL flush) carries the writes of several runs; an idle
 worker sends a lone write at once. Every write keeps its own fence: a write whose attempt lost
 its lease fails alone with `LeaseLostError`, as it would on its own; a row the database
-refuses fails alone too. PostgreSQL only (it needs data-modifying CTEs).
+refuses fails alone too. On PostgreSQL a group is one statement (data-modifying CTEs); on
+SQLite, where only a worker's async runs use a group writer (`sqlite=True`), it is one
+transaction, each write in a savepoint (`transitions.write_group_sqlite`): one commit and one
+sync of the WAL for the group instead of one a write, each queued behind the only write lock.
+A SQLite group claims nothing: the claim loop claims there.
 
 Under a backlog the group also claims: a group that completes k runs claims up to k runs (plus
 any idle slot's) in the same statement, and hands them to the slots those completions free.
@@ -50,10 +54,18 @@ class GroupCommit(threading.Thread):
     """The group writer: one thread, one connection. `claims` is what the worker claims (its
     limit and held runs are filled in per group)."""
 
-    def __init__(self, slots: SlotPool, claims: transitions.ClaimRequest, log: Any) -> None:
+    def __init__(
+        self,
+        slots: SlotPool,
+        claims: transitions.ClaimRequest,
+        log: Any,
+        *,
+        sqlite: bool = False,
+    ) -> None:
         # One committer: two (each with its own connection) measured no faster, with half-size
         # groups and twice the commits.
         super().__init__(name="tasks-group-commit", daemon=True)
+        self.sqlite = sqlite
         self._queue: queue.Queue[Queued | None] = queue.Queue()  # None: stop
         self.slots = slots
         self.claims = claims
@@ -192,6 +204,9 @@ class GroupCommit(threading.Thread):
         """Write one group (and, under a backlog, claim with it); fill in each write's
         result or error."""
         handed_over = sum(1 for w in group if w.detached)
+        if self.sqlite:
+            self._commit_sqlite(group, handed_over, outage)
+            return
         limit = self.slots.reserve_for_group(handed_over)
         claim = None
         if limit:
@@ -219,6 +234,32 @@ class GroupCommit(threading.Thread):
         finally:
             self.slots.after_group(claimed, limit, handed_over)
             self._slots_given = True
+        self._report_dropped(group)
+
+    def _commit_sqlite(
+        self, group: list[transitions.HotWrite], handed_over: int, outage: Outage
+    ) -> None:
+        """`commit` on SQLite: one transaction, no claim. A refused row failed its write alone
+        (its savepoint); an error at the BEGIN or the COMMIT (the write lock not had within the
+        busy timeout, the disk) fails the group, an outage."""
+        try:
+            transitions.write_group_sqlite(group)
+            outage.ok()
+        except DB_ERRORS as exc:
+            outage.failed(exc)
+            for write in group:
+                write.error = exc
+        except Exception as exc:
+            self.log.exception("group commit failed", error=str(exc))
+            connection.close()
+            for write in group:
+                write.error = exc
+        finally:
+            self.slots.after_group([], 0, handed_over)
+            self._slots_given = True
+        self._report_dropped(group)
+
+    def _report_dropped(self, group: list[transitions.HotWrite]) -> None:
         for write in group:
             if write.detached and write.error is not None:  # nobody waits: the run is dropped
                 self.log.warning(

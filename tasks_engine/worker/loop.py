@@ -108,6 +108,9 @@ class Worker:
         self.leader = Leader(self)
         self._batch = max(1, config.concurrency // 2)
         self.group: GroupCommit | None = None
+        # SQLite: the async runs' hot writes share transactions (group_commit.py), the plain
+        # runs' go alone as before.
+        self.async_group: GroupCommit | None = None
         self.listener: Listener | None = None
         # Async workflows' runs go on one event loop (async_runs.py), plain ones on slot
         # threads: as many as the concurrency from the start when every workflow is plain (as
@@ -118,7 +121,7 @@ class Worker:
                 self.slots,
                 concurrency=config.concurrency,
                 draining=self.draining,
-                writer=lambda: self.group,
+                writer=lambda: self.group or self.async_group,
                 timer_armed=self.heartbeat.wake.set,
                 log=self.log,
             )
@@ -201,6 +204,7 @@ class Worker:
 
     def _side_loops(self) -> list[threading.Thread]:
         loops: list[threading.Thread | None] = [self.heartbeat, self.leader, self.group]
+        loops.append(self.async_group)
         loops.append(self.listener)
         loops.append(self.async_runs)
         return [t for t in loops if t is not None]
@@ -342,6 +346,12 @@ class Worker:
             )
             self.group = GroupCommit(self.slots, claims, self.log)  # before the slots' runs
             self.group.start()
+        elif self.async_runs is not None and connection.vendor == "sqlite":
+            claims = transitions.ClaimRequest(
+                self.id, self.pairs, self.queues, 0, self.config.lease_seconds
+            )
+            self.async_group = GroupCommit(self.slots, claims, self.log, sqlite=True)
+            self.async_group.start()
         for _ in range(self._eager_slot_threads()):
             self._start_slot()
         if self.async_runs is not None:
@@ -418,8 +428,9 @@ class Worker:
         self.slots.stop_threads(len(self._slots))
         if self.async_runs is not None:
             self.async_runs.stop()  # before the group writer: its engine threads write there
-        if self.group is not None:
-            self.group.stop()
+        for group in (self.group, self.async_group):
+            if group is not None:
+                group.stop()
         self.heartbeat.wake.set()
         end = time.monotonic() + 2.0  # each closes its connection as it ends
         for t in [*self._slots, *self._side_loops()]:
@@ -445,9 +456,13 @@ def listens() -> bool:
     return engine_settings().notify and listening_possible()
 
 
-def connections_per_process(concurrency: int, *, has_async: bool = False) -> int:
-    """The database connections one worker process holds (`_start_threads`): one per slot, the
-    claim loop's, the heartbeat's, the leader's, and the group writer's and the LISTEN one's
-    when they run (PostgreSQL); with async workflows, the engine threads' too."""
+def connections_per_process(
+    concurrency: int, *, has_async: bool = False, has_plain: bool = True
+) -> int:
+    """The database connections one worker process holds (`_start_threads`): one per slot (a
+    worker of async workflows only starts none), the claim loop's, the heartbeat's, the
+    leader's, and the group writer's and the LISTEN one's when they run (PostgreSQL); with
+    async workflows, the engine threads' too."""
+    slots = concurrency if has_plain else 0
     engine = engine_threads(concurrency) if has_async else 0
-    return concurrency + 3 + engine + int(uses_group_commit()) + int(listens())
+    return slots + 3 + engine + int(uses_group_commit()) + int(listens())

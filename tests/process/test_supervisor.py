@@ -168,6 +168,25 @@ def test_processes_beyond_the_databases_bound_is_a_usage_error() -> None:
     assert not WorkerRow.objects.exists()
 
 
+@pytest.mark.postgres_only("the bound counts PostgreSQL sessions")
+def test_workers_of_async_workflows_only_are_bounded_by_their_engine_threads() -> None:
+    """A worker of async workflows only starts no slot thread (its runs are tasks on its loop,
+    their statements on at most 16 engine threads): 2 x 500 in flight is within the bound,
+    where 2 x 500 slots (test_processes_beyond_the_databases_bound_is_a_usage_error) is not."""
+    sup = start_supervisor(
+        *("--processes", "2", "--concurrency", "500", "--task", "async_io@1"),
+        *("--queue", "async-io", "--poll-interval", "0.2", "--burst"),
+    )
+    try:
+        out, err = sup.communicate(timeout=120)
+    finally:
+        if sup.poll() is None:
+            os.kill(sup.pid, signal.SIGKILL)
+            sup.wait(10)
+    assert sup.returncode == 0, err
+    assert len(events(out + err, "worker process started")) == 2, out + err
+
+
 def test_sigterm_while_spawning_starts_no_further_child_and_stops_promptly(tmp_path: Path) -> None:
     n = 4  # within the bound on both databases with one slot each
     log = tmp_path / "sup.log"

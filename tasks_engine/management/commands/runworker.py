@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_engine.checks import worker_checks
 from tasks_engine.conf import engine_settings
-from tasks_engine.definitions import registry
+from tasks_engine.definitions import Workflow, registry
 from tasks_engine.observe import metrics
 from tasks_engine.worker import Worker, WorkerConfig, bounds, supervisor
 from tasks_engine.worker.loop import connections_per_process
@@ -120,14 +120,7 @@ class Command(OneLineErrors, BaseCommand):
 
     def handle(self, *args: Any, **opts: Any) -> None:
         concurrency = opts["concurrency"] or default_concurrency()
-        if opts["processes"] > 1 and not supervisor.is_child():
-            self.check_processes(opts["processes"], concurrency)  # before any warning
-        for found in worker_checks(opts["queue"], opts.get("processes") or 1):
-            if found.is_serious():
-                raise CommandError(f"{found.msg} ({found.id})")
-            if not supervisor.is_child():  # the supervisor warned once for all of them
-                self.stderr.write(f"warning: {found.msg} ({found.id})")
-        workflows = []
+        workflows: list[Workflow] = []
         if opts["task"]:
             for name, version in opts["task"]:
                 wf = registry.find(name, version)
@@ -138,6 +131,14 @@ class Command(OneLineErrors, BaseCommand):
             workflows = [registry.get(n, v) for n, v in registry.pairs()]
         if not workflows:
             raise CommandError("no workflows are registered; nothing to run")
+        if opts["processes"] > 1 and not supervisor.is_child():
+            # before any warning
+            self.check_processes(opts["processes"], concurrency, workflows)
+        for found in worker_checks(opts["queue"], opts.get("processes") or 1):
+            if found.is_serious():
+                raise CommandError(f"{found.msg} ({found.id})")
+            if not supervisor.is_child():  # the supervisor warned once for all of them
+                self.stderr.write(f"warning: {found.msg} ({found.id})")
         lease = opts["lease_seconds"]
         s = engine_settings()
         heartbeat = s.heartbeat_seconds or lease / 3
@@ -163,12 +164,16 @@ class Command(OneLineErrors, BaseCommand):
         if code:
             raise SystemExit(code)
 
-    def check_processes(self, processes: int, concurrency: int) -> None:
+    def check_processes(self, processes: int, concurrency: int, workflows: list[Workflow]) -> None:
         """More processes than the CPUs and the database's connections allow: a usage error,
-        before any child starts."""
+        before any child starts. Counted for the workflows these workers run (`--task`): a
+        worker of async workflows only holds no slot threads (worker/loop.py)."""
         try:
-            has_async = any(registry.get(n, v).is_async for n, v in registry.pairs())
-            per_process = connections_per_process(concurrency, has_async=has_async)
+            per_process = connections_per_process(
+                concurrency,
+                has_async=any(w.is_async for w in workflows),
+                has_plain=not all(w.is_async for w in workflows),
+            )
             problem = bounds.too_many(processes, per_process)
         except bounds.CannotCount as exc:
             self.stderr.write(
