@@ -172,13 +172,14 @@ def baseline_copier(rev: str) -> Any:
         capture_output=True,
         text=True,
     ).stdout
-    path = Path(tempfile.mkdtemp(prefix="umt-copy-baseline-")) / "library.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location("umt._baseline_library", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    with tempfile.TemporaryDirectory(prefix="umt-copy-baseline-") as folder:
+        path = Path(folder) / "library.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location("umt._baseline_library", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
     return module.Copier
 
 
@@ -248,8 +249,11 @@ def main() -> None:
 
     django.setup()
     size = args.size_mib * 1024 * 1024
+    try:
+        baseline = baseline_copier(args.baseline) if args.baseline else None
+    except subprocess.CalledProcessError:
+        p.error(f"--baseline: no umt/library.py at {args.baseline!r} in this repository")
     work = Path(tempfile.mkdtemp(prefix="umt-copy-bench-", dir=args.dir))
-    baseline = baseline_copier(args.baseline) if args.baseline else None
     layouts = {"single file": 1, f"season pack of {args.pack_files} files": args.pack_files}
     results: dict[str, Any] = {}
     try:
