@@ -3,6 +3,7 @@ copy read back, writeback, fsync, compare, rename) against `cp` of the same data
 disk, in one run, for a single file and for a season pack.
 
     python bench/copy_speed.py [--size-mib 2048] [--pack-files 8] [--repeats 3] [--dir /tmp]
+                               [--baseline REV]
 
 One source file of --size-mib pseudo-random MiB, and a season pack of --pack-files files of the
 same total size, in a fresh folder under --dir; one untimed warm-up copy of each kind; then
@@ -11,7 +12,10 @@ the copies (what a copy that survives a power cut costs), the floor of any durab
 this disk (the bytes moved as `cp` moves them, each chunk's writeback started at once, an fsync
 per file: no hash, no verification), UMT's copy (file by file, as the workflow does), and UMT's
 copy with its fsync and writeback turned off (not durable: a row
-that shows what hashing and verifying cost apart from the disk's writes). The page cache
+that shows what hashing and verifying cost apart from the disk's writes); with --baseline REV,
+also the copier of umt/library.py as commit REV has it, in the same rounds. Every row starts
+after an `os.sync()` (untimed), so no row's writes queue behind dirty pages the row before it
+left. The page cache
 cannot be dropped here (no write access to /proc/sys/vm/drop_caches in this container): the
 source is cached for every copy, and alternating the kinds gives each the same cache state.
 Also reports the peak memory of UMT's copies above what the process held before each (Linux:
@@ -37,7 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from common import ROOT  # noqa: F401 - puts the repository on sys.path, sets Django settings
+from common import ROOT  # puts the repository on sys.path, sets Django settings
 
 BLOCK = 64 * 1024 * 1024
 FLOOR_CHUNK = 8 * 1024 * 1024
@@ -120,16 +124,19 @@ def _reset_peak() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
-def time_umt(sources: list[Path], library: Path, peaks: list[int]) -> float:
+def time_umt(
+    sources: list[Path], library: Path, peaks: list[int], copier_class: Any = None
+) -> float:
     from umt.conf import UmtSettings
     from umt.library import Copier
 
+    make = copier_class or Copier  # the baseline's class, when measured
     s = UmtSettings(library_dir=library)
     took = 0.0
     for i, src in enumerate(sources):
         dest = library / "Show" / src.name
         partial = dest.parent / f".umt-bench-{i}.part"  # where the workflow puts it, too
-        copier = Copier(_Ctx(), src, dest, partial, s)  # type: ignore[arg-type]
+        copier = make(_Ctx(), src, dest, partial, s)  # type: ignore[arg-type]
         _reset_peak()
         baseline = _kib("VmRSS")
         started = time.perf_counter()
@@ -154,25 +161,61 @@ def no_fsync() -> Iterator[None]:
         os.fsync, umt.library._start_writeback = saved
 
 
-def measure(work: Path, sources: list[Path], repeats: int) -> tuple[dict[str, list[float]], int]:
-    times: dict[str, list[float]] = {
-        "cp": [],
-        "cp + fsync": [],
-        "floor (copy+fsync)": [],
-        "umt verified copy": [],
-        "(umt without fsync)": [],
+def baseline_copier(rev: str) -> Any:
+    """The Copier of umt/library.py as commit `rev` has it, loaded beside this tree's (its
+    relative imports resolve to this tree's umt package), to be measured in the same run."""
+    import importlib.util
+
+    text = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{rev}:umt/library.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    with tempfile.TemporaryDirectory(prefix="umt-copy-baseline-") as folder:
+        path = Path(folder) / "library.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location("umt._baseline_library", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return module.Copier
+
+
+def _settled() -> None:
+    """Every row starts from the same state: no dirty pages left by the row before (a copy
+    deleted before its writeback finished, another process's writes) for this row's writes
+    to queue behind."""
+    os.sync()
+
+
+def measure(
+    work: Path, sources: list[Path], repeats: int, baseline: Any = None
+) -> tuple[dict[str, list[float]], int]:
+    rows: dict[str, Any] = {
+        "cp": lambda: time_cp(sources, work / "cp", fsync=False),
+        "cp + fsync": lambda: time_cp(sources, work / "cp", fsync=True),
+        "floor (copy+fsync)": lambda: time_floor(sources, work / "floor"),
+        "umt verified copy": lambda: time_umt(sources, work / "library", peaks),
     }
+    if baseline is not None:
+        rows["umt (baseline)"] = lambda: time_umt(sources, work / "library", [], baseline)
+    rows["(umt without fsync)"] = lambda: _without_fsync(sources, work / "library")
+    times: dict[str, list[float]] = {name: [] for name in rows}
     peaks: list[int] = []
     time_cp(sources, work / "cp", fsync=True)  # untimed warm-up: caches, first allocation
     time_umt(sources, work / "library", [])
     for _ in range(repeats):
-        times["cp"].append(time_cp(sources, work / "cp", fsync=False))
-        times["cp + fsync"].append(time_cp(sources, work / "cp", fsync=True))
-        times["floor (copy+fsync)"].append(time_floor(sources, work / "floor"))
-        times["umt verified copy"].append(time_umt(sources, work / "library", peaks))
-        with no_fsync():
-            times["(umt without fsync)"].append(time_umt(sources, work / "library", []))
+        for name, row in rows.items():
+            _settled()
+            times[name].append(row())
     return times, max(peaks)
+
+
+def _without_fsync(sources: list[Path], library: Path) -> float:
+    with no_fsync():
+        return time_umt(sources, library, [])
 
 
 def report(label: str, size_mib: int, times: dict[str, list[float]]) -> list[dict[str, Any]]:
@@ -193,6 +236,11 @@ def main() -> None:
     p.add_argument("--pack-files", type=int, default=8)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", default=tempfile.gettempdir())
+    p.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also measure umt/library.py as of this commit, alternated in the same rounds",
+    )
     args = p.parse_args()
     # This file's name is the standard library's `copy`: put its folder behind the library's.
     here = str(Path(__file__).resolve().parent)
@@ -201,13 +249,17 @@ def main() -> None:
 
     django.setup()
     size = args.size_mib * 1024 * 1024
+    try:
+        baseline = baseline_copier(args.baseline) if args.baseline else None
+    except subprocess.CalledProcessError:
+        p.error(f"--baseline: no umt/library.py at {args.baseline!r} in this repository")
     work = Path(tempfile.mkdtemp(prefix="umt-copy-bench-", dir=args.dir))
     layouts = {"single file": 1, f"season pack of {args.pack_files} files": args.pack_files}
     results: dict[str, Any] = {}
     try:
         for label, parts in layouts.items():
             sources = make_sources(work / f"src-{parts}", size, parts)
-            times, peak_kib = measure(work, sources, args.repeats)
+            times, peak_kib = measure(work, sources, args.repeats, baseline)
             shutil.rmtree(sources[0].parent)
             head = f"{label}: {args.size_mib} MiB, {args.repeats} alternated rounds, medians, warm"
             rows = report(head, args.size_mib, times)
