@@ -1,15 +1,4 @@
-"""Testing workflows: run them to completion in the test's own process, on the test database.
-
-    from tasks_engine import testing
-
-    def test_acquire(db):
-        with testing.WorkflowTester() as t:
-            run = t.start(acquire, {"plan_id": 1})
-            t.run_until_idle()                      # runs until it waits on the fact
-            t.signal(run, "download-done", {"path": "/tmp/x"})
-            view = t.run_to_completion(run)         # the 7-day retention sleep is jumped
-            assert view.status == "completed"
-            assert [s.name for s in t.steps(run)] == [...]
+"""`WorkflowTester`, `FakeClock` and `drain` (the package's docstring shows them in use).
 
 The tester is the real engine: runs are claimed, replayed and written by the same executor
 and transitions a worker uses (one run at a time, in this thread). Only time is fake: the

@@ -226,11 +226,8 @@ class GroupCommit(threading.Thread):
                 outage.failed(exc)  # closes the connection; the slots see the error
                 for write in group:
                     write.error = exc
-        except Exception as exc:
-            self.log.exception("group commit failed", error=str(exc))
-            connection.close()
-            for write in group:
-                write.error = exc
+        except Exception as exc:  # noqa: BLE001 - _crashed logs it with its traceback
+            self._crashed(group, exc)
         finally:
             self.slots.after_group(claimed, limit, handed_over)
             self._slots_given = True
@@ -249,15 +246,20 @@ class GroupCommit(threading.Thread):
             outage.failed(exc)
             for write in group:
                 write.error = exc
-        except Exception as exc:
-            self.log.exception("group commit failed", error=str(exc))
-            connection.close()
-            for write in group:
-                write.error = exc
+        except Exception as exc:  # noqa: BLE001 - _crashed logs it with its traceback
+            self._crashed(group, exc)
         finally:
             self.slots.after_group([], 0, handed_over)
             self._slots_given = True
         self._report_dropped(group)
+
+    def _crashed(self, group: list[transitions.HotWrite], exc: Exception) -> None:
+        """Not the database's refusal: a defect. Every write of the group fails with it, and
+        the connection goes (its state is unknown)."""
+        self.log.exception("group commit failed", error=str(exc))
+        connection.close()
+        for write in group:
+            write.error = exc
 
     def _report_dropped(self, group: list[transitions.HotWrite]) -> None:
         for write in group:
