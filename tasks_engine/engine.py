@@ -278,11 +278,7 @@ def enqueue_many(
     runs = _new_items(wf, stored, options, keys)
     if not runs:
         return []
-    if enqueueing.one_statement(runs):  # all inserted, or none: the statement is atomic
-        answers = enqueueing.answer(wf.name, runs)
-    else:
-        with atomic():  # a conflict found after the insert takes it back
-            answers = enqueueing.answer(wf.name, runs)
+    answers = enqueueing.answer(wf.name, runs)  # all or none
     return [Enqueued(run_id, deduplicated) for run_id, deduplicated in answers]
 
 

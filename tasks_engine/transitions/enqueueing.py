@@ -12,6 +12,7 @@ says `on_limit="cancel_new"` or `"cancel_running"` go through key_limits.py.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 
@@ -37,7 +38,7 @@ LOOKUP_CHUNK = 900  # keys per lookup: under SQLite's bound on a statement's par
 Answer = tuple[uuid.UUID, bool]  # (run id, deduplicated)
 
 
-def one_statement(runs: list[NewRun]) -> bool:
+def _one_statement(runs: list[NewRun]) -> bool:
     """Whether `answer` inserts every one of `runs` in one statement, or fails: none has a
     key another run may hold, nor a limit whose enqueue cancels runs, and they fit one
     INSERT. No savepoint is then needed to take a partial write back."""
@@ -54,21 +55,25 @@ def _keyed(run: NewRun) -> bool:
 
 
 def answer(task_name: str, runs: list[NewRun]) -> list[Answer]:
-    """Insert `runs` (all of task `task_name`) and answer each: (run id, deduplicated)."""
-    if one_statement(runs):
+    """Insert `runs` (all of task `task_name`) and answer each: (run id, deduplicated). All
+    or none: an error (an `IdempotencyConflict` found after an insert) writes nothing."""
+    if _one_statement(runs):
         created = create_runs(runs)
         if len(created) == len(runs):
             return [(run.id, False) for run in runs]
         raise RuntimeError(f"enqueue of {task_name}: {len(created)} of {len(runs)} runs inserted")
-    strategic = [r for r in runs if r.on_limit != "queue" and r.concurrency_key is not None]
-    if not strategic:
-        return _answer(task_name, runs)
-    with atomic():  # the keys' enqueues serialised until the cancels commit
-        key_limits.lock_keys({r.concurrency_key for r in strategic if r.concurrency_key})
-        answers = _answer(task_name, runs)
-        created = {run_id for run_id, deduplicated in answers if not deduplicated}
-        key_limits.apply_on_limit([r for r in strategic if r.id in created])
-    return answers
+    # Several statements (chunks, key look-ups) take back each other's writes on an error;
+    # one run's single INSERT needs no savepoint.
+    with atomic() if len(runs) > 1 else contextlib.nullcontext():
+        strategic = [r for r in runs if r.on_limit != "queue" and r.concurrency_key is not None]
+        if not strategic:
+            return _answer(task_name, runs)
+        with atomic():  # the keys' enqueues serialised until the cancels commit
+            key_limits.lock_keys({r.concurrency_key for r in strategic if r.concurrency_key})
+            answers = _answer(task_name, runs)
+            created = {run_id for run_id, deduplicated in answers if not deduplicated}
+            key_limits.apply_on_limit([r for r in strategic if r.id in created])
+        return answers
 
 
 def _answer(task_name: str, runs: list[NewRun]) -> list[Answer]:
