@@ -158,7 +158,8 @@ def _ids_ending_with(queryset: QuerySet, tail: str) -> list[uuid.UUID]:
     # PostgreSQL's text of a uuid has dashes; SQLite stores the 32 hex digits.
     hex_id = Replace(Cast("pk", output_field=CharField()), Value("-"), Value(""))
     ids = (
-        queryset.model._default_manager.annotate(hex_id=hex_id)
+        queryset.model._default_manager.db_manager(queryset.db)  # the list's own database
+        .annotate(hex_id=hex_id)
         .filter(hex_id__endswith=tail)
         .order_by()
         .values_list("pk", flat=True)

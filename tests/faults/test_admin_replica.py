@@ -14,8 +14,9 @@ import psycopg
 import pytest
 from django.contrib.auth.models import User
 from django.core.cache import cache
-from django.db import InternalError
+from django.db import InternalError, connections
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import tasks_engine
@@ -104,6 +105,16 @@ def test_admin_reads_the_replica_and_cancels_on_the_primary(
     listed = client.get(reverse("admin:tasks_engine_workflowrun_changelist")).content.decode()
     assert str(seen.run_id)[-8:] in listed
     assert str(unseen.run_id)[-8:] not in listed
+    with (
+        CaptureQueriesContext(connections[REPLICA]) as replica_sql,
+        CaptureQueriesContext(connections[PRIMARY]) as primary_sql,
+    ):  # the search by an id's last characters (a scan of its own) reads the replica too
+        searched = client.get(
+            reverse("admin:tasks_engine_workflowrun_changelist"), {"q": str(seen.run_id)[-8:]}
+        ).content.decode()
+    assert str(seen.run_id)[-8:] in searched
+    assert any("REPLACE" in q["sql"].upper() for q in replica_sql.captured_queries)
+    assert not any("REPLACE" in q["sql"].upper() for q in primary_sql.captured_queries)
     pending_only = client.get(
         reverse("admin:tasks_engine_workflowrun_changelist"), {"status__exact": "pending"}
     ).content.decode()
