@@ -182,9 +182,20 @@ def test_enqueues_racing_with_claims_never_make_two_runs_of_one_window() -> None
     lock = threading.Lock()
     counter = iter(range(1, 10**6))
     claims: dict[Any, tuple[float, float]] = {}  # run -> when its claim call began, ended
+    passes = threading.Condition()
+    passes_done = [0]
+
+    def wait_for_a_claim_pass() -> None:
+        # SQLite serialises writers and may let the enqueuers starve the claimer for the whole
+        # test; waiting for a whole claim pass (two ends) every few enqueues closes windows.
+        with passes:
+            seen = passes_done[0]
+            passes.wait_for(lambda: passes_done[0] > seen + 1 or stop.is_set(), timeout=30)
 
     def enqueue(_i: int) -> None:
-        for _ in range(40):
+        for i in range(40):
+            if i % 8 == 7:
+                wait_for_a_claim_pass()
             with lock:
                 n = next(counter)
             began = time.time()
@@ -198,6 +209,9 @@ def test_enqueues_racing_with_claims_never_make_two_runs_of_one_window() -> None
                 began = time.time()
                 for c in transitions.claim_runs("w", DEBOUNCED, None, 5, 600.0):
                     claims[c.run.pk] = (began, time.time())
+                with passes:
+                    passes_done[0] += 1
+                    passes.notify_all()
         finally:
             connection.close()
 
