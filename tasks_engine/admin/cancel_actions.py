@@ -22,6 +22,20 @@ from .operator_actions import OperatorActionsMixin, RunAction
 
 CANCEL_PERMISSION = "tasks_engine.cancel_workflowrun"
 
+
+def _canceled_message(acted: list[Any]) -> str:
+    """Runs that were pending or waiting are canceled at once; a running one is asked to stop
+    and ends canceled at its worker's next heartbeat."""
+    at_once = WorkflowRun.objects.filter(pk__in=acted, status=RunStatus.CANCELED).count()
+    asked = len(acted) - at_once
+    if not asked:
+        return f"Canceled {at_once} run(s)."
+    return (
+        f"Canceled {at_once} run(s); cancel requested for {asked} running run(s): their"
+        " workers stop them at their next heartbeat."
+    )
+
+
 CANCEL = RunAction(
     name="cancel",
     permission=CANCEL_PERMISSION,
@@ -29,7 +43,8 @@ CANCEL = RunAction(
     title="Cancel run",
     template="admin/tasks_engine/workflowrun/cancel_confirmation.html",
     logged_as="Canceled",
-    done="Cancel requested for {n} run(s).",
+    done="Canceled {n} run(s).",
+    done_message=_canceled_message,
 )
 
 

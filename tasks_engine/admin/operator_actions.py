@@ -58,7 +58,10 @@ class RunAction:
     title: str  # "Cancel run"
     template: str
     logged_as: str  # the admin log's verb: "Canceled"
-    done: str  # the list action's message: "Cancel requested for {n} run(s)."
+    done: str  # the list action's message: "Retried {n} run(s)."
+    # Or a message from the runs it acted on, read after the action (cancel tells runs canceled
+    # at once from running ones asked to stop).
+    done_message: Callable[[list[Any]], str] | None = None
 
 
 class OperatorActionsMixin:
@@ -143,17 +146,21 @@ class OperatorActionsMixin:
             }
             return TemplateResponse(request, action.template, page)
         reason = reason_from(request)
-        done = 0
+        acted: list[Any] = []
         for run in eligible[:MAX_BULK]:
             try:
-                done += bool(act(run, reason))
+                if act(run, reason):
+                    acted.append(run.pk)
             except UnknownRunError:  # pruned between the page and the click
                 continue
             except ValueError as exc:  # a reason the engine refuses, for every run alike
                 messages.error(request, str(exc))
                 return None
-        messages.success(request, action.done.format(n=done))
-        if done == MAX_BULK:
+        if action.done_message is not None:
+            messages.success(request, action.done_message(acted))
+        else:
+            messages.success(request, action.done.format(n=len(acted)))
+        if len(acted) == MAX_BULK:
             messages.info(request, f"At most {MAX_BULK} runs per action; run it again.")
         return None
 

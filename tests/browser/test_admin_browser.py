@@ -156,7 +156,7 @@ def test_cancel_selected_from_the_list(page: Any) -> None:
     page.fill("#cancel-reason", "queue flush")
     page.click("#confirm-cancel")
     page.wait_for_url("**/admin/tasks_engine/workflowrun/**")
-    sync_api.expect(page.locator(".messagelist")).to_contain_text("Cancel requested for 1 run")
+    sync_api.expect(page.locator(".messagelist")).to_contain_text("Canceled 1 run(s).")
     assert WorkflowRun.objects.get(pk=pending.pk).cancel_reason == "queue flush"
     assert WorkflowRun.objects.get(pk=pending.pk).status == "canceled"
 

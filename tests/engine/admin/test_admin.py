@@ -331,6 +331,25 @@ def test_cancel_selected_confirms_then_cancels_active_runs(admin_client: Client)
     assert WorkflowRun.objects.get(pk=pending.pk).cancel_reason == "bulk cleanup"
 
 
+def test_cancel_selected_says_which_runs_ended_and_which_were_asked_to_stop(
+    admin_client: Client,
+) -> None:
+    pending, running = make_run("pending"), make_run("running")
+    response = action(admin_client, [pending.pk, running.pk], confirm="yes", reason="flush")
+    said = [str(m) for m in response.wsgi_request._messages]
+    assert said == [
+        "Canceled 1 run(s); cancel requested for 1 running run(s): their workers stop them at"
+        " their next heartbeat."
+    ]
+    only_idle = action(
+        admin_client,
+        [make_run("waiting", waiting_on="sleep:nap").pk],
+        confirm="yes",
+        reason="flush",
+    )
+    assert [str(m) for m in only_idle.wsgi_request._messages][-1] == "Canceled 1 run(s)."
+
+
 def test_cancel_selected_is_refused_without_permission(staff: Client) -> None:
     run = make_run("pending")
     page = staff.get(url("workflowrun", "changelist"))
