@@ -24,13 +24,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Count
-
 from .. import clock
 from ..conf import engine_settings
 from ..db.sql import db_clock, db_now_sql, execute, p_dt, p_json
 from ..models import Worker, WorkflowRun
 from ..transitions.dead_workers import alive
+from .run_groups import unfinished_groups
 from .worker_process import WorkerProcess
 
 WORKER = Worker._meta.db_table
@@ -159,24 +158,24 @@ def unserved_runs(
     live: list[tuple[list[str], list[str]]] | None = None,
 ) -> list[dict[str, Any]] | None:
     """Unfinished runs whose (task, version) and queue no live worker serves, grouped:
-    `[{"task", "version", "queue", "runs"}]`. None when no worker is alive: then nothing is
+    `[{"task", "version", "queue", "runs", "at_least"}]` (run_groups: counts past a bound are
+    lower bounds). None when no worker is alive: then nothing is
     known about what the fleet serves (a deploy in progress, or workers not started yet).
     `live`: the live workers' filters, when the caller has read them already."""
     live = live_filters() if live is None else live
     if not live:
         return None
-    groups = (
-        WorkflowRun.objects.filter(status__in=UNFINISHED)
-        .order_by()
-        .values_list("task_name", "version", "queue")
-        .annotate(n=Count("pk"))
-    )
-    unserved = [
-        {"task": task, "version": version, "queue": queue, "runs": n}
-        for task, version, queue, n in groups
-        if not any(serves(w, task, version, queue) for w in live)
+    return [
+        {
+            "task": g.task,
+            "version": g.version,
+            "queue": g.queue,
+            "runs": g.runs,
+            "at_least": g.at_least,
+        }
+        for g in unfinished_groups()
+        if not any(serves(w, g.task, g.version, g.queue) for w in live)
     ]
-    return sorted(unserved, key=lambda u: (u["task"], u["version"], u["queue"]))
 
 
 def served(task: str, version: int, queue: str) -> bool | None:

@@ -14,12 +14,11 @@ from typing import Any
 
 from django.db import DatabaseError, connections, router
 from django.db.migrations.executor import MigrationExecutor
-from django.db.models import Count, Q
 
-from ..db.sql import db_now
 from ..models import WorkflowRun
 from ..values.secrets import redact_text
 from .fleet import live_filters, serves
+from .run_groups import due_pending_groups
 
 SHOWN_MIGRATIONS = 5  # a fresh database lacks dozens: the line names the first few
 
@@ -79,22 +78,16 @@ def _migrations_line(unapplied: list[tuple[str, str]]) -> str:
 
 
 def unserved_due_runs() -> list[str]:
-    due = (
-        WorkflowRun.objects.filter(status="pending")
-        .filter(Q(available_at__isnull=True) | Q(available_at__lte=db_now()))
-        .order_by()
-        .values_list("task_name", "version", "queue")
-        .annotate(n=Count("pk"))
-    )
-    groups = sorted(due)
+    """A line per (task, version, queue) with due pending runs that no live worker serves."""
+    groups = due_pending_groups()
     if not groups:
         return []
     live = live_filters()
     return [
-        f"{n} due pending run(s) of {task}@{version} in queue {queue!r}: "
+        f"{g.count_label} due pending run(s) of {g.task}@{g.version} in queue {g.queue!r}: "
         + ("no live worker serves it" if live else "no worker is alive")
-        for task, version, queue, n in groups
-        if not any(serves(w, task, version, queue) for w in live)
+        for g in groups
+        if not any(serves(w, g.task, g.version, g.queue) for w in live)
     ]
 
 

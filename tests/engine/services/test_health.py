@@ -24,6 +24,7 @@ from tasks_engine.db.sql import db_clock
 from tasks_engine.definitions import registry
 from tasks_engine.models import Worker as WorkerRow
 from tasks_engine.models import WorkflowRun
+from tasks_engine.services import run_groups
 from tasks_engine.worker import Worker, WorkerConfig
 from tests.helpers import ROOT
 
@@ -88,6 +89,32 @@ def test_served_runs_and_runs_not_yet_due_are_healthy() -> None:
     later = tasks_engine.enqueue("b").run_id
     WorkflowRun.objects.filter(pk=later).update(available_at=db_clock() + timedelta(hours=1))
     assert health() == (0, "ok\n")
+
+
+@pytest.mark.django_db
+def test_the_groups_are_read_within_a_bound_and_a_capped_count_says_at_least(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each status's index is read for at most SAMPLE rows: past it the count is a lower
+    bound, and a group that no worker serves is still found at the front of the claim order,
+    where its never-claimed runs stay (run_groups says why)."""
+    monkeypatch.setattr(run_groups, "SAMPLE", 3)
+    live_worker(("a", 1))
+    stuck = tasks_engine.enqueue("b").run_id  # no worker serves b: the oldest due run
+    WorkflowRun.objects.filter(pk=stuck).update(available_at=db_clock() - timedelta(hours=1))
+    for _ in range(5):
+        tasks_engine.enqueue("a", version=1)
+    code, out = health()
+    assert (code, out) == (
+        1,
+        "at least 1 due pending run(s) of b@1 in queue 'default': no live worker serves it\n",
+    )
+    groups = run_groups.due_pending_groups()
+    assert [(g.task, g.runs, g.at_least) for g in groups] == [("a", 2, True), ("b", 1, True)]
+    assert [g.count_label for g in groups] == ["at least 2", "at least 1"]
+    with CaptureQueriesContext(connection) as queries:
+        run_groups.unfinished_groups()
+    assert len(queries) == 1 and queries[0]["sql"].count("LIMIT 3") == 5
 
 
 @pytest.mark.django_db

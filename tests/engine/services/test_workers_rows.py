@@ -136,8 +136,8 @@ def test_unserved_runs_are_known_only_once_a_worker_is_alive() -> None:
     w = worker("noop", queues=("default",))
     w.registration.beat()
     assert unserved_runs() == [
-        {"task": "a", "version": 2, "queue": "default", "runs": 1},
-        {"task": "noop", "version": 1, "queue": "io", "runs": 1},
+        {"task": "a", "version": 2, "queue": "default", "runs": 1, "at_least": False},
+        {"task": "noop", "version": 1, "queue": "io", "runs": 1, "at_least": False},
     ]
     WorkflowRun.objects.filter(pk=io).update(status="canceled", finished_at=db_clock())
     age(w.id, 11)
