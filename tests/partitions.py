@@ -59,3 +59,13 @@ def scalar(sql: str, params: Any = (), alias: str = ALIAS) -> Any:
         cur.execute(sql, params)
         row = cur.fetchone()
     return None if row is None else row[0]
+
+
+def make_periods(*moments: datetime, unit: str = "month") -> None:
+    """The partitions of the periods holding `moments` (the maintenance makes periods from
+    now on only; these tests write history of past ones)."""
+    from tasks_engine.db.partitions import TABLES, bounds, periods
+
+    for moment in moments:
+        for table in TABLES:
+            periods.create_period(table, bounds.period_start(moment, unit), unit)

@@ -95,3 +95,12 @@ def copy_local_indexes(cur: object, template: str, partition: str, tag: str) -> 
 def local_index(definition: str, base: str, partition: str, tag: str) -> str:
     """A unique index's definition (pg_get_indexdef) made for one partition."""
     return _INDEX_HEAD.sub(f"CREATE UNIQUE INDEX {base}_{tag} ON {partition} ", definition, 1)
+
+
+def detach_and_drop(tag: str, cur: object) -> None:
+    """Detach a period's partitions, children first, and drop them (inside the caller's
+    transaction, which has checked that nothing in them may be kept)."""
+    for table in TABLES:
+        name = partition_name(table.table, tag)
+        cur.execute(f"ALTER TABLE {table.table} DETACH PARTITION {name}")  # type: ignore[attr-defined]
+        cur.execute(f"DROP TABLE {name}")  # type: ignore[attr-defined]
