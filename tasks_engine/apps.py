@@ -43,6 +43,7 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 def register_services() -> None:
     """The engine's own maintenance services, run by the leader (services/leader.py)."""
     from . import schedules, transitions
+    from .services import partitions as partition_upkeep
     from .services import paused_timers, registry, retention
 
     registry.register("dead-workers", transitions.reap_dead_workers, every=DEAD_WORKERS_EVERY)
@@ -56,3 +57,4 @@ def register_services() -> None:
     )
     registry.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)
     registry.register("paused-queues", paused_timers.run_once, every=paused_timers.EVERY_SECONDS)
+    registry.register("partitions", partition_upkeep.run_once, every=partition_upkeep.EVERY_SECONDS)

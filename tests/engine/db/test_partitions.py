@@ -5,6 +5,8 @@ settings are checked."""
 
 from __future__ import annotations
 
+import io
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connections
 from django.db.models import Index
 
@@ -20,6 +22,7 @@ import tasks_engine
 from tasks_engine.checks import check_settings
 from tasks_engine.db.partitions import RUNS, STEPS, bounds, catalog, periods
 from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
+from tasks_engine.services import partitions as partition_upkeep
 from tasks_engine.testing import drain
 from tests import aliases
 from tests.factories import FactFactory, OpLedgerFactory, StepAttemptFactory, WorkflowRunFactory
@@ -161,3 +164,27 @@ def test_partition_needs_postgresql_and_a_known_period(tmp_path: Path) -> None:
         [error] = check_settings()
         assert error.id == "tasks_engine.E042"
         assert "\n" not in error.msg
+
+
+def test_tasks_partition_makes_periods_ahead_and_refuses_bad_input(engine_part: str) -> None:
+    out = io.StringIO()
+    call_command("tasks", "partition", "--ahead", "4", "--json", stdout=out)
+    made = json.loads(out.getvalue())
+    fourth = bounds.period_start(datetime.now(UTC), "month")
+    for _ in range(4):
+        fourth = bounds.next_start(fourth, "month")
+    assert made["converted"] == []
+    assert f"{RUN}_{bounds.suffix(fourth)}" in made["created"]
+    with pytest.raises(SystemExit):  # one line on stderr: "must be an integer from 0 to 24"
+        call_command("tasks", "partition", "--ahead", "25")
+    with aliases.engine_on(ALIAS, PARTITION=None), pytest.raises(CommandError, match="not set"):
+        call_command("tasks", "partition")
+
+
+def test_the_leaders_upkeep_makes_a_missing_period_again(engine_part: str) -> None:
+    assert partition_upkeep.run_once() == []  # all there: nothing to do
+    following = bounds.next_start(bounds.period_start(datetime.now(UTC), "month"), "month")
+    with connections[ALIAS].cursor() as cur:
+        periods.detach_and_drop(bounds.suffix(following), cur)
+    made = partition_upkeep.run_once()
+    assert sorted(made) == sorted(f"{t}_{bounds.suffix(following)}" for t in (RUN, STEP, FACT))
