@@ -14,6 +14,7 @@ class TasksEngineConfig(AppConfig):
         from . import checks  # noqa: F401
         from .conf import django_has_tasks
         from .db import sql, sqlite_bounds
+        from .db.partitions import setup as partition_setup
         from .db.sqlite_connections import safe_connection_settings
         from .observe import logs, metrics
         from .services import registry
@@ -27,6 +28,8 @@ class TasksEngineConfig(AppConfig):
         connection_created.connect(safe_connection_settings, weak=False)
         # SQLite: planner statistics, so the claim reads its partial indexes (db/sqlite_bounds.py)
         post_migrate.connect(sqlite_bounds.analyze_after_migrate, sender=self, weak=False)
+        # PostgreSQL with TASKS_ENGINE["PARTITION"]: the run tables partitioned (db/partitions/)
+        post_migrate.connect(partition_setup.after_migrate, sender=self, weak=False)
         # tasks_runs{queue,status} on the leader's /metrics (a no-op unless it serves metrics)
         registry.register("metrics-run-counts", metrics.refresh_run_counts, every=15)
         autodiscover_modules("workflows")
@@ -40,6 +43,7 @@ RETENTION_MAX_BATCHES = 20  # per status and round: a round stays short, the nex
 def register_services() -> None:
     """The engine's own maintenance services, run by the leader (services/leader.py)."""
     from . import schedules, transitions
+    from .services import partitions as partition_upkeep
     from .services import paused_timers, registry, retention
 
     registry.register("dead-workers", transitions.reap_dead_workers, every=DEAD_WORKERS_EVERY)
@@ -53,3 +57,4 @@ def register_services() -> None:
     )
     registry.register("schedules", schedules.run_once, every=schedules.EVERY_SECONDS)
     registry.register("paused-queues", paused_timers.run_once, every=paused_timers.EVERY_SECONDS)
+    registry.register("partitions", partition_upkeep.run_once, every=partition_upkeep.EVERY_SECONDS)

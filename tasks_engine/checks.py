@@ -73,7 +73,22 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     errors += _unknown_keys(raw)
     errors += _sqlite_atomic_step_bound(s)
     errors += _engine_database(s)
+    errors += _partition_vendor(s)
     return errors
+
+
+def _partition_vendor(s: Any) -> list[checks.CheckMessage]:
+    """Time partitions are PostgreSQL's (declarative partitioning): SQLite has none."""
+    engine = str(_engine_db().get("ENGINE", ""))
+    if s.partition is None or engine.endswith("postgresql"):
+        return []
+    return [
+        checks.Error(
+            f"TASKS_ENGINE PARTITION is {s.partition!r} but the engine's database is not "
+            "PostgreSQL: only PostgreSQL has partitions (leave PARTITION unset)",
+            id="tasks_engine.E042",
+        )
+    ]
 
 
 ENGINE_ROUTER = "tasks_engine.db.routers.EngineRouter"

@@ -79,6 +79,9 @@ class EngineSettings:
     database: str = "default"
     # The alias the admin's lists and run pages read from (a replica); None: `database`.
     admin_read_database: str | None = None
+    # PostgreSQL only: runs, their steps and facts in time partitions of this period ("month",
+    # "week"; docs/DATABASES.md, "Partitions"); None: plain tables.
+    partition: str | None = None
 
     @property
     def heartbeat(self) -> float:
@@ -109,6 +112,7 @@ KNOWN_KEYS = frozenset(
         "MAX_PAYLOAD_BYTES",
         "DATABASE",
         "ADMIN_READ_DATABASE",
+        "PARTITION",
     }
 )
 
@@ -149,7 +153,17 @@ def _parse(raw: dict[str, Any]) -> EngineSettings:
         admin_read_database=_alias_name(
             "ADMIN_READ_DATABASE", raw.get("ADMIN_READ_DATABASE"), optional=True
         ),
+        partition=_partition(raw.get("PARTITION")),
     )
+
+
+PARTITION_UNITS = ("month", "week")
+
+
+def _partition(value: Any) -> str | None:
+    if value is None or value in PARTITION_UNITS:
+        return value  # type: ignore[no-any-return]
+    raise ValueError(f"PARTITION must be 'month', 'week' or None, not {value!r}")
 
 
 def _alias_name(key: str, value: Any, *, optional: bool = False) -> Any:

@@ -38,7 +38,7 @@ from django.test import TransactionTestCase
 
 from tasks_engine import clock
 from tasks_engine.conf import django_has_tasks
-from tasks_engine.transitions import claim_mode, first_steps, queue_state
+from tasks_engine.transitions import claim_floor, claim_mode, first_steps, queue_state
 
 from .helpers import FakeClock, WorkerProcess
 
@@ -142,6 +142,15 @@ def _no_keyed_claims_carried_over() -> Iterator[None]:
     left it on, and a later test of the group's claim-along found no claim in its group.)"""
     yield
     claim_mode.forget_keyed()
+
+
+@pytest.fixture(autouse=True)
+def _no_claim_floor_carried_over() -> Iterator[None]:
+    """A partitioned test database's claim floor (transitions/claim_floor.py) is computed again
+    in each test: another test's database had other periods."""
+    claim_floor.forget()
+    yield
+    claim_floor.forget()
 
 
 @pytest.fixture(autouse=True)

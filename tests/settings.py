@@ -29,3 +29,7 @@ if os.environ.get("TEST_DATABASE_SUFFIX") and DATABASES["default"]["ENGINE"].end
     _default.setdefault("TEST", {})["NAME"] = (
         f"test_{_default['NAME']}_{os.environ['TEST_DATABASE_SUFFIX']}"
     )
+# The whole suite on partitioned run tables (docs/DATABASES.md, "Partitions"): TASKS_PARTITION=month
+# (or week) on a PostgreSQL pass converts the test database's tables after its migrations.
+if os.environ.get("TASKS_PARTITION") and DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
+    TASKS_ENGINE["PARTITION"] = os.environ["TASKS_PARTITION"]

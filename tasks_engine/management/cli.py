@@ -30,6 +30,10 @@ def positive_int(value: str) -> int:
     return _number(value, int, lambda n: n >= 1, "a positive integer")
 
 
+def ahead_periods(value: str) -> int:
+    return _number(value, int, lambda n: 0 <= n <= 24, "an integer from 0 to 24")
+
+
 def non_negative_int(value: str) -> int:
     return _number(value, int, lambda n: n >= 0, "an integer >= 0")
 

@@ -14,18 +14,22 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import OperationalError
 from django.db.models import Exists, OuterRef
 
 from .. import clock
 from ..conf import engine_settings
+from ..db import partitions
 from ..db.alias import atomic, connection
-from ..db.sql import p_uuid, placeholders
+from ..db.partitions import bounds, catalog, periods
+from ..db.sql import p_dt, p_uuid, placeholders
 from ..models import Fact, OpLedger, StepAttempt, WorkflowRun
 from ..states import ACTIVE, FINISHED
 from ..transitions.flow_rate_claims import prune_idle_keys
 
 PRUNE_BATCH = 500  # runs per transaction, with their steps, facts and ledger rows
 RUN = WorkflowRun._meta.db_table
+LEDGER = OpLedger._meta.db_table
 
 
 def prune(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> dict[str, int]:
@@ -33,7 +37,8 @@ def prune(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> dict[str, int]:
     facts and op-ledger rows, `batch` runs per transaction; then other apps' rows (dispatched
     outbox events) older than the same cutoff. Returns how many rows of each kind went."""
     cutoff = clock.now() - older_than
-    counts = _prune_runs([(sorted(FINISHED), cutoff)], batch)
+    counts = _drop_periods([(sorted(FINISHED), cutoff)])
+    _add(counts, _prune_runs([(sorted(FINISHED), cutoff)], batch))
     for name, pruner in PRUNERS.items():
         counts[name] = pruner.prune(cutoff, batch, None)
     return counts
@@ -51,11 +56,93 @@ def prune_expired(*, batch: int = PRUNE_BATCH, max_batches: int | None = None) -
         for status, days in engine_settings().retention_days
         if days is not None
     ]
-    counts = _prune_runs(cutoffs, batch, max_batches)
+    counts = _drop_periods(cutoffs)
+    _add(counts, _prune_runs(cutoffs, batch, max_batches))
     for name, pruner in PRUNERS.items():
         keep = pruner.retention() if pruner.retention is not None else None
         counts[name] = pruner.prune(now - keep, batch, max_batches) if keep is not None else 0
     return counts
+
+
+def _add(counts: dict[str, int], more: dict[str, int]) -> None:
+    for key, n in more.items():
+        counts[key] = counts.get(key, 0) + n
+
+
+# -- whole periods (TASKS_ENGINE["PARTITION"]) ------------------------------------------------
+#
+# A period's partitions go whole when nothing in them may be kept: every run finished and past
+# its status's cutoff, and none linked to an unfinished run in another period (the batched
+# path's rules). Dropping a partition writes no row and no WAL per row, and leaves no dead rows
+# to vacuum. The checks use indexes only: unfinished or kept-for-ever statuses (run_status_created),
+# runs finished after their cutoff (run_finished), and the links (run_parent).
+
+
+def _drop_periods(cutoffs: list[tuple[list[str], datetime]]) -> dict[str, int]:
+    period = partitions.unit()
+    if period is None:
+        return {}
+    counts = {"partitions": 0, "runs": 0}
+    kept_statuses = sorted(str(s) for s in set(FINISHED) - {s for st, _ in cutoffs for s in st})
+    if not cutoffs:
+        return counts
+    # A period that ended after the shortest retention's cutoff holds no run past it; an older
+    # one is looked into (a status kept longer is checked run by run, on its index).
+    newest_cutoff = max(cutoff for _, cutoff in cutoffs)
+    for part in catalog.partitions(partitions.RUNS.table):
+        if part.is_default or bounds.id_moment(part.hi) > newest_cutoff:  # type: ignore[arg-type]
+            continue
+        try:
+            dropped = _drop_period(part, cutoffs, kept_statuses)
+        except OperationalError:  # its locks not granted within LOCK_TIMEOUT: next round
+            continue
+        if dropped is None:
+            continue  # the batched path prunes what it may of it
+        counts["partitions"] += 1
+        counts["runs"] += dropped
+    return counts
+
+
+def _drop_period(
+    part: catalog.Partition, cutoffs: list[tuple[list[str], datetime]], kept: list[str]
+) -> int | None:
+    """Drop the period of `part` if nothing in it may be kept: how many runs went, or None."""
+    tag = part.name.rsplit("_", 1)[1]
+    name, lo, hi = part.name, str(part.lo), str(part.hi)
+    late = " OR ".join(
+        "EXISTS (SELECT 1 FROM {p} WHERE finished_at >= %s AND status = ANY(%s))" for _ in cutoffs
+    ).format(p=name)
+    late_params: list[Any] = [
+        x for statuses, cutoff in cutoffs for x in (p_dt(cutoff), [str(s) for s in statuses])
+    ]
+    active = sorted(str(s) for s in ACTIVE)
+    with atomic(), connection.cursor() as cur:
+        cur.execute(f"SET LOCAL lock_timeout = '{periods.LOCK_TIMEOUT}'")
+        # Writers of these rows (an operator's retry of one of its runs) wait until it is gone.
+        for table in partitions.TABLES:
+            cur.execute(f"LOCK TABLE {periods.partition_name(table.table, tag)} IN SHARE MODE")
+        cur.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {name} WHERE status = ANY(%s))"
+            f" OR {late}"
+            f" OR EXISTS (SELECT 1 FROM {RUN} c WHERE c.parent_run_id >= %s"
+            " AND c.parent_run_id < %s AND c.status = ANY(%s))"
+            f" OR EXISTS (SELECT 1 FROM {name} r JOIN {RUN} p ON p.id = r.parent_run_id"
+            " WHERE r.parent_run_id IS NOT NULL AND p.status = ANY(%s))",
+            [[*active, *kept], *late_params, lo, hi, active, active],
+        )
+        if cur.fetchone()[0]:
+            return None
+        cur.execute(f"SELECT count(*) FROM {name}")
+        runs = int(cur.fetchone()[0])
+        # Children in later periods outlive their parents without the link, as in delete_runs.
+        cur.execute(
+            f"UPDATE {RUN} SET parent_run_id = NULL WHERE parent_run_id >= %s"
+            " AND parent_run_id < %s AND NOT (id >= %s AND id < %s)",
+            [lo, hi, lo, hi],
+        )
+        cur.execute(f"DELETE FROM {LEDGER} WHERE run_id >= %s AND run_id < %s", [lo, hi])
+        periods.detach_and_drop(tag, cur)
+    return runs
 
 
 def _prune_runs(

@@ -13,6 +13,7 @@ from typing import Any
 from django.db.models.base import ModelState
 
 from .. import clock
+from ..db import partitions
 from ..db.alias import atomic, engine_alias
 from ..db.sql import (
     Params,
@@ -27,7 +28,7 @@ from ..db.sql import (
     r_uuid,
 )
 from ..models import WorkflowRun
-from . import claim_mode, first_steps, queue_state
+from . import claim_floor, claim_mode, first_steps, queue_state
 from ._common import RUN, Claimed, Lease, LeaseKey, Renewal
 
 
@@ -146,9 +147,10 @@ def prestarted_sql(prestart: bool) -> tuple[str, str]:
 
 def _claim_parts(req: ClaimRequest) -> tuple[str, str]:
     filters, paused = _claim_filters(req), paused_filter()
-    return query("claim_sources").format(filters=filters, paused=paused), query(
+    floor = " " + query("claim_filter_floor") if partitions.unit() is not None else ""
+    return query("claim_sources").format(filters=filters, paused=paused, floor=floor), query(
         "claim_take"
-    ).format(columns=_COLUMNS)
+    ).format(columns=_COLUMNS, floor=floor)
 
 
 def _claim_filters(req: ClaimRequest) -> str:
@@ -177,7 +179,7 @@ def _claim_params(
     req: ClaimRequest, now: datetime, exclude: list[uuid.UUID] | None = None
 ) -> dict[str, Any]:
     task_keys, queues = _filter_values(tuple(req.pairs), tuple(req.queues or ()), is_postgres())
-    return {
+    params = {
         "now": p_dt(now),
         "lease_until": p_dt(now + timedelta(seconds=req.lease_seconds)),
         "worker_id": req.worker_id,
@@ -187,6 +189,9 @@ def _claim_params(
         "queues": queues,
         "paused": paused_value(queue_state.paused()),
     }
+    if (lowest := claim_floor.floor()) is not None:
+        params["floor"] = lowest
+    return params
 
 
 @functools.lru_cache(maxsize=64)

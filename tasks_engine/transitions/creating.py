@@ -24,7 +24,8 @@ from operator import attrgetter
 from typing import Any
 
 from .. import clock
-from ..db import notify
+from ..db import notify, partitions
+from ..db.alias import atomic
 from ..db.sql import execute, fetchall, is_postgres, json_rows, p_dt, p_json, p_uuid, r_uuid
 from . import claim_mode
 from ._common import RUN
@@ -91,7 +92,7 @@ _NAMES = ", ".join(name for name, _ in _COLUMNS)
 
 
 @functools.cache
-def _statement(conflict: str, postgres: bool, single: bool) -> str:
+def _statement(conflict: str, postgres: bool, single: bool, guard: str = "") -> str:
     if single:  # one run: its values as parameters, in _COLUMNS' order
         values = ", ".join("%s" for _ in _COLUMNS)
         return f"""
@@ -105,7 +106,7 @@ def _statement(conflict: str, postgres: bool, single: bool) -> str:
         rows = "json_to_recordset(%s::json) AS r(" + ", ".join(
             f"{name} {kind}" for name, kind in _COLUMNS
         )
-        source = f"{rows})"
+        source = f"{rows}){guard}"
     else:
         values = ", ".join(f"r.value ->> '$.{name}'" for name, _ in _COLUMNS)
         source = "json_each(%s) AS r WHERE true"  # WHERE: ON CONFLICT would read as a join's ON
@@ -118,8 +119,8 @@ def _statement(conflict: str, postgres: bool, single: bool) -> str:
     """
 
 
-def _conflict(runs: list[NewRun]) -> str:
-    if any(r.queueing_key is not None or r.debounce_key is not None for r in runs):
+def _conflict(runs: list[NewRun], *, partitioned: bool = False) -> str:
+    if partitioned or any(r.queueing_key is not None or r.debounce_key is not None for r in runs):
         # any of the keys may be the one taken
         return " ON CONFLICT DO NOTHING"
     if any(r.idempotency_key is not None for r in runs):
@@ -138,7 +139,9 @@ def create_runs(runs: list[NewRun]) -> set[uuid.UUID]:
     now = clock.now()
     postgres = is_postgres()
     single = len(runs) == 1
-    if postgres and not single:
+    if postgres and _conflict(runs) and partitions.unit() is not None:
+        created = _create_keyed_partitioned(runs, now)
+    elif postgres and not single:
         created = _create_many_pg(runs, now)
     else:
         created = _create(runs, now, postgres, single)
@@ -149,8 +152,56 @@ def create_runs(runs: list[NewRun]) -> set[uuid.UUID]:
     return created
 
 
-def _create(runs: list[NewRun], now: datetime, postgres: bool, single: bool) -> set[uuid.UUID]:
-    sql = _statement(_conflict(runs), postgres, single)
+# Keyed runs on partitioned tables (db/partitions/): a unique index holds within one partition
+# only, and two enqueues of one key made around a period's end insert into two. Each key is
+# locked for the transaction first (sorted, in one statement: no deadlock between enqueues of
+# several keys), so enqueues of one key take turns; the INSERT, whose snapshot is taken after
+# the lock, then skips a run whose key a committed run already holds, in any partition. The
+# partitions' own unique indexes still back this within a period (the conflict clause: with no
+# target, as a target needs an index of the parent).
+_LOCK_KEYS = (
+    "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtextextended(k, 0) AS h"
+    " FROM unnest(%s::text[]) AS k ORDER BY h) AS s"
+)
+_KEY_FREE = (
+    f" WHERE NOT EXISTS (SELECT 1 FROM {RUN} x WHERE x.task_name = r.task_name"
+    " AND x.idempotency_key = r.idempotency_key)"
+    f" AND NOT EXISTS (SELECT 1 FROM {RUN} x WHERE x.queueing_key = r.queueing_key"
+    " AND x.status = 'pending' AND x.started_at IS NULL AND x.retries IS NULL)"
+    f" AND NOT EXISTS (SELECT 1 FROM {RUN} x WHERE x.task_name = r.task_name"
+    " AND x.debounce_key = r.debounce_key AND x.status = 'pending' AND x.started_at IS NULL"
+    " AND x.retries IS NULL)"
+)
+
+
+def run_key_locks(runs: list[NewRun]) -> list[str]:
+    """The advisory lock names of the runs' keys (the unique keys of models.WorkflowRun)."""
+    names = set()
+    for r in runs:
+        if r.idempotency_key is not None:
+            names.add(json.dumps(["idempotency", r.task_name, r.idempotency_key]))
+        if r.queueing_key is not None:
+            names.add(json.dumps(["queueing", r.queueing_key]))
+        if r.debounce_key is not None:
+            names.add(json.dumps(["debounce", r.task_name, r.debounce_key]))
+    return sorted(names)
+
+
+def lock_run_keys(names: list[str]) -> None:
+    """Hold these keys until the transaction ends (PostgreSQL advisory locks)."""
+    execute(_LOCK_KEYS, [names])
+
+
+def _create_keyed_partitioned(runs: list[NewRun], now: datetime) -> set[uuid.UUID]:
+    with atomic(savepoint=False):
+        lock_run_keys(run_key_locks(runs))
+        return _create(runs, now, postgres=True, single=False, guard=_KEY_FREE)
+
+
+def _create(
+    runs: list[NewRun], now: datetime, postgres: bool, single: bool, guard: str = ""
+) -> set[uuid.UUID]:
+    sql = _statement(_conflict(runs, partitioned=bool(guard)), postgres, single, guard)
     if single:
         params = [*_values(runs[0], now), p_dt(now), p_dt(now)]
     else:

@@ -25,6 +25,7 @@ from ..db.sql import execute, is_postgres, json_rows, p_dt, p_uuid, query
 from ..exceptions import UnknownRunError, UnknownStepError
 from ..models import Fact, StepAttempt, WorkflowRun
 from ..states import FINISHED, RunStatus, current_pass
+from . import claim_floor
 from .outcomes import lock_parent, lock_parents
 
 RETRYABLE = (RunStatus.FAILED, RunStatus.CANCELED)
@@ -114,6 +115,9 @@ def _send_back(runs: list[WorkflowRun], *, reason: str, by: str, from_step: str 
         query("retry_runs"),
         {"now": p_dt(now), "awaited": False, "rows": json_rows(rows)},
     )
+    # Partitioned: a finished run of an old period is claimable again, below this process's
+    # claim floor (the others' floors reach it within claim_floor.REFRESH_SECONDS).
+    claim_floor.lower([run.pk for run in runs])
     for queue in sorted({run.queue for run in runs}):
         notify.wake_workers(queue)
 

@@ -77,26 +77,26 @@ UNION ALL SELECT 'd', s.id, s.lease_token, s.run_id{pad}
     WHERE s.id = ANY(ARRAY(SELECT step_id FROM dv)) AND s.status = 'completed'
 
 -- claim_sources --
--- The runs a claim may take: expired leases first, then due timers, then pending by priority; each source reads its own partial index, so far-future sleepers and finished rows cost nothing. `not_these` (the runs the worker holds, and those the same statement writes) stay out of the expired source. {filters}: the worker's (name, version) pairs and queues; {paused}: the paused queues left out of due timers and pending runs (`claim_filter_paused`; empty while none is paused). An expired lease is a running run: it goes on.
+-- The runs a claim may take: expired leases first, then due timers, then pending by priority; each source reads its own partial index, so far-future sleepers and finished rows cost nothing. `not_these` (the runs the worker holds, and those the same statement writes) stay out of the expired source. {filters}: the worker's (name, version) pairs and queues; {paused}: the paused queues left out of due timers and pending runs (`claim_filter_paused`; empty while none is paused); {floor}: on partitioned tables, `claim_filter_floor` (older periods are never read), else empty. An expired lease is a running run: it goes on.
 expired AS (
     SELECT id, 0 AS src, priority, available_at FROM tasks_engine_workflowrun
-    WHERE status = 'running' AND available_at <= %(now)s{filters}
+    WHERE status = 'running' AND available_at <= %(now)s{filters}{floor}
       AND id NOT IN (SELECT json_array_elements_text(%(not_these)s::json)::uuid)
     ORDER BY available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), woken AS (
     SELECT id, 1 AS src, priority, available_at FROM tasks_engine_workflowrun
     WHERE status = 'waiting' AND available_at <= %(now)s AND concurrency_key IS NULL
-      AND rate_key IS NULL{filters}{paused}
+      AND rate_key IS NULL{filters}{paused}{floor}
     ORDER BY available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), due AS (
     SELECT id, 2 AS src, priority, available_at FROM tasks_engine_workflowrun
     WHERE status = 'pending' AND available_at <= %(now)s AND concurrency_key IS NULL
-      AND rate_key IS NULL{filters}{paused}
+      AND rate_key IS NULL{filters}{paused}{floor}
     ORDER BY priority DESC, available_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 
 -- claim_take --
--- The claim's update of the runs it takes from `claim_sources`, returning {columns}: the statement itself for a plain claim, CTE `k` of a group that claims along (transitions/hot_sql.py).
+-- The claim's update of the runs it takes from `claim_sources`, returning {columns}: the statement itself for a plain claim, CTE `k` of a group that claims along (transitions/hot_sql.py). {floor}: as in claim_sources (the update's own scan of the partitions is pruned too).
 UPDATE tasks_engine_workflowrun SET status = 'running', lease_token = gen_random_uuid(),
     worker_id = %(worker_id)s, attempts = attempts + 1,
     due_at = CASE WHEN status = 'running' AND due_at > available_at THEN due_at ELSE available_at END,
@@ -106,7 +106,7 @@ WHERE id IN (
     SELECT id FROM (
         SELECT * FROM expired UNION ALL SELECT * FROM woken UNION ALL SELECT * FROM due
     ) AS candidates ORDER BY src, priority DESC, available_at LIMIT %(limit)s
-)
+){floor}
 RETURNING {columns}
 
 -- claim_prestart --
@@ -132,6 +132,10 @@ AND task_name || '@' || version = ANY(%(task_keys)s::text[])
 -- claim_filter_queues --
 -- Only the worker's queues, as one text[] parameter.
 AND queue = ANY(%(queues)s::text[])
+
+-- claim_filter_floor --
+-- Partitioned tables only: no run older than the claim floor (transitions/claim_floor.py), so the periods below it are pruned from the plan.
+AND id >= %(floor)s
 
 -- claim_filter_paused --
 -- None of the paused queues (transitions/queue_state.py), as one text[] parameter.

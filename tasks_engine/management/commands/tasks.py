@@ -1,5 +1,6 @@
 """manage.py tasks enqueue | signal | cancel | retry | inspect | list | cancel-matching |
-retry-matching | prune | workers | health | replay-check | schedules | schedule | queues | queue."""
+retry-matching | prune | partition | workers | health | replay-check | schedules | schedule |
+queues | queue."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from tasks_engine.values.secrets import mask_secrets
 from ..cli import (
     OneLineErrors,
     _one_line,
+    ahead_periods,
     json_value,
     positive_int,
     queue_name,
@@ -138,6 +140,20 @@ class Command(OneLineErrors, BaseCommand):
             default=None,
             metavar="DAYS",
             help="age in days, for every finished status (default: the retention settings)",
+        )
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+        p = add(
+            "partition",
+            "PostgreSQL with TASKS_ENGINE PARTITION: partition the run tables if they are not yet"
+            " (migrate does it too) and make the current and next periods' partitions",
+        )
+        p.add_argument(
+            "--ahead",
+            type=ahead_periods,
+            default=2,
+            metavar="N",
+            help="periods made ahead of the current one, 0 to 24 (default: %(default)r)",
         )
         p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -351,6 +367,20 @@ class Command(OneLineErrors, BaseCommand):
             counts = retention.prune(timedelta(days=o["older_than"]))
         text = ", ".join(f"{k}: {v}" for k, v in counts.items())
         return {"json": counts, "text": f"pruned {text}"}
+
+    def do_partition(self, o: dict[str, Any]) -> dict[str, Any]:
+        from tasks_engine.db.partitions import unit
+        from tasks_engine.db.partitions.setup import turn_on
+
+        if unit() is None:
+            raise CommandError(
+                "TASKS_ENGINE PARTITION is not set, or the engine's database is not PostgreSQL:"
+                " nothing to partition"
+            )
+        converted, made = turn_on(o["ahead"])
+        result = {"converted": converted, "created": made}
+        text = f"converted: {', '.join(converted) or '-'}; created: {', '.join(made) or '-'}"
+        return {"json": result, "text": text}
 
     def do_schedules(self, o: dict[str, Any]) -> dict[str, Any]:
         from tasks_engine import clock

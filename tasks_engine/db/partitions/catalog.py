@@ -1,0 +1,73 @@
+"""What PostgreSQL's catalog says about a partitioned table: whether it is one, its partitions
+and their bounds."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from ..alias import connection
+
+_BOUND = re.compile(r"FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    lo: uuid.UUID | None  # None for the DEFAULT partition
+    hi: uuid.UUID | None
+
+    @property
+    def is_default(self) -> bool:
+        return self.lo is None
+
+
+def is_partitioned(table: str) -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [table])
+        row = cur.fetchone()
+    return row is not None and row[0] == "p"
+
+
+def partitions(table: str) -> list[Partition]:
+    """`table`'s partitions, oldest range first, the DEFAULT one last."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
+            [table],
+        )
+        rows = cur.fetchall()
+    found = []
+    for name, bound in rows:
+        m = _BOUND.search(bound)
+        lo, hi = (uuid.UUID(m.group(1)), uuid.UUID(m.group(2))) if m else (None, None)
+        found.append(Partition(name, lo, hi))
+    return sorted(found, key=lambda p: (p.lo is None, p.lo.int if p.lo else 0))
+
+
+def columns(table: str) -> list[str]:
+    """The table's columns in their order (dropped ones left out), quoted."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT quote_ident(attname) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            [table],
+        )
+        return [name for (name,) in cur.fetchall()]
+
+
+def local_unique_indexes(partition: str) -> list[tuple[str, str]]:
+    """The unique indexes of a partition that no index of its parent stands for (a unique
+    key without the partition key, kept per partition): (name, definition)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x"
+            " JOIN pg_class c ON c.oid = x.indexrelid"
+            " WHERE x.indrelid = to_regclass(%s) AND x.indisunique"
+            " AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = x.indexrelid)"
+            " ORDER BY c.relname",
+            [partition],
+        )
+        return list(cur.fetchall())

@@ -1,0 +1,115 @@
+"""Retention on partitioned tables (TASKS_ENGINE["PARTITION"]): a period whose runs are all
+finished and past their status's cutoff, with no unfinished run linked to them elsewhere, goes
+whole (detached and dropped, its steps and facts with it, its ledger rows deleted); a period
+that still holds a waiting run is kept, and its other runs go through the batched DELETE as
+they would unpartitioned."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tasks_engine.db.partitions import catalog
+from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
+from tasks_engine.services import retention
+from tests.factories import FactFactory, OpLedgerFactory, StepAttemptFactory, WorkflowRunFactory
+from tests.helpers import FakeClock
+from tests.partitions import engine_database, make_periods, v7_at
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only("partitions")]
+
+RUN = WorkflowRun._meta.db_table
+JAN, FEB, MAR, APR = (datetime(2025, m, 10, tzinfo=UTC) for m in (1, 2, 3, 4))
+
+
+def _run(moment: datetime, status: str = "completed", **more: Any) -> Any:
+    run = WorkflowRunFactory(id=v7_at(moment), status=status, now=moment, **more)
+    StepAttemptFactory(run=run, name="copy")
+    FactFactory(run=run)
+    return run
+
+
+def _history() -> dict[str, Any]:
+    """January: a run that waits (for weeks) beside finished ones; February: finished only,
+    one of them the parent of a March child; March: a failed run (kept 90 days) and that
+    child; April: a run still running."""
+    runs = {
+        "jan_waiting": _run(JAN, "waiting"),
+        "jan_done": _run(JAN),
+        "feb_done": _run(FEB),
+        "feb_parent": _run(FEB),
+        "mar_failed": _run(MAR, "failed"),
+        "apr_running": _run(APR, "running"),
+    }
+    # finished yesterday (a long run): kept, and outlives its parent without the link
+    yesterday = datetime(2025, 5, 19, tzinfo=UTC)
+    runs["mar_child"] = _run(MAR, parent_run=runs["feb_parent"], finished_at=yesterday)
+    OpLedgerFactory(run=runs["feb_done"])
+    return runs
+
+
+@pytest.fixture
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    from tasks_engine import clock
+
+    fake = FakeClock(datetime(2025, 5, 20, tzinfo=UTC))  # 40+ days after March's runs ended
+    monkeypatch.setattr(clock, "now", fake.now)
+    return fake
+
+
+def test_a_period_goes_whole_once_nothing_in_it_is_kept(fake_clock: FakeClock) -> None:
+    with engine_database("month"):
+        make_periods(JAN, FEB, MAR, APR)
+        runs = _history()
+        counts = retention.prune_expired()
+        # February went whole; January keeps its partition for its waiting run, and its
+        # finished run went through the batched path; March's failed run is kept 90 days.
+        assert counts["partitions"] == 1
+        names = {p.name for p in catalog.partitions(RUN)}
+        assert f"{RUN}_p20250201" not in names
+        assert {f"{RUN}_p20250101", f"{RUN}_p20250301", f"{RUN}_p20250401"} <= names
+        left = set(WorkflowRun.objects.values_list("pk", flat=True))
+        assert left == {
+            runs[k].pk for k in ("jan_waiting", "mar_failed", "apr_running", "mar_child")
+        }
+        assert WorkflowRun.objects.get(pk=runs["mar_child"].pk).parent_run_id is None
+        assert not StepAttempt.objects.filter(run_id=runs["feb_done"].pk).exists()
+        assert not Fact.objects.filter(run_id=runs["feb_done"].pk).exists()
+        assert not OpLedger.objects.exists()
+        assert counts["runs"] == 3  # feb_done, feb_parent (whole), jan_done (batched)
+
+        # the waiting run finishes weeks later; its period goes once it too has aged
+        WorkflowRun.objects.filter(pk=runs["jan_waiting"].pk).update(
+            status="completed", finished_at=fake_clock.now(), available_at=None
+        )
+        assert retention.prune_expired()["partitions"] == 0
+        fake_clock.advance(timedelta(days=31))
+        # January, and March (its failed run now 90 days old, its child's 30 days)
+        assert retention.prune_expired()["partitions"] == 2
+        names = {p.name for p in catalog.partitions(RUN)}
+        assert f"{RUN}_p20250101" not in names and f"{RUN}_p20250301" not in names
+        assert f"{RUN}_p20250401" in names  # its run still runs
+        assert not WorkflowRun.objects.filter(pk=runs["jan_waiting"].pk).exists()
+
+
+def test_a_parent_whose_child_is_unfinished_keeps_its_period(fake_clock: FakeClock) -> None:
+    with engine_database("month"):
+        make_periods(FEB, APR)
+        parent = _run(FEB)
+        _run(APR, "waiting", parent_run=parent)
+        assert retention.prune_expired()["partitions"] == 0
+        assert WorkflowRun.objects.filter(pk=parent.pk).exists()  # the batched path's rule too
+
+
+def test_the_batched_path_prunes_the_same_runs_unpartitioned(fake_clock: FakeClock) -> None:
+    with engine_database(partition=None):
+        runs = _history()
+        counts = retention.prune_expired()
+        assert "partitions" not in counts
+        left = set(WorkflowRun.objects.values_list("pk", flat=True))
+        assert left == {
+            runs[k].pk for k in ("jan_waiting", "mar_failed", "apr_running", "mar_child")
+        }
+        assert counts["runs"] == 3
