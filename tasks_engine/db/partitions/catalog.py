@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from ..alias import connection
 
@@ -23,22 +24,25 @@ class Partition:
         return self.lo is None
 
 
-def is_partitioned(table: str) -> bool:
+def _rows(sql: str, relation: str) -> list[tuple[Any, ...]]:
+    """A catalog query about one relation (its name the one parameter)."""
     with connection.cursor() as cur:
-        cur.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [table])
-        row = cur.fetchone()
-    return row is not None and row[0] == "p"
+        cur.execute(sql, [relation])
+        return list(cur.fetchall())
+
+
+def is_partitioned(table: str) -> bool:
+    rows = _rows("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", table)
+    return bool(rows) and rows[0][0] == "p"
 
 
 def partitions(table: str) -> list[Partition]:
     """`table`'s partitions, oldest range first, the DEFAULT one last."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
-            " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
-            [table],
-        )
-        rows = cur.fetchall()
+    rows = _rows(
+        "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+        " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
+        table,
+    )
     found = []
     for name, bound in rows:
         m = _BOUND.search(bound)
@@ -49,25 +53,23 @@ def partitions(table: str) -> list[Partition]:
 
 def columns(table: str) -> list[str]:
     """The table's columns in their order (dropped ones left out), quoted."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT quote_ident(attname) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            [table],
-        )
-        return [name for (name,) in cur.fetchall()]
+    rows = _rows(
+        "SELECT quote_ident(attname) FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+        " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+        table,
+    )
+    return [name for (name,) in rows]
 
 
 def local_unique_indexes(partition: str) -> list[tuple[str, str]]:
     """The unique indexes of a partition that no index of its parent stands for (a unique
     key without the partition key, kept per partition): (name, definition)."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT c.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x"
-            " JOIN pg_class c ON c.oid = x.indexrelid"
-            " WHERE x.indrelid = to_regclass(%s) AND x.indisunique"
-            " AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = x.indexrelid)"
-            " ORDER BY c.relname",
-            [partition],
-        )
-        return list(cur.fetchall())
+    rows = _rows(
+        "SELECT c.relname, pg_get_indexdef(x.indexrelid) FROM pg_index x"
+        " JOIN pg_class c ON c.oid = x.indexrelid"
+        " WHERE x.indrelid = to_regclass(%s) AND x.indisunique"
+        " AND NOT EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhrelid = x.indexrelid)"
+        " ORDER BY c.relname",
+        partition,
+    )
+    return [(name, definition) for name, definition in rows]
