@@ -78,9 +78,11 @@ def _migrations_line(unapplied: list[tuple[str, str]]) -> str:
     return f"{len(unapplied)} migration(s) not applied (manage.py migrate): {listed}"
 
 
-def unserved_due_runs() -> list[str]:
+def unserved_due_runs(using: str | None = None) -> list[str]:
+    """`using`: the alias to read (the admin's banner reads its replica), else the engine's."""
     due = (
-        WorkflowRun.objects.filter(status="pending")
+        WorkflowRun.objects.using(using)
+        .filter(status="pending")
         .filter(Q(available_at__isnull=True) | Q(available_at__lte=db_now()))
         .order_by()
         .values_list("task_name", "version", "queue")
@@ -89,7 +91,7 @@ def unserved_due_runs() -> list[str]:
     groups = sorted(due)
     if not groups:
         return []
-    live = live_filters()
+    live = live_filters(using)
     return [
         f"{n} due pending run(s) of {task}@{version} in queue {queue!r}: "
         + ("no live worker serves it" if live else "no worker is alive")
