@@ -29,8 +29,8 @@ import sys
 import time
 from typing import Any
 
-from common import Timer, database, engine_code, median, setup_django
-from engine import claim_rate, enqueue_many, use_database
+from common import Timer, database, engine_code, median, setup_django, worker
+from engine import claim_rate, enqueue_many, use_database, wait_all_finished
 
 # The loaded database's history: one run every `span / total` of the 30 days up to a minute
 # ago, in chunks of `chunk` runs (the g of generate_series numbers them across chunks).
@@ -144,6 +144,35 @@ def fill(total: int, chunk: int) -> float:
     return t.seconds
 
 
+def fill_organic(total: int, chunk: int, url: str) -> float:
+    """`total` runs of bench_noop made by the engine itself: enqueue_many in chunks, each chunk
+    drained by a burst worker (its claims, steps and completions, and autovacuum behind
+    them, lay the pages out as production does; all created now, one step each)."""
+    from tasks_engine import enqueue_many as engine_enqueue_many
+
+    with Timer() as t:
+        for first in range(0, total, chunk):
+            n = min(chunk, total - first)
+            for at in range(0, n, 10_000):
+                engine_enqueue_many("bench_noop", [{}] * min(10_000, n - at))
+            proc = worker(url, "--burst")
+            if proc.wait() != 0:
+                raise SystemExit(f"history: the filling worker failed: see {proc.log_path}")  # type: ignore[attr-defined]
+            wait_all_finished("bench_noop", first + n, 60)
+            rate = (first + n) / (time.perf_counter() - t.start)
+            log(f"{first + n:,}/{total:,} runs ({rate:,.0f} runs/s)")
+    return t.seconds
+
+
+def fillfactor(percent: int) -> None:
+    """The run table's fillfactor (an experiment: the engine's own table keeps PostgreSQL's
+    default, 100)."""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute(f"ALTER TABLE tasks_engine_workflowrun SET (fillfactor = {int(percent)})")
+
+
 def settle() -> float:
     """VACUUM ANALYZE every engine table, CHECKPOINT, sync; the seconds it took."""
     import os
@@ -201,7 +230,15 @@ def one_round(runs: int) -> dict[str, float]:
     }
 
 
-def measure(history: int, runs: int, rounds: int, partition: bool, chunk: int) -> dict[str, Any]:
+def measure(
+    history: int,
+    runs: int,
+    rounds: int,
+    partition: bool,
+    chunk: int,
+    organic: bool = False,
+    fill_factor: int | None = None,
+) -> dict[str, Any]:
     import psycopg
     from django.core.management import call_command
 
@@ -218,12 +255,19 @@ def measure(history: int, runs: int, rounds: int, partition: bool, chunk: int) -
             conn.execute(f'CREATE DATABASE "{loaded_db}"')
         try:
             setup_django(url)
+            if fill_factor:
+                fillfactor(fill_factor)
             settle()
             use_database(loaded_db)
             engine_settings(partition)
             call_command("migrate", verbosity=0)
+            if fill_factor:
+                fillfactor(fill_factor)
             log(f"filling {loaded_db} with {history:,} finished runs")
-            load_s = fill(history, chunk)
+            if organic:
+                load_s = fill_organic(history, chunk, f"{server}/{loaded_db}")
+            else:
+                load_s = fill(history, chunk)
             settle_s = settle()
             log(f"filled in {load_s:.0f} s, vacuum + analyze + checkpoint {settle_s:.0f} s")
             table_sizes = sizes()
@@ -244,6 +288,8 @@ def measure(history: int, runs: int, rounds: int, partition: bool, chunk: int) -
         "bench": "history",
         "history": history,
         "partition": "month" if partition else None,
+        "fill": "engine" if organic else "sql",
+        "fillfactor": fill_factor,
         "runs": runs,
         "rounds": rounds,
         "load_s": round(load_s, 1),
@@ -267,13 +313,23 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--chunk", type=int, default=250_000, help="runs a fill statement")
     p.add_argument("--partition", action="store_true", help='PARTITION = "month" (loaded db)')
+    p.add_argument(
+        "--organic",
+        action="store_true",
+        help="history made by the engine (enqueue_many + a burst worker; slow), not SQL",
+    )
+    p.add_argument(
+        "--fillfactor", type=int, default=None, help="an experiment: the run table's fillfactor"
+    )
     p.add_argument("--quick", action="store_true", help="20,000 runs of history, 500 a round")
     a = p.parse_args()
     if a.quick:
         a.history, a.runs, a.rounds = 20_000, 500, 2
     if a.history < 1 or a.runs < 1 or a.rounds < 1 or a.chunk < 1:
         p.error("--history, --runs, --rounds and --chunk must be at least 1")
-    row = measure(a.history, a.runs, a.rounds, a.partition, a.chunk)
+    if a.fillfactor is not None and not 10 <= a.fillfactor <= 100:
+        p.error("--fillfactor must be between 10 and 100")
+    row = measure(a.history, a.runs, a.rounds, a.partition, a.chunk, a.organic, a.fillfactor)
     print(json.dumps({**row, "code": engine_code()}), flush=True)
 
 
