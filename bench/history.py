@@ -2,6 +2,7 @@
 finished runs in the table against an empty one, in one run.
 
     python bench/history.py [--history 10000000] [--runs 2000] [--rounds 3] [--partition]
+    python bench/history.py --history 1000000 --organic   # history made by the engine
     python bench/history.py --quick          # 20,000 runs of history: checks the harness
 
 Two databases on one throwaway cluster (or on $BENCH_SERVER_URL), fsync on: `empty` and
@@ -18,7 +19,9 @@ the rounds, loaded ÷ empty, and WAL bytes per run of each phase.
 
 `--partition` migrates and fills the loaded database with TASKS_ENGINE["PARTITION"] = "month"
 (an engine that does not know that setting is refused before anything is built); the empty
-one stays unpartitioned, as the baseline.
+one stays unpartitioned, as the baseline. `--organic` makes the history with the engine itself
+instead (enqueue_many, then a burst worker drains each chunk; about 1,750 runs/s here): slower,
+but its pages are laid out by the engine's own claims, completions and autovacuum.
 """
 
 from __future__ import annotations
@@ -164,15 +167,6 @@ def fill_organic(total: int, chunk: int, url: str) -> float:
     return t.seconds
 
 
-def fillfactor(percent: int) -> None:
-    """The run table's fillfactor (an experiment: the engine's own table keeps PostgreSQL's
-    default, 100)."""
-    from django.db import connection
-
-    with connection.cursor() as cur:
-        cur.execute(f"ALTER TABLE tasks_engine_workflowrun SET (fillfactor = {int(percent)})")
-
-
 def settle() -> float:
     """VACUUM ANALYZE every engine table, CHECKPOINT, sync; the seconds it took."""
     import os
@@ -237,7 +231,6 @@ def measure(
     partition: bool,
     chunk: int,
     organic: bool = False,
-    fill_factor: int | None = None,
 ) -> dict[str, Any]:
     import psycopg
     from django.core.management import call_command
@@ -255,14 +248,10 @@ def measure(
             conn.execute(f'CREATE DATABASE "{loaded_db}"')
         try:
             setup_django(url)
-            if fill_factor:
-                fillfactor(fill_factor)
             settle()
             use_database(loaded_db)
             engine_settings(partition)
             call_command("migrate", verbosity=0)
-            if fill_factor:
-                fillfactor(fill_factor)
             log(f"filling {loaded_db} with {history:,} finished runs")
             if organic:
                 load_s = fill_organic(history, chunk, f"{server}/{loaded_db}")
@@ -289,7 +278,6 @@ def measure(
         "history": history,
         "partition": "month" if partition else None,
         "fill": "engine" if organic else "sql",
-        "fillfactor": fill_factor,
         "runs": runs,
         "rounds": rounds,
         "load_s": round(load_s, 1),
@@ -318,18 +306,13 @@ def main() -> None:
         action="store_true",
         help="history made by the engine (enqueue_many + a burst worker; slow), not SQL",
     )
-    p.add_argument(
-        "--fillfactor", type=int, default=None, help="an experiment: the run table's fillfactor"
-    )
     p.add_argument("--quick", action="store_true", help="20,000 runs of history, 500 a round")
     a = p.parse_args()
     if a.quick:
         a.history, a.runs, a.rounds = 20_000, 500, 2
     if a.history < 1 or a.runs < 1 or a.rounds < 1 or a.chunk < 1:
         p.error("--history, --runs, --rounds and --chunk must be at least 1")
-    if a.fillfactor is not None and not 10 <= a.fillfactor <= 100:
-        p.error("--fillfactor must be between 10 and 100")
-    row = measure(a.history, a.runs, a.rounds, a.partition, a.chunk, a.organic, a.fillfactor)
+    row = measure(a.history, a.runs, a.rounds, a.partition, a.chunk, a.organic)
     print(json.dumps({**row, "code": engine_code()}), flush=True)
 
 
