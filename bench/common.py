@@ -37,9 +37,10 @@ def engine_code() -> str:
 
 
 @contextmanager
-def database(name: str = "bench") -> Iterator[str]:
+def database(name: str = "bench", settings: dict[str, str] | None = None) -> Iterator[str]:
     """DATABASE_URL of a fresh database: on $BENCH_DATABASE_URL's server, else a throwaway
-    cluster started for this run (fsync on: durability is not traded for speed)."""
+    cluster started for this run (fsync on: durability is not traded for speed) with
+    `settings` in its postgresql.conf."""
     from tests.pgcluster import Cluster
 
     server = os.environ.get("BENCH_SERVER_URL")
@@ -51,7 +52,7 @@ def database(name: str = "bench") -> Iterator[str]:
             conn.execute(f'CREATE DATABASE "{name}"')
         yield f"{server}/{name}"
         return
-    cluster = Cluster(fsync=True).init()
+    cluster = Cluster(fsync=True, settings=settings).init()
     cluster.start()
     try:
         yield cluster.createdb(name)

@@ -403,6 +403,15 @@ def extras(raw: dict[str, Any]) -> list[str]:
                 f" {fmt(r['claims_per_s_loaded'])} with {r['finished']:,} finished and"
                 f" {r['waiting']:,} waiting runs in it ({r['ratio']:.2f}{TIMES} the empty rate)."
             )
+        elif r["bench"] == "history":
+            out.append(
+                f"- **History** (ours, bench/history.py: {r['history']:,} finished runs of a"
+                f" month in the table against an empty one, medians of {r['rounds']} rounds):"
+                f" enqueue {fmt(r['enqueue_per_s_loaded'])}/s against"
+                f" {fmt(r['enqueue_per_s_empty'])} ({r['enqueue_ratio']:.2f}{TIMES}),"
+                f" claim + complete {fmt(r['claim_complete_per_s_loaded'])}/s against"
+                f" {fmt(r['claim_complete_per_s_empty'])} ({r['claim_complete_ratio']:.2f}{TIMES})."
+            )
         elif r["bench"] == "flow":
             out.append(
                 f"- **Flow control** (ours, in-process claim + complete; bench/flow.py): with a"

@@ -306,18 +306,24 @@ class Harness:
             self.record(engine, value.pop("row", bench), rep, value)
 
     def ours_rows(
-        self, engine: str, bench: str, *args: str, rss: bool = False
+        self,
+        engine: str,
+        bench: str,
+        *args: str,
+        rss: bool = False,
+        script: str = "engine.py",
+        timeout: float | None = None,
     ) -> list[dict[str, Any]]:
         if self.skip(engine, bench):
             return []
         root = self.baseline if engine == BASELINE else ROOT
         assert root is not None
-        cmd = [sys.executable, str(BENCH / "engine.py"), *args]
+        cmd = [sys.executable, str(BENCH / script), *args]
         env = {"BENCH_SERVER_URL": self.server, "BENCH_CODE_ROOT": str(root)}
         if rss:
-            rows = [measure_ours_rss(cmd, self.a.timeout, env)]
+            rows = [measure_ours_rss(cmd, timeout or self.a.timeout, env)]
         else:
-            rows = measure_lines(cmd, self.a.timeout, env)
+            rows = measure_lines(cmd, timeout or self.a.timeout, env)
         return [check_code(row, root) for row in rows]
 
     def peer(self, engine: str, bench: str, rep: int, mode: str, **opts: Any) -> None:
@@ -426,6 +432,15 @@ class Harness:
         args = ["scale", "--finished", str(self.a.finished), "--waiting", str(self.a.waiting)]
         for e in self.engines(0, [OURS]):
             self.ours(e, "scale", 0, *args)
+        # Issue 47's row: enqueue and claim + complete with --history finished runs of a month
+        # in the table against an empty one (bench/history.py; 10,000,000 on its own).
+        history = ["--history", str(self.a.history), "--runs", str(self.a.history_runs)]
+        for e in self.engines(0, [OURS]):
+            # The fill writes about 10,000 runs a second here: its time on top of a measurement's.
+            timeout = self.a.timeout + self.a.history / 5000
+            rows = self.ours_rows(e, "history", *history, script="history.py", timeout=timeout)
+            for value in rows:
+                self.record(e, "history", 0, value)
 
     def flow(self) -> None:
         """bench/flow.py's rows (flow control on against off, in-process and as a worker drains;
@@ -588,6 +603,13 @@ def main() -> None:
     p.add_argument("--rss-jobs", type=int, default=2000, help="jobs drained while sampling RSS")
     p.add_argument("--finished", type=int, default=1_000_000)
     p.add_argument("--waiting", type=int, default=100_000)
+    p.add_argument(
+        "--history",
+        type=int,
+        default=1_000_000,
+        help="finished runs of bench/history.py's loaded table (issue 47 measures 10,000,000)",
+    )
+    p.add_argument("--history-runs", type=int, default=2000, help="bench/history.py's --runs")
     p.add_argument("--flow-runs", type=int, default=500, help="claims per flow-control round")
     p.add_argument(
         "--flow-drain-runs", type=int, default=5000, help="runs per flow-control worker drain"
@@ -622,6 +644,7 @@ def main() -> None:
         a.reps = a.long_reps = 1
         a.jobs = a.slow_jobs = a.rss_jobs = 2000
         a.finished, a.waiting, a.held, a.flow_runs, a.pgbench_seconds = 20_000, 2_000, 2_000, 300, 3
+        a.history, a.history_runs = 20_000, 500
         a.flow_drain_runs = 500
     if a.long_reps is None:
         a.long_reps = 1 if a.baseline else 2

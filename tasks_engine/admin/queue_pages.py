@@ -3,11 +3,13 @@ named by a workflow, with active runs or a row) with its state (paused, and why)
 effect (QUEUES with the operator's overrides), its running, pending and waiting runs and the
 age of its oldest pending run; and the busiest concurrency keys.
 
-Operators act on a queue through operations/queues.py: pause and resume
-(`queues/<name>/pause/` and `.../resume/`, a confirmation with a reason) behind
+The page reads TASKS_ENGINE["ADMIN_READ_DATABASE"] (a replica, or the engine's alias), as the
+runs list does. Operators act on a queue through operations/queues.py, on the primary: pause
+and resume (`queues/<name>/pause/` and `.../resume/`, a confirmation with a reason) behind
 `tasks_engine.pause_queue`, and its `concurrency` and `rate_limit` overrides
 (`queues/<name>/limits/`) behind `tasks_engine.change_queue`; staff without the permission
-get 403 and nothing changes. Each change is written to the admin log, on the queue's row."""
+get 403 and nothing changes. Each change is written to the admin log, on the queue's row. The
+limits form starts from the primary's values: an edit must not start from a lagging copy."""
 
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from .. import clock
-from ..conf import parse_rate
+from ..conf import QueueLimits, engine_settings, parse_rate
+from ..db.alias import admin_read_alias
 from ..models import Queue, WorkflowRun
 from ..operations import queues
-from ..transitions import queue_state
 from ..values.serialization import REASON_MAX_LENGTH, check_reason
 from .audit import record
 from .operator_actions import reason_from
@@ -65,8 +67,9 @@ class Row:
 
 
 def queue_rows(now: datetime) -> list[Row]:
-    views = queues.list_queues()
-    limits = queue_state.current().limits()
+    db = admin_read_alias()
+    views = queues.list_queues(using=db)
+    limits = effective_limits(views)
     rows: dict[str, Row] = {}
     for v in views:
         rows[v.name] = Row(
@@ -78,7 +81,7 @@ def queue_rows(now: datetime) -> list[Row]:
         )
     # How long the longest-waiting due run has waited since it was due: a run deferred to later
     # (available_at ahead) is not waiting yet, and a long wait says the queue is stuck or full.
-    pending = WorkflowRun.objects.filter(status="pending", available_at__lte=now)
+    pending = WorkflowRun.objects.using(db).filter(status="pending", available_at__lte=now)
     for queue, oldest in (
         pending.values_list("queue").annotate(oldest=Min("available_at")).order_by()
     ):
@@ -96,8 +99,24 @@ def queue_rows(now: datetime) -> list[Row]:
     return sorted(rows.values(), key=lambda r: r.name)
 
 
+def effective_limits(views: list[queues.QueueView]) -> dict[str, QueueLimits]:
+    """Each queue's limits in effect, as the workers apply them: QUEUES with the overrides the
+    views read (from the page's database, not this process's snapshot of the primary)."""
+    settings = engine_settings().queues
+    out = {}
+    for v in views:
+        base = settings.get(v.name, QueueLimits())
+        rate = base.rate
+        if "rate_limit" in v.overridden and v.rate_limit:
+            rate = parse_rate(v.rate_limit, "rate limit")
+        out[v.name] = QueueLimits(v.concurrency, rate, base.worker_concurrency)
+    return out
+
+
 def busiest_keys() -> list[Row]:
-    keyed = WorkflowRun.objects.filter(status__in=ACTIVE, concurrency_key__isnull=False)
+    keyed = WorkflowRun.objects.using(admin_read_alias()).filter(
+        status__in=ACTIVE, concurrency_key__isnull=False
+    )
     totals = (
         keyed.values("concurrency_key")
         .annotate(n=Count("id"), limit=Max("concurrency_limit"))

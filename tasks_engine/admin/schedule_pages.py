@@ -39,6 +39,7 @@ from django.utils.timesince import timesince
 from pydantic import ValidationError
 
 from .. import clock, engine, schedules
+from ..db.alias import admin_read_alias
 from ..exceptions import IdempotencyConflict, UnknownScheduleError, UnknownTaskError
 from ..models import Schedule, WorkflowRun
 from ..values.secrets import redact_text
@@ -222,7 +223,9 @@ class ScheduleAdmin(ReadOnlyAdmin):
         ):
             raise PermissionDenied  # Django would drop the action and say "none selected"
         if request.method == "GET":
-            schedules.ensure_rows()  # defined schedules the leader has not seen yet get a row
+            # Defined schedules the leader has not seen yet get a row (on the primary, only if
+            # the list's own database lacks one).
+            schedules.ensure_rows(seen_on=admin_read_alias())
         return super().changelist_view(request, {"title": "Schedules", **(extra_context or {})})
 
     def change_view(

@@ -1,7 +1,8 @@
 """The workers page (read-only, like every engine page): each worker process with its last beat,
 whether it is alive, whether it is the maintenance leader, and the runs it holds; and the
 fleet summary the runs list shows above its table (live workers, the leader, and unfinished
-runs that no live worker serves)."""
+runs that no live worker serves). All of it reads TASKS_ENGINE["ADMIN_READ_DATABASE"] (a
+replica, or the engine's alias), as the runs list does."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from ..db.alias import admin_read_alias
 from ..models import Worker, WorkflowRun
 from ..services import health
 from ..services.fleet import UNFINISHED, alive_since, live_filters, served, unserved_runs
@@ -28,14 +30,16 @@ _page = threading.local()
 def fleet_summary() -> dict[str, Any]:
     """What the runs list says about the workers: how many are alive, who leads, and the
     unfinished runs that no live worker serves (None: no worker alive, nothing known)."""
-    leader = current_leader()
-    live = live_filters()
+    db = admin_read_alias()
+    leader = current_leader(using=db)
+    live = live_filters(using=db)
     return {
         "workers_url": reverse("admin:tasks_engine_worker_changelist"),
         "workers_live": len(live),
         "leader_id": leader.worker_id if leader else None,
         "unserved": [
-            {**u, "url": runs_url(**unserved_filters(u))} for u in unserved_runs(live) or []
+            {**u, "url": runs_url(**unserved_filters(u))}
+            for u in unserved_runs(live, using=db) or []
         ],
     }
 
@@ -45,12 +49,13 @@ def due_unserved() -> list[str]:
     due now (pending, available) and that no live worker serves, one per (task, version,
     queue); none when every due run has a worker. The same logic as the readiness probe, so
     the admin and the probe never disagree."""
-    return health.unserved_due_runs()
+    return health.unserved_due_runs(using=admin_read_alias())
 
 
 def warn_if_unserved(request: HttpRequest, run: WorkflowRun) -> None:
     """On a run page: say so when no live worker serves this unfinished run."""
-    if run.status in UNFINISHED and served(run.task_name, run.version, run.queue) is False:
+    db = admin_read_alias()
+    if run.status in UNFINISHED and served(run.task_name, run.version, run.queue, db) is False:
         messages.warning(
             request,
             f"No live worker serves {run.task_name}@{run.version} in queue {run.queue}: "
@@ -105,15 +110,17 @@ class WorkerAdmin(ReadOnlyAdmin):
         )
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
-        leader = current_leader()
+        db = admin_read_alias()
+        leader = current_leader(using=db)
         _page.leader = leader.worker_id if leader else None
-        _page.since = alive_since()
+        _page.since = alive_since(using=db)
         extra = {"title": "Workers", "runs_url": runs_url(), **(extra_context or {})}
         return super().changelist_view(request, extra)
 
     @admin.display(description="state")
     def state(self, w: Worker) -> str:
-        alive = w.last_heartbeat >= getattr(_page, "since", alive_since())
+        since = getattr(_page, "since", None) or alive_since(admin_read_alias())
+        alive = w.last_heartbeat >= since
         return format_html(
             '<span class="te-badge te-{}">{}</span>',
             "completed" if alive else "failed",

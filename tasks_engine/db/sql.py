@@ -98,11 +98,11 @@ def db_now() -> models.Expression:
     return models.Value(datetime.now(UTC), output_field=models.DateTimeField())
 
 
-def db_clock() -> datetime:
-    """The database's time now (see `db_now_sql`)."""
+def db_clock(using: str | None = None) -> datetime:
+    """The database's time now (see `db_now_sql`); `using`: another alias's (a replica's)."""
     if not is_postgres():
         return datetime.now(UTC)
-    with connection.cursor() as cur:
+    with (connections[using] if using else connection).cursor() as cur:
         cur.execute("SELECT clock_timestamp()")
         return r_dt(cur.fetchone()[0])
 

@@ -113,30 +113,32 @@ class QueueView:
         return d
 
 
-def known_queues() -> set[str]:
+def known_queues(using: str | None = None) -> set[str]:
     """Queues worth listing: named in QUEUES or by a workflow, with a row, or with active
-    runs (read on the status indexes: finished runs are never scanned)."""
+    runs (read on the status indexes: finished runs are never scanned). `using`: the alias to
+    read (the admin's, a replica), else the engine's."""
     names = set(engine_settings().queues)
     names.update(registry.get(n, v).queue for n, v in registry.pairs())
-    names.update(Queue.objects.values_list("name", flat=True))
-    names.update(_counts())
+    names.update(Queue.objects.using(using).values_list("name", flat=True))
+    names.update(_counts(using))
     return names
 
 
-def _counts() -> dict[str, dict[str, int]]:
-    active = WorkflowRun.objects.filter(status__in=("pending", "running", "waiting"))
+def _counts(using: str | None = None) -> dict[str, dict[str, int]]:
+    active = WorkflowRun.objects.using(using).filter(status__in=("pending", "running", "waiting"))
     counts: dict[str, dict[str, int]] = {}
     for r in active.values("queue", "status").annotate(n=Count("id")).order_by():
         counts.setdefault(r["queue"], {})[r["status"]] = r["n"]
     return counts
 
 
-def list_queues() -> list[QueueView]:
-    """Every known queue by name, with its state, the limits in effect and its run counts."""
+def list_queues(using: str | None = None) -> list[QueueView]:
+    """Every known queue by name, with its state, the limits in effect and its run counts.
+    `using`: the alias to read (the admin's, a replica), else the engine's."""
     settings = engine_settings().queues
-    rows = {r.name: r for r in Queue.objects.all()}
-    counts = _counts()
-    names = known_queues() | set(counts)
+    rows = {r.name: r for r in Queue.objects.using(using)}
+    counts = _counts(using)
+    names = known_queues(using) | set(counts)
     views = []
     for name in sorted(names):
         row = rows.get(name)

@@ -95,9 +95,13 @@ class Registration:
 # -- reading ----------------------------------------------------------------------------------
 
 
-def alive_since() -> datetime:
+# The reading functions take `using`: the alias to read (the admin's read alias, a replica);
+# None, the engine's.
+
+
+def alive_since(using: str | None = None) -> datetime:
     """Workers that beat at or after this (database) time are alive."""
-    return db_clock() - timedelta(seconds=engine_settings().dead_worker_seconds)
+    return db_clock(using) - timedelta(seconds=engine_settings().dead_worker_seconds)
 
 
 @dataclass(frozen=True)
@@ -155,14 +159,14 @@ def list_workers() -> list[WorkerView]:
 
 
 def unserved_runs(
-    live: list[tuple[list[str], list[str]]] | None = None,
+    live: list[tuple[list[str], list[str]]] | None = None, using: str | None = None
 ) -> list[dict[str, Any]] | None:
     """Unfinished runs whose (task, version) and queue no live worker serves, grouped:
     `[{"task", "version", "queue", "runs", "at_least"}]` (run_groups: counts past a bound are
     lower bounds). None when no worker is alive: then nothing is
     known about what the fleet serves (a deploy in progress, or workers not started yet).
     `live`: the live workers' filters, when the caller has read them already."""
-    live = live_filters() if live is None else live
+    live = live_filters(using) if live is None else live
     if not live:
         return None
     return [
@@ -173,22 +177,22 @@ def unserved_runs(
             "runs": g.runs,
             "at_least": g.at_least,
         }
-        for g in unfinished_groups()
+        for g in unfinished_groups(using)
         if not any(serves(w, g.task, g.version, g.queue) for w in live)
     ]
 
 
-def served(task: str, version: int, queue: str) -> bool | None:
+def served(task: str, version: int, queue: str, using: str | None = None) -> bool | None:
     """Whether a live worker serves runs of (task, version) in `queue` (None: no worker alive)."""
-    live = live_filters()
+    live = live_filters(using)
     if not live:
         return None
     return any(serves(w, task, version, queue) for w in live)
 
 
-def live_filters() -> list[tuple[list[str], list[str]]]:
+def live_filters(using: str | None = None) -> list[tuple[list[str], list[str]]]:
     """(queues, tasks) of every live worker."""
-    rows = Worker.objects.filter(alive()).values_list("queues", "tasks")
+    rows = Worker.objects.using(using).filter(alive()).values_list("queues", "tasks")
     return [(list(q), list(t)) for q, t in rows]
 
 

@@ -77,12 +77,13 @@ def _migrations_line(unapplied: list[tuple[str, str]]) -> str:
     return f"{len(unapplied)} migration(s) not applied (manage.py migrate): {listed}"
 
 
-def unserved_due_runs() -> list[str]:
-    """A line per (task, version, queue) with due pending runs that no live worker serves."""
-    groups = due_pending_groups()
+def unserved_due_runs(using: str | None = None) -> list[str]:
+    """A line per (task, version, queue) with due pending runs that no live worker serves.
+    `using`: the alias to read (the admin's banner reads its replica), else the engine's."""
+    groups = due_pending_groups(using)
     if not groups:
         return []
-    live = live_filters()
+    live = live_filters(using)
     return [
         f"{g.count_label} due pending run(s) of {g.task}@{g.version} in queue {g.queue!r}: "
         + ("no live worker serves it" if live else "no worker is alive")

@@ -47,9 +47,10 @@ class CurrentLeader:
     expires_at: datetime
 
 
-def current_leader() -> CurrentLeader | None:
-    """The leader whose lease has not expired (on the database's clock), or None."""
-    row = LeaderLease.objects.filter(name=ROLE, expires_at__gt=db_now()).first()
+def current_leader(using: str | None = None) -> CurrentLeader | None:
+    """The leader whose lease has not expired (on the database's clock), or None. `using`: the
+    alias to read (the admin's, a replica), else the engine's."""
+    row = LeaderLease.objects.using(using).filter(name=ROLE, expires_at__gt=db_now()).first()
     if row is None:
         return None
     return CurrentLeader(row.worker_id, row.term, row.elected_at, row.expires_at)

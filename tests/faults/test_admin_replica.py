@@ -1,8 +1,9 @@
 """TASKS_ENGINE["ADMIN_READ_DATABASE"] against a real streaming replica: a standby made with
-`pg_basebackup -R` from the throwaway cluster. The admin's list and run page read the replica
-(with its replay paused, they show what only the replica still holds); the operator's cancel,
-from the run page and as a list action, writes the primary (the replica is read-only: a write
-there raises, so a cancel that went to it would fail the request)."""
+`pg_basebackup -R` from the throwaway cluster. The admin's list and run page, and its queues,
+workers and schedules pages, read the replica (with its replay paused, they show what only the
+replica still holds); the operator's cancel, from the run page and as a list action, and the
+pause of a queue or a schedule write the primary (the replica is read-only: a write there
+raises, so an action that went to it would fail the request)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,20 @@ from typing import Any
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.db import InternalError, connections
-from django.test import Client
+from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 import tasks_engine
-from tasks_engine.models import WorkflowRun
+import tasks_engine.schedules
+from tasks_engine.models import Queue, Schedule, WorkflowRun
+from tasks_engine.services.leader import Elector
 from tests import aliases
+from tests.engine.admin.test_workers_admin import live_worker
 from tests.helpers import wait_for
 from tests.pgcluster import Cluster, pg_bin
 
@@ -149,3 +154,75 @@ def test_admin_reads_the_replica_and_cancels_on_the_primary(
     )
     with psycopg.connect(replica.url(replica_db)) as conn:
         assert conn.execute("SELECT pg_is_in_recovery()").fetchone()[0] is True
+
+
+PAGES_READ = (
+    "runs list (its fleet line and due-runs banner)",
+    "run page (its unserved-run warning)",
+    "queues",
+    "workers",
+    "schedules",
+    "schedule page",
+)
+
+
+def test_queue_worker_and_schedule_pages_read_only_the_replica(
+    replica: Cluster, replica_db: str
+) -> None:
+    """Every read of these pages goes to the replica (not one statement on the primary while
+    they render, with the replica showing what only it still holds); their actions (pause a
+    queue, pause a schedule) write the primary, which the read-only replica would refuse."""
+    cache.clear()
+    schedule = {"nightly-scan": {"task": "repeat_names", "cron": "0 3 * * *"}}
+    with override_settings(TASKS_ENGINE={**settings.TASKS_ENGINE, "SCHEDULES": schedule}):
+        seen_worker = live_worker("noop")
+        assert Elector(seen_worker.id).refresh()
+        unserved = tasks_engine.enqueue("repeat_names")  # no live worker serves it
+        tasks_engine.pause_queue("mail", reason="paused before the replay stopped")
+        tasks_engine.schedules.ensure_rows()
+        wait_for(
+            lambda: (
+                Schedule.objects.using(REPLICA).exists()
+                and Queue.objects.using(REPLICA).filter(name="mail").exists()
+            ),
+            what="the rows replicated",
+        )
+        replay(replica, replica_db, paused=True)
+        tasks_engine.resume_queue("mail")  # on the primary only
+        unseen_worker = live_worker("noop")  # on the primary only
+
+        client = Client()
+        client.force_login(User.objects.create_superuser("boss", password="pw"))
+        row = Schedule.objects.using(REPLICA).get()
+        urls = (
+            reverse("admin:tasks_engine_workflowrun_changelist"),
+            reverse("admin:tasks_engine_workflowrun_change", args=[unserved.run_id]),
+            reverse("admin:tasks_engine_workflowrun_queues"),
+            reverse("admin:tasks_engine_worker_changelist"),
+            reverse("admin:tasks_engine_schedule_changelist"),
+            reverse("admin:tasks_engine_schedule_change", args=[row.pk]),
+        )
+        pages = {}
+        for name, url in zip(PAGES_READ, urls, strict=True):
+            with CaptureQueriesContext(connections[PRIMARY]) as primary_sql:
+                got = client.get(url, follow=False)
+            assert got.status_code == 200, name
+            assert [q["sql"] for q in primary_sql.captured_queries] == [], name
+            pages[name] = got.content.decode()
+        assert "repeat_names" in pages[PAGES_READ[0]]  # the banner: due and unserved
+        assert "No live worker serves repeat_names" in pages[PAGES_READ[1]]
+        assert "paused before the replay stopped" in pages["queues"]  # resumed on the primary
+        assert seen_worker.id in pages["workers"] and unseen_worker.id not in pages["workers"]
+        assert "nightly-scan" in pages["schedules"] and "nightly-scan" in pages["schedule page"]
+
+        pause_queue = reverse("admin:tasks_engine_workflowrun_queue_pause", args=["io"])
+        assert client.post(pause_queue, {"reason": "from the queues page"}).status_code == 302
+        pause_schedule = reverse("admin:tasks_engine_schedule_pause", args=[row.pk])
+        assert client.post(pause_schedule, {"reason": "from the list"}).status_code == 302
+        assert Queue.objects.using(PRIMARY).get(name="io").paused
+        assert Schedule.objects.using(PRIMARY).get().paused
+        assert not Queue.objects.using(REPLICA).filter(name="io").exists()  # replay paused
+        assert not Schedule.objects.using(REPLICA).get().paused
+
+        replay(replica, replica_db, paused=False)
+        wait_for(lambda: Schedule.objects.using(REPLICA).get().paused, what="the pauses replayed")
