@@ -6,6 +6,7 @@ they would unpartitioned."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -113,3 +114,38 @@ def test_the_batched_path_prunes_the_same_runs_unpartitioned(fake_clock: FakeClo
             runs[k].pk for k in ("jan_waiting", "mar_failed", "apr_running", "mar_child")
         }
         assert counts["runs"] == 3
+
+
+def test_a_period_not_yet_wholly_past_retention_keeps_its_runs_until_it_goes_whole(
+    fake_clock: FakeClock,
+) -> None:
+    """May 20, completed runs kept 30 days: April's run finished on the 5th is past its
+    cutoff, but April is not wholly past it; the service leaves it (no DELETE row by row)
+    until the whole of April is, then drops April with one DROP. A run of the DEFAULT
+    partition (a version 4 id) has no period to wait for: deleted row by row as before.
+    `tasks prune --older-than` asks for rows by age: it deletes April's run at once."""
+    with engine_database("month", RETENTION_DAYS={"completed": 30}):
+        make_periods(APR)
+        april = _run(datetime(2025, 4, 5, tzinfo=UTC))
+        WorkflowRunFactory(  # a version 4 id: the DEFAULT partition
+            id=uuid.uuid4(), status="completed", now=datetime(2025, 1, 5, tzinfo=UTC)
+        )
+        counts = retention.prune_expired()
+        assert (counts["partitions"], counts["runs"]) == (0, 1)
+        assert set(WorkflowRun.objects.values_list("pk", flat=True)) == {april.pk}
+        assert StepAttempt.objects.filter(run_id=april.pk).exists()
+
+        fake_clock.advance(timedelta(days=12))  # June 1: April ended more than 30 days ago
+        counts = retention.prune_expired()
+        assert (counts["partitions"], counts["runs"]) == (1, 1)
+        assert f"{RUN}_p20250401" not in {p.name for p in catalog.partitions(RUN)}
+        assert not StepAttempt.objects.exists()
+
+
+def test_prune_older_than_deletes_by_age_inside_a_period(fake_clock: FakeClock) -> None:
+    with engine_database("month"):
+        make_periods(APR)
+        april = _run(datetime(2025, 4, 5, tzinfo=UTC))
+        counts = retention.prune(timedelta(days=30))
+        assert (counts["partitions"], counts["runs"]) == (0, 1)
+        assert not WorkflowRun.objects.filter(pk=april.pk).exists()
