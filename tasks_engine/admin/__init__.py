@@ -28,7 +28,9 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
+from ..db import partitions
 from ..db.alias import admin_read_alias
+from ..db.partitions import RUNS, catalog
 from ..db.sql import is_postgres
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from ..states import RunStatus
@@ -179,7 +181,12 @@ class WorkflowRunAdmin(
             allow_empty_first_page,
             statuses=[status] if status else None,
             merge=not request.GET.get(TaskFilter.parameter_name),
+            periods=catalog.covered(RUNS.table, queryset.db) if partitions.unit() else None,
         )
+
+    def get_ordering(self, request: HttpRequest) -> Any:
+        # Partitioned: by id, which the period partitions are ranges of (paging.py).
+        return ("-id",) if partitions.unit() is not None else self.ordering
 
     # -- columns ---------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from django.db import connections
+
 from ..alias import connection
 
 _BOUND = re.compile(r"FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
@@ -30,9 +32,10 @@ def is_partitioned(table: str) -> bool:
     return row is not None and row[0] == "p"
 
 
-def partitions(table: str) -> list[Partition]:
-    """`table`'s partitions, oldest range first, the DEFAULT one last."""
-    with connection.cursor() as cur:
+def partitions(table: str, using: str | None = None) -> list[Partition]:
+    """`table`'s partitions, oldest range first, the DEFAULT one last (`using`: read through
+    that alias, a replica of the engine's, say)."""
+    with (connection if using is None else connections[using]).cursor() as cur:
         cur.execute(
             "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
             " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
@@ -45,6 +48,20 @@ def partitions(table: str) -> list[Partition]:
         lo, hi = (uuid.UUID(m.group(1)), uuid.UUID(m.group(2))) if m else (None, None)
         found.append(Partition(name, lo, hi))
     return sorted(found, key=lambda p: (p.lo is None, p.lo.int if p.lo else 0))
+
+
+def covered(table: str, using: str | None = None) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """The ranges `table`'s period partitions cover, adjacent ones joined, oldest first: a
+    query whose key lies inside them (every bound included) leaves the DEFAULT partition out."""
+    ranges: list[tuple[uuid.UUID, uuid.UUID]] = []
+    for part in partitions(table, using):
+        if part.lo is None or part.hi is None:
+            continue
+        if ranges and ranges[-1][1] == part.lo:
+            ranges[-1] = (ranges[-1][0], part.hi)
+        else:
+            ranges.append((part.lo, part.hi))
+    return ranges
 
 
 def columns(table: str) -> list[str]:
