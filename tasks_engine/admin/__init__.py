@@ -30,7 +30,6 @@ from django.utils.timesince import timesince
 from .. import clock
 from ..db import partitions
 from ..db.alias import admin_read_alias
-from ..db.partitions import RUNS, catalog
 from ..db.sql import is_postgres
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
 from ..states import RunStatus
@@ -42,7 +41,7 @@ from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs, short_
 from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 from .matching import MatchingMixin
 from .operator_actions import unknown_object
-from .paging import CappedPaginator, RunPaginator
+from .paging import CappedPaginator, RunPaginator, period_ranges
 from .queue_pages import QueuesMixin
 from .retry_actions import RETRY, RetryMixin, retry_refused, step_choices
 from .run_page import elapsed, humanize_seconds, pass_timing, run_page
@@ -181,7 +180,7 @@ class WorkflowRunAdmin(
             allow_empty_first_page,
             statuses=[status] if status else None,
             merge=not request.GET.get(TaskFilter.parameter_name),
-            periods=catalog.covered(RUNS.table, queryset.db) if partitions.unit() else None,
+            periods=period_ranges(queryset.db),
         )
 
     def get_ordering(self, request: HttpRequest) -> Any:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 from django.core.paginator import Page, Paginator
@@ -32,6 +33,8 @@ from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils.functional import cached_property
 
+from ..db import partitions
+from ..db.partitions import catalog
 from ..models import WorkflowRun
 from ..states import RunStatus
 
@@ -120,6 +123,27 @@ def _created_direction(qs: QuerySet) -> str | None:
     return "-" if first.startswith("-") else ""
 
 
+# The period partitions change every few days (made ahead, dropped by retention): their ranges
+# are read from the catalog at most this often. Stale ranges only prune less: a row in a range
+# they miss is read through the DEFAULT part's conditions, and one in a range of a dropped
+# period through the periods' (both parts always cover every id exactly once).
+RANGES_SECONDS = 60.0
+_ranges: dict[tuple[str, str], tuple[float, list[tuple[Any, Any]]]] = {}
+
+
+def period_ranges(alias: str) -> list[tuple[Any, Any]] | None:
+    """The id ranges the runs' period partitions cover, read through `alias`; None when the
+    tables are not partitioned."""
+    if partitions.unit() is None:
+        return None
+    key = (alias, str(connections[alias].settings_dict["NAME"]))
+    now = time.monotonic()
+    cached = _ranges.get(key)
+    if cached is None or now - cached[0] >= RANGES_SECONDS:
+        cached = _ranges[key] = (now, catalog.covered(partitions.RUNS.table, alias))
+    return cached[1]
+
+
 def _newest_by_id(qs: QuerySet) -> bool:
     # The change list may repeat its ordering's field ("-id", "-id").
     order = {str(o) for o in qs.query.order_by}
@@ -177,10 +201,9 @@ class RunPaginator(CappedPaginator):
             return super().capped_count
         # Newest first, as the page: without an order the partitions are read oldest first.
         in_periods, in_default = parts
-        n = in_periods.order_by("-id").values("pk")[: self.count_cap + 1].count()
-        if n <= self.count_cap:
-            n += in_default.order_by().values("pk")[: self.count_cap + 1 - n].count()
-        return n
+        cap = self.count_cap + 1
+        newest = in_periods.order_by("-id").values("pk")[:cap]
+        return min(newest.union(in_default.order_by().values("pk")[:cap], all=True).count(), cap)
 
     def page(self, number: Any) -> Page:
         number, bottom, top = self.page_bounds(number)

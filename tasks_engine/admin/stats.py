@@ -28,11 +28,10 @@ from django.db.models.functions import TruncMinute
 from django.utils import timezone
 
 from .. import clock
-from ..db import partitions
 from ..db.alias import admin_read_alias
-from ..db.partitions import catalog
 from ..models import WorkflowRun
 from ..states import FINISHED, RunStatus
+from .paging import period_ranges
 
 STATUS_COUNT_CAP = 10_000
 THROUGHPUT_CACHE_SECONDS = 10
@@ -69,7 +68,7 @@ def status_counts() -> list[StatusCount]:
     alias = admin_read_alias()
     connection = connections[alias]
     table = connection.ops.quote_name(WorkflowRun._meta.db_table)
-    ranges = catalog.covered(partitions.RUNS.table, alias) if partitions.unit() else []
+    ranges = period_ranges(alias) or []
     # capped_status_counts: one index-bounded count per status, in one round trip.
     rows = f"SELECT 1 FROM {table} WHERE status = %s"
     if ranges:
