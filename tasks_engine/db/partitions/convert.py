@@ -14,6 +14,8 @@ the old table dropped and its indexes made again on the parent. Three things dif
 - a unique key without the run id (the runs' idempotency, queueing and debounce keys) cannot
   be an index of the parent: each partition has its own (named `<key>_<partition tag>`), and
   creating.py makes keyed inserts correct across periods;
+- triggers (the runs' end NOTIFY of migration 0010) are made again on the parent, which gives
+  them to every partition;
 - foreign keys to the runs are dropped: Django's ORM does CASCADE and SET NULL itself, and a
   database foreign key would make every DETACH and DROP of a period check whole tables.
 """
@@ -100,6 +102,13 @@ def _convert(cur: Any, table: Partitioned, starts: list[datetime], unit: str) ->
     name, old = table.table, f"{table.table}__unpartitioned"
     indexes = _indexes(cur, table)
     identity = _identity(cur, name)
+    # Read before the rename: the definitions name the table, which the parent takes over.
+    cur.execute(
+        "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = to_regclass(%s)"
+        " AND NOT tgisinternal ORDER BY tgname",
+        [name],
+    )
+    triggers = [definition for (definition,) in cur.fetchall()]
     cur.execute(f"ALTER TABLE {name} RENAME TO {old}")
     cur.execute(
         f"CREATE TABLE {name} (LIKE {old} INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
@@ -137,4 +146,6 @@ def _convert(cur: Any, table: Partitioned, starts: list[datetime], unit: str) ->
             cur.execute(f"ALTER TABLE {name} ADD CONSTRAINT {index} {constraint}")
         else:
             cur.execute(definition)
+    for definition in triggers:
+        cur.execute(definition)
     cur.execute(f"ANALYZE {name}")

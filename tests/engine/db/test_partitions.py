@@ -91,6 +91,11 @@ def test_migrate_converts_the_run_tables_keeping_every_row_in_its_period(plain: 
     for tag in ("default", "p20250101"):
         assert scalar("SELECT to_regclass(%s) IS NOT NULL", [f"run_idempotency_key_unique_{tag}"])
     assert scalar("SELECT to_regclass('step_attempt_unique') IS NOT NULL")
+    # the runs' end NOTIFY (migration 0010's trigger) is the parent's, so every partition's
+    assert scalar(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s",
+        [RUN, "tasks_engine_run_ended"],
+    )
     assert partitioned() == ([], [])  # idempotent: nothing left to do
 
 
