@@ -83,6 +83,13 @@ FLOOR_SETTING = "tasks_engine.claim_floor"
 PLANNED_FLOOR = PLANNED + f", set_config('{FLOOR_SETTING}', %s, true)"
 
 
+def planner_settings() -> tuple[str, list[str] | None]:
+    """The statement sent before both, and its parameters: PLANNED, with the claim floor on
+    partitioned tables."""
+    lowest = claim_floor.floor()
+    return (PLANNED, None) if lowest is None else (PLANNED_FLOOR, [str(lowest)])
+
+
 def _floor(partitioned: bool, table: str = "") -> str:
     if not partitioned:
         return ""  # an unpartitioned claim keeps its statements
@@ -199,8 +206,7 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
     """Both statements (after PLANNED) in one round trip; outside a transaction they form one
     implicit transaction, committed after the second (the advisory locks are held until
     then)."""
-    lowest = claim_floor.floor()
-    settings = PLANNED if lowest is None else PLANNED_FLOOR
+    settings, floor = planner_settings()
     connection.ensure_connection()
     raw = connection.connection
     prepare = engine_settings().prepared_statements
@@ -211,7 +217,7 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
                 statement_cursor(raw, sql) for sql in (settings, first, second)
             )
             with raw.pipeline():  # its end sends the one Sync and reads both results
-                c0.execute(planned, None if lowest is None else [str(lowest)], prepare=prepare)
+                c0.execute(planned, floor, prepare=prepare)
                 c1.execute(first, p1, prepare=prepare)
                 c2.execute(second, p2, prepare=prepare)
             rows = c2.fetchall()

@@ -149,8 +149,9 @@ def test_the_guarded_claim_reads_no_period_below_the_floor(history: str, setting
     limited = claim_mode.limited_queues(None)
     first, p1, second, p2 = flow_claims_pg.statements(req, limited, clock.now())
     assert flow_claims_pg.FLOOR_SETTING in first and flow_claims_pg.FLOOR_SETTING in second
-    floor = (flow_claims_pg.PLANNED_FLOOR, [str(claim_floor.floor())])
-    plan = _explain([(first, p1), (second, p2)], before=floor)
+    settings_sql, floor = flow_claims_pg.planner_settings()
+    assert settings_sql == flow_claims_pg.PLANNED_FLOOR
+    plan = _explain([(first, p1), (second, p2)], before=(settings_sql, floor))
     assert "tasks_engine_workflowrun_default" in plan
     for tag in OLD:
         # the update of a prepared (generic) plan names every partition as a target; their
