@@ -30,6 +30,9 @@ if os.environ.get("TEST_DATABASE_SUFFIX") and DATABASES["default"]["ENGINE"].end
         f"test_{_default['NAME']}_{os.environ['TEST_DATABASE_SUFFIX']}"
     )
 # The whole suite on partitioned run tables (docs/DATABASES.md, "Partitions"): TASKS_PARTITION=month
-# (or week) on a PostgreSQL pass converts the test database's tables after its migrations.
-if os.environ.get("TASKS_PARTITION") and DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
+# (or week) on a PostgreSQL pass converts the test database's tables after its migrations. Only
+# where the engine's tables are on PostgreSQL: a worker a test starts on an SQLite engine
+# database (TASKS_DATABASE_URL) inherits the variable.
+_engine_db = DATABASES[str(TASKS_ENGINE.get("DATABASE", "default"))]  # noqa: F405
+if os.environ.get("TASKS_PARTITION") and _engine_db["ENGINE"].endswith("postgresql"):
     TASKS_ENGINE["PARTITION"] = os.environ["TASKS_PARTITION"]

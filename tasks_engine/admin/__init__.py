@@ -28,6 +28,7 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from .. import clock
+from ..db import partitions
 from ..db.alias import admin_read_alias
 from ..db.sql import is_postgres
 from ..models import Fact, OpLedger, StepAttempt, Worker, WorkflowRun
@@ -40,7 +41,7 @@ from .filters import QueueFilter, TaskFilter, VersionFilter, search_runs, short_
 from .lookups import RefuseMalformedSelectionMixin, RefuseNulLookupsMixin
 from .matching import MatchingMixin
 from .operator_actions import unknown_object
-from .paging import CappedPaginator, RunPaginator
+from .paging import CappedPaginator, RunPaginator, period_ranges
 from .queue_pages import QueuesMixin
 from .retry_actions import RETRY, RetryMixin, retry_refused, step_choices
 from .run_page import elapsed, humanize_seconds, pass_timing, run_page
@@ -179,7 +180,12 @@ class WorkflowRunAdmin(
             allow_empty_first_page,
             statuses=[status] if status else None,
             merge=not request.GET.get(TaskFilter.parameter_name),
+            periods=period_ranges(queryset.db),
         )
+
+    def get_ordering(self, request: HttpRequest) -> Any:
+        # Partitioned: by id, which the period partitions are ranges of (paging.py).
+        return ("-id",) if partitions.unit() is not None else self.ordering
 
     # -- columns ---------------------------------------------------------------------------
 

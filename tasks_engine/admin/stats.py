@@ -6,7 +6,9 @@ Both stay cheap on millions of rows:
   `STATUS_COUNT_CAP + 1` rows through the `(status, created_at)` index (~9 ms in total on
   1M rows on PostgreSQL, against ~180 ms for a plain `GROUP BY status`). A capped status shows
   the planner's estimate from `pg_stats` on PostgreSQL ("≈ 968k"), else "10k+". Never cached:
-  after a cancel the strip is right at once.
+  after a cancel the strip is right at once. On partitioned tables each status is counted in
+  the period partitions newest first by id (the oldest, cold periods are read last, and not at
+  all once a status has more than the cap in newer ones), then in the DEFAULT partition.
 - Completions per minute over the last hour: one `GROUP BY minute, status` over the
   `finished_at` index, cached for `THROUGHPUT_CACHE_SECONDS` (a rate chart may lag a little;
   the query grows with the last hour's volume).
@@ -29,6 +31,7 @@ from .. import clock
 from ..db.alias import admin_read_alias
 from ..models import WorkflowRun
 from ..states import FINISHED, RunStatus
+from .paging import period_ranges
 
 STATUS_COUNT_CAP = 10_000
 THROUGHPUT_CACHE_SECONDS = 10
@@ -62,16 +65,28 @@ def compact(n: int) -> str:
 
 def status_counts() -> list[StatusCount]:
     """Rows per status, exact up to STATUS_COUNT_CAP (see the module docstring)."""
-    connection = connections[admin_read_alias()]
+    alias = admin_read_alias()
+    connection = connections[alias]
     table = connection.ops.quote_name(WorkflowRun._meta.db_table)
+    ranges = period_ranges(alias) or []
     # capped_status_counts: one index-bounded count per status, in one round trip.
+    rows = f"SELECT 1 FROM {table} WHERE status = %s"
+    if ranges:
+        inside, outside = _period_conditions(ranges)
+        rows = (
+            f"({rows} AND ({inside}) ORDER BY id DESC LIMIT %s) UNION ALL"
+            f" ({rows} AND ({outside}) LIMIT %s)"
+        )
     sql = " UNION ALL ".join(
-        f"SELECT %s, COUNT(*) FROM (SELECT 1 FROM {table} WHERE status = %s LIMIT %s) AS s{i}"
-        for i in range(len(RunStatus.values))
+        f"SELECT %s, COUNT(*) FROM ({rows} LIMIT %s) AS s{i}" for i in range(len(RunStatus.values))
     )
     params: list[Any] = []
+    cap = STATUS_COUNT_CAP + 1
     for status in RunStatus.values:
-        params += [status, status, STATUS_COUNT_CAP + 1]
+        params += [status, status]
+        if ranges:
+            params += [cap, status, cap]
+        params.append(cap)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         found = dict(cursor.fetchall())
@@ -84,6 +99,18 @@ def status_counts() -> list[StatusCount]:
             n = max(estimates.get(status, 0), STATUS_COUNT_CAP)
         result.append(StatusCount(status, n, status in capped))
     return result
+
+
+def _period_conditions(ranges: list[tuple[Any, Any]]) -> tuple[str, str]:
+    """SQL conditions on the run id: inside the period partitions' ranges, and outside them
+    (the DEFAULT partition); each leaves the other partitions out of a plan."""
+    inside, outside, after = [], [], None
+    for lo, hi in ranges:
+        inside.append(f"(id >= '{lo}' AND id < '{hi}')")
+        outside.append(f"id < '{lo}'" if after is None else f"(id >= '{after}' AND id < '{lo}')")
+        after = hi
+    outside.append(f"id >= '{after}'")
+    return " OR ".join(inside), " OR ".join(outside)
 
 
 def _estimates() -> dict[str, int]:

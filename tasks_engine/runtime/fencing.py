@@ -6,6 +6,7 @@ outside world may already have been touched (`info.resumed`) and can reconcile f
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -15,9 +16,11 @@ from uuid import UUID
 from django.db import IntegrityError
 
 from .. import clock, transitions
+from ..db import partitions
 from ..db.alias import atomic
 from ..exceptions import FencingError, Suspend
 from ..models import OpLedger, WorkflowRun
+from ..transitions.creating import lock_run_keys
 from ..values.serialization import to_jsonable
 
 
@@ -86,7 +89,10 @@ def _store_result(lease: transitions.Lease, op_key: str, result: Any) -> None:
     the op over from (its run reclaimed, or another run after this one lost its lease) is
     refused, and its business writes roll back with it."""
     stored = OpLedger.objects.filter(
-        op_key=op_key, attempt_token=lease.token, status=OpLedger.Status.STARTED
+        op_key=op_key,
+        run_id=lease.run_id,
+        attempt_token=lease.token,
+        status=OpLedger.Status.STARTED,
     ).update(status=OpLedger.Status.DONE, result=result, updated_at=clock.now())
     if not stored:
         raise FencingError(f"op {op_key!r}: attempt {lease.token} no longer owns the op")
@@ -115,6 +121,11 @@ def _record_start(
     now = clock.now()
     with atomic():
         _check_lease(lease, op_key)
+        if partitions.unit() is not None:
+            # A partition's unique index sees its own period: two runs of two periods would
+            # both insert the key. The key's lock makes them take turns; the second one's
+            # lookup, after the lock, finds the first one's row in whichever partition.
+            lock_run_keys([json.dumps(["op", op_key])])
         entry = OpLedger.objects.select_for_update().filter(op_key=op_key).first()
         if entry is None:
             try:

@@ -30,7 +30,6 @@ from ..transitions.flow_rate_claims import prune_idle_keys
 
 PRUNE_BATCH = 500  # runs per transaction, with their steps, facts and ledger rows
 RUN = WorkflowRun._meta.db_table
-LEDGER = OpLedger._meta.db_table
 
 
 def prune(older_than: timedelta, *, batch: int = PRUNE_BATCH) -> dict[str, int]:
@@ -160,7 +159,6 @@ def _drop_period(
             " AND parent_run_id < %s AND NOT (id >= %s AND id < %s)",
             [lo, hi, lo, hi],
         )
-        cur.execute(f"DELETE FROM {LEDGER} WHERE run_id >= %s AND run_id < %s", [lo, hi])
         periods.detach_and_drop(tag, cur)
     return runs
 

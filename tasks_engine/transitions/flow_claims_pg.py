@@ -33,11 +33,11 @@ from typing import Any
 from django.db import ProgrammingError
 
 from ..conf import QueueLimits, engine_settings
-from ..db import pooler
+from ..db import partitions, pooler
 from ..db.alias import connection
 from ..db.sql import p_dt, query, statement_cursor
 from ..models import Queue, QueueClaim
-from . import claim_mode, first_steps, queue_state
+from . import claim_floor, claim_mode, first_steps, queue_state
 from ._common import RUN, Claimed
 from .claims import (
     CLAIM_COLUMNS,
@@ -76,6 +76,26 @@ PLANNED = (
     "SELECT set_config('enable_bitmapscan', 'off', true),"
     " set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)"
 )
+# On partitioned tables, the claim floor (claim_floor.py) of every read of the runs, as the
+# plain claim's: set by the statement before both, so neither one's parameters move; a stable
+# expression, so PostgreSQL leaves the older partitions out when each statement starts.
+FLOOR_SETTING = "tasks_engine.claim_floor"
+PLANNED_FLOOR = PLANNED + f", set_config('{FLOOR_SETTING}', %s, true)"
+
+
+def planner_settings() -> tuple[str, list[str] | None]:
+    """The statement sent before both, and its parameters: PLANNED, with the claim floor on
+    partitioned tables."""
+    lowest = claim_floor.floor()
+    return (PLANNED, None) if lowest is None else (PLANNED_FLOOR, [str(lowest)])
+
+
+def _floor(partitioned: bool, table: str = "") -> str:
+    if not partitioned:
+        return ""  # an unpartitioned claim keeps its statements
+    return f" AND {table}id >= current_setting('{FLOOR_SETTING}')::uuid"
+
+
 # What the locking statement hands to the claim statement: the keys it locked, with their
 # limits, and the runs of those keys it found (their candidates): of each key, the best as many
 # as it had room in the locking statement's snapshot. The claim statement's own count decides:
@@ -154,7 +174,14 @@ def statements(
         claim_params.append(t)  # logged
     if first_steps_json is not None:
         claim_params += [t, first_steps_json, t]  # ks
-    first, second = _statements(filt, len(rated), first_steps_json is not None, bool(capped), pfilt)
+    first, second = _statements(
+        filt,
+        len(rated),
+        first_steps_json is not None,
+        bool(capped),
+        pfilt,
+        partitions.unit() is not None,
+    )
     return first, lock_params, second, claim_params
 
 
@@ -179,6 +206,7 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
     """Both statements (after PLANNED) in one round trip; outside a transaction they form one
     implicit transaction, committed after the second (the advisory locks are held until
     then)."""
+    settings, floor = planner_settings()
     connection.ensure_connection()
     raw = connection.connection
     prepare = engine_settings().prepared_statements
@@ -186,10 +214,10 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
     try:
         with connection.wrap_database_errors:
             (planned, c0), (first, c1), (second, c2) = (
-                statement_cursor(raw, sql) for sql in (PLANNED, first, second)
+                statement_cursor(raw, sql) for sql in (settings, first, second)
             )
             with raw.pipeline():  # its end sends the one Sync and reads both results
-                c0.execute(planned, prepare=prepare)
+                c0.execute(planned, floor, prepare=prepare)
                 c1.execute(first, p1, prepare=prepare)
                 c2.execute(second, p2, prepare=prepare)
             rows = c2.fetchall()
@@ -198,18 +226,18 @@ def _pipelined(first: str, p1: list[Any], second: str, p2: list[Any]) -> list[tu
     if connection.queries_logged:
         took = f"{time.monotonic() - start:.3f}"
         connection.queries_log.extend(
-            [{"sql": sql, "time": took} for sql in (PLANNED, first, second)]
+            [{"sql": sql, "time": took} for sql in (settings, first, second)]
         )
     return rows
 
 
 @functools.lru_cache(maxsize=16)
 def _statements(
-    filt: str, rated: int, prestart: bool, capped: bool, pfilt: str = ""
+    filt: str, rated: int, prestart: bool, capped: bool, pfilt: str = "", partitioned: bool = False
 ) -> tuple[str, str]:
     # Compact: fewer bytes to send (and to convert once: sql.LONGEST_STATEMENT).
-    claim = _claim_statement(filt, rated, prestart, capped, pfilt)
-    return _compact(_lock_statement(filt + pfilt)), _compact(claim)
+    claim = _claim_statement(filt, rated, prestart, capped, pfilt, partitioned)
+    return _compact(_lock_statement(filt + pfilt, partitioned)), _compact(claim)
 
 
 def _compact(sql: str) -> str:
@@ -217,7 +245,7 @@ def _compact(sql: str) -> str:
     return re.sub(r" ?([(),]|<=|>=|<>|=|<|>|\|\|) ?", r"\1", " ".join(sql.split()))
 
 
-def _lock_statement(filt: str) -> str:
+def _lock_statement(filt: str, partitioned: bool = False) -> str:
     # Each look reads a bounded number of rows first and applies the worker's filters (its
     # workflows, its queues) after: keyed runs it cannot claim (another queue's held-back
     # runs) cost it that bound, never a walk past all of them.
@@ -227,6 +255,7 @@ def _lock_statement(filt: str) -> str:
     )
     # A key's room: its limit less its running runs, looked up in the `running` object.
     room = "coalesce({t}.lim, 1) - coalesce(((SELECT m FROM running) ->> {t}.k)::int, 0)"
+    fl = _floor(partitioned)
     # `loose`, the keys' heads, is walked only when the scan was full and its runs with room
     # cannot fill the claim: a head past the scan comes after every scanned run in claim
     # order, so when the scan found enough, they are the best. (It was walked whenever fewer
@@ -239,15 +268,16 @@ def _lock_statement(filt: str) -> str:
         ), running AS MATERIALIZED (
             SELECT coalesce(jsonb_object_agg(k, n), '{{}}') AS m FROM (
                 SELECT concurrency_key AS k, count(*) AS n FROM {RUN}
-                WHERE status = 'running' AND concurrency_key IS NOT NULL GROUP BY concurrency_key
+                WHERE status = 'running' AND concurrency_key IS NOT NULL{fl}
+                GROUP BY concurrency_key
             ) AS r
         ), scan AS MATERIALIZED (
             {keyed.format(src=2)}
-            WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s
+            WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s{fl}
             ORDER BY priority DESC, available_at LIMIT %s
         ), woken AS MATERIALIZED (
             SELECT * FROM ({keyed.format(src=1)}
-                WHERE status = 'waiting' AND available_at <= %s AND concurrency_key IS NOT NULL
+                WHERE status = 'waiting' AND available_at <= %s AND concurrency_key IS NOT NULL{fl}
                 ORDER BY available_at LIMIT %s) AS w
             WHERE true{filt}
         ), roomy AS MATERIALIZED (
@@ -258,14 +288,14 @@ def _lock_statement(filt: str) -> str:
         ), heads AS (
             (
                 {keyed.format(src=2)}
-                WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s
+                WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s{fl}
                 ORDER BY concurrency_key, priority DESC, available_at LIMIT 1
             )
             UNION ALL
             SELECT n.* FROM heads CROSS JOIN LATERAL (
                 {keyed.format(src=2)}
                 WHERE status = 'pending' AND concurrency_key IS NOT NULL AND available_at <= %s
-                AND concurrency_key > heads.k
+                AND concurrency_key > heads.k{fl}
                 ORDER BY concurrency_key, priority DESC, available_at LIMIT 1
             ) AS n
         ), loose AS (
@@ -299,7 +329,12 @@ def _lock_statement(filt: str) -> str:
 
 
 def _claim_statement(
-    filt: str, rated: int, prestart: bool, capped: bool = False, pfilt: str = ""
+    filt: str,
+    rated: int,
+    prestart: bool,
+    capped: bool = False,
+    pfilt: str = "",
+    partitioned: bool = False,
 ) -> str:
     cols = (
         "id, {src} AS src, priority, available_at, ctid AS tid, queue, concurrency_key AS k"
@@ -307,13 +342,14 @@ def _claim_statement(
     )
     not_ours = " AND id NOT IN (SELECT json_array_elements_text(%s::json)::uuid)"
     lock = "FOR UPDATE SKIP LOCKED"
+    fl, rfl = _floor(partitioned), _floor(partitioned, "r.")
 
     def source(status: str, src: int, extra: str, limit: str) -> str:
         order = "available_at" if src < 2 else "priority DESC, available_at"
         where = filt if src == 0 else filt + pfilt  # an expired lease of a paused queue goes on
         return (
             f"SELECT {cols.format(src=src)} WHERE status = '{status}' AND available_at <= %s"
-            f"{extra}{where}"
+            f"{extra}{where}{fl}"
             f" ORDER BY {order} LIMIT {limit} {lock}"
         )
 
@@ -373,14 +409,14 @@ def _claim_statement(
     return f"""
         WITH rooms AS MATERIALIZED (
             SELECT jsonb_object_agg(j.k, j.lim - (SELECT count(*) FROM {RUN} r
-                                    WHERE r.status = 'running' AND r.concurrency_key = j.k)) AS m
+                WHERE r.status = 'running' AND r.concurrency_key = j.k{rfl})) AS m
             FROM json_to_recordset(current_setting('{KEYS_SETTING}')::json) AS j(k text, lim int)
         ), queues AS MATERIALIZED (
             SELECT j.q, j.rate IS NOT NULL AS rated, j.since, n.seq AS last_seq,
                 n.claimed_at AS last_at, least(
                 CASE WHEN coalesce(ov.concurrency, j.conc) IS NULL THEN {BIG}
                     ELSE coalesce(ov.concurrency, j.conc) - (SELECT count(*) FROM {RUN} r
-                    WHERE r.status = 'running' AND r.queue = j.q) END,
+                    WHERE r.status = 'running' AND r.queue = j.q{rfl}) END,
                 CASE WHEN j.rate IS NULL THEN {BIG}
                     ELSE j.rate - coalesce(n.seq - o.seq + o.claims, 0) END{wroom}
             ) AS room{wcol}
@@ -408,7 +444,7 @@ def _claim_statement(
             CROSS JOIN LATERAL (
                 SELECT id, CASE WHEN status = 'waiting' THEN 1 ELSE 2 END AS src, priority,
                     available_at, ctid AS tid, queue, concurrency_key AS k FROM {RUN}
-                WHERE id = f.id AND status IN ('pending', 'waiting') AND available_at <= %s
+                WHERE id = f.id AND status IN ('pending', 'waiting') AND available_at <= %s{fl}
                 AND ((SELECT m FROM rooms) ->> concurrency_key)::int > 0 {lock}
             ) AS keyed
         ), key_ok AS (
@@ -429,7 +465,7 @@ def _claim_statement(
             OR c.qrank <= coalesce((SELECT room FROM queues WHERE queues.q = c.queue), {BIG})){wcap}
             ORDER BY c.src, c.priority DESC, c.available_at, c.tid LIMIT %s
         ), k AS (
-            {claim_update()} WHERE id = ANY(ARRAY(SELECT id FROM admitted))
+            {claim_update()} WHERE id = ANY(ARRAY(SELECT id FROM admitted)){fl}
             RETURNING {", ".join(CLAIM_COLUMNS)}
         ){logged}{ks}
         {select}

@@ -98,7 +98,8 @@ def claim_rate_keyed(req: ClaimRequest) -> list[Claimed]:
         if not runs:
             return []
         times = _lock_keys(sorted({r.key for r in runs}))
-        rooms = {q: queue_room(q, lim, now) for q, lim in limited.items()}
+        floor = params.get("floor")
+        rooms = {q: queue_room(q, lim, now, floor) for q, lim in limited.items()}
         queues = {q: room for q, (room, _log) in rooms.items()}
         logs = {q: log for q, (_room, log) in rooms.items() if log is not None}
         workers = claim_mode.worker_room(req.worker_room, limited)
@@ -115,6 +116,8 @@ def _candidates(req: ClaimRequest, params: dict[str, Any]) -> list[RatedRun]:
     """The due rate-keyed runs this worker may claim, best first, each source read on its own
     index and row-locked SKIP LOCKED; a few more than the claim's size (runs of full keys)."""
     filters = _claim_filters(req) + paused_filter()
+    if "floor" in params:  # partitioned tables: the claim floor (claim_floor.py)
+        filters += " " + query("claim_filter_floor")
     n = {**params, "limit": 4 * req.limit + 8}
     cols = f"id, %(src)s, priority, available_at, queue, rate_key, rate_limit FROM {RUN}"
     pending = (
@@ -213,10 +216,12 @@ def _update(
     req: ClaimRequest, params: dict[str, Any], now: datetime, ids: list[Any]
 ) -> list[Claimed]:
     if is_postgres():
-        sql = f"{claim_update()} WHERE id = ANY(%s::uuid[]) RETURNING {_COLUMNS}"
-        return returning_claimed(
-            sql, [*claim_update_params(req, now), [str(i) for i in ids]], req.worker_id
-        )
+        args = [*claim_update_params(req, now), [str(i) for i in ids]]
+        floor = ""
+        if "floor" in params:  # the update's scan pruned too
+            floor, args = " AND id >= %s", [*args, params["floor"]]
+        sql = f"{claim_update()} WHERE id = ANY(%s::uuid[]){floor} RETURNING {_COLUMNS}"
+        return returning_claimed(sql, args, req.worker_id)
     sql = query("flow_claim_update").format(columns=_COLUMNS)
     ids_json = json.dumps([p_uuid(i) for i in ids])
     return returning_claimed(sql, {**params, "ids": ids_json}, req.worker_id)

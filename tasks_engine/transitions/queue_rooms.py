@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from ..conf import QueueLimits, engine_settings
 from ..db.sql import execute, fetchall, p_dt, query, r_dt
@@ -19,10 +20,13 @@ BIG = 1 << 30
 # -- queues -----------------------------------------------------------------------------------
 
 
-def queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _Log | None]:
+def queue_room(
+    queue: str, limits: QueueLimits, now: datetime, floor: Any = None
+) -> tuple[int, _Log | None]:
     """How many more of the queue's runs may start now: its concurrency less its running
     runs, and its rate less the claims logged in the window ending now (a sliding window);
-    and, for a rate-limited queue, where its log stands."""
+    and, for a rate-limited queue, where its log stands. `floor`: the claim floor on
+    partitioned tables (running runs are above it)."""
     room = BIG
     # The override as it is now, under the write lock: a lowered limit admits no run the
     # snapshot's older value would (queue_state.py).
@@ -30,7 +34,10 @@ def queue_room(queue: str, limits: QueueLimits, now: datetime) -> tuple[int, _Lo
     if concurrency is None:
         concurrency = engine_settings().queues.get(queue, QueueLimits()).concurrency
     if concurrency is not None:
-        (n,) = fetchall(query("flow_queue_running"), {"queue": queue})[0]
+        running = query("flow_queue_running")
+        if floor is not None:
+            running += " " + query("claim_filter_floor")
+        (n,) = fetchall(running, {"queue": queue, "floor": floor})[0]
         room = concurrency - int(n)
     if limits.rate is None:
         return room, None

@@ -39,7 +39,7 @@ def test_cancel_ends_a_run_whose_dead_holder_no_live_worker_replaces(workers) ->
         "the dead worker to be reaped",
     )
     assert unserved_runs() == [
-        {"task": "slow_middle", "version": 1, "queue": "default", "runs": 1}
+        {"task": "slow_middle", "version": 1, "queue": "default", "runs": 1, "at_least": False}
     ], new.log()
     assert tasks_engine.cancel(run_id, "version retired") is True
     wait_for(

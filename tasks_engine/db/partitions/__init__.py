@@ -1,10 +1,11 @@
 """Time partitions of the engine's history on PostgreSQL (TASKS_ENGINE["PARTITION"]; the
 Partitions section of docs/DATABASES.md).
 
-Runs are partitioned by their id (version 7: creation-time ordered, bounds.py), their steps and
-facts by their run's id with the same bounds, so a run and its rows share one period and leave
-together. The op ledger stays one table: an op key is unique across every run (fencing.py
-looks a key up whoever holds it), which a partition's own unique index could not promise.
+Runs are partitioned by their id (version 7: creation-time ordered, bounds.py), their steps,
+facts and op ledger rows by their run's id with the same bounds, so a run and its rows share
+one period and leave together. An op key is unique across every run (fencing.py looks a key up
+whoever holds it), which a partition's own unique index cannot promise: fencing.py locks the
+key before it looks, as keyed enqueues do (transitions/creating.py).
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from ..sql import is_postgres
 class Partitioned:
     table: str
     key: str  # the partition key: the run id column
+    # A ledger row outlives a run deleted by hand (SET NULL): rows whose key is NULL live in the
+    # DEFAULT partition, and the key cannot be part of a primary key (convert.py).
+    key_nullable: bool = False
 
 
 RUNS = Partitioned(WorkflowRun._meta.db_table, "id")
 STEPS = Partitioned(StepAttempt._meta.db_table, "run_id")
 FACTS = Partitioned(Fact._meta.db_table, "run_id")
+LEDGER = Partitioned(OpLedger._meta.db_table, "run_id", key_nullable=True)
 # Parents last: children's periods are detached first (retention) and converted after.
-TABLES = (FACTS, STEPS, RUNS)
-LEDGER = OpLedger._meta.db_table
+TABLES = (LEDGER, FACTS, STEPS, RUNS)
 
 
 def unit() -> str | None:

@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connections
+
 from ..alias import connection
 
 _BOUND = re.compile(r"FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
@@ -24,9 +26,10 @@ class Partition:
         return self.lo is None
 
 
-def _rows(sql: str, relation: str) -> list[tuple[Any, ...]]:
-    """A catalog query about one relation (its name the one parameter)."""
-    with connection.cursor() as cur:
+def _rows(sql: str, relation: str, using: str | None = None) -> list[tuple[Any, ...]]:
+    """A catalog query about one relation (its name the one parameter), on the engine's
+    alias or `using`."""
+    with (connection if using is None else connections[using]).cursor() as cur:
         cur.execute(sql, [relation])
         return list(cur.fetchall())
 
@@ -36,12 +39,14 @@ def is_partitioned(table: str) -> bool:
     return bool(rows) and rows[0][0] == "p"
 
 
-def partitions(table: str) -> list[Partition]:
-    """`table`'s partitions, oldest range first, the DEFAULT one last."""
+def partitions(table: str, using: str | None = None) -> list[Partition]:
+    """`table`'s partitions, oldest range first, the DEFAULT one last (`using`: read through
+    that alias, a replica of the engine's, say)."""
     rows = _rows(
         "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
         " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
         table,
+        using,
     )
     found = []
     for name, bound in rows:
@@ -49,6 +54,20 @@ def partitions(table: str) -> list[Partition]:
         lo, hi = (uuid.UUID(m.group(1)), uuid.UUID(m.group(2))) if m else (None, None)
         found.append(Partition(name, lo, hi))
     return sorted(found, key=lambda p: (p.lo is None, p.lo.int if p.lo else 0))
+
+
+def covered(table: str, using: str | None = None) -> list[tuple[uuid.UUID, uuid.UUID]]:
+    """The ranges `table`'s period partitions cover, adjacent ones joined, oldest first: a
+    query whose key lies inside them (every bound included) leaves the DEFAULT partition out."""
+    ranges: list[tuple[uuid.UUID, uuid.UUID]] = []
+    for part in partitions(table, using):
+        if part.lo is None or part.hi is None:
+            continue
+        if ranges and ranges[-1][1] == part.lo:
+            ranges[-1] = (ranges[-1][0], part.hi)
+        else:
+            ranges.append((part.lo, part.hi))
+    return ranges
 
 
 def columns(table: str) -> list[str]:

@@ -8,10 +8,14 @@ ones, plus a DEFAULT partition (rows no period holds: version 4 ids made before 
 0020, and the rows of a period the maintenance has not made yet), the rows are copied over,
 the old table dropped and its indexes made again on the parent. Three things differ:
 
-- a primary key must include the partition key: a step's and a fact's is (id, run_id);
+- a primary key must include the partition key: a step's and a fact's is (id, run_id); the
+  ledger's run id may be NULL, which no primary key column may be, so its (id, run_id) is a
+  unique index instead (the id's sequence keeps ids unique in the DEFAULT partition too);
 - a unique key without the run id (the runs' idempotency, queueing and debounce keys) cannot
   be an index of the parent: each partition has its own (named `<key>_<partition tag>`), and
   creating.py makes keyed inserts correct across periods;
+- triggers (the runs' end NOTIFY of migration 0010) are made again on the parent, which gives
+  them to every partition;
 - foreign keys to the runs are dropped: Django's ORM does CASCADE and SET NULL itself, and a
   database foreign key would make every DETACH and DROP of a period check whole tables.
 """
@@ -22,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..alias import atomic, connection
-from . import LEDGER, RUNS, TABLES, Partitioned, bounds, catalog
+from . import RUNS, TABLES, Partitioned, bounds, catalog
 from .periods import AHEAD, DEFAULT, ahead_starts, local_index, partition_name
 
 
@@ -43,9 +47,8 @@ def _drop_foreign_keys(cur: Any) -> None:
     cur.execute(
         "SELECT conrelid::regclass::text, quote_ident(conname) FROM pg_constraint"
         " WHERE contype = 'f' AND confrelid = to_regclass(%s)"
-        " AND conrelid = ANY(ARRAY[to_regclass(%s), to_regclass(%s), to_regclass(%s),"
-        " to_regclass(%s)])",
-        [RUNS.table, *(t.table for t in TABLES), LEDGER],
+        " AND conrelid = ANY(%s::regclass[])",
+        [RUNS.table, [t.table for t in TABLES]],
     )
     for table, name in cur.fetchall():
         cur.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
@@ -99,6 +102,13 @@ def _convert(cur: Any, table: Partitioned, starts: list[datetime], unit: str) ->
     name, old = table.table, f"{table.table}__unpartitioned"
     indexes = _indexes(cur, table)
     identity = _identity(cur, name)
+    # Read before the rename: the definitions name the table, which the parent takes over.
+    cur.execute(
+        "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = to_regclass(%s)"
+        " AND NOT tgisinternal ORDER BY tgname",
+        [name],
+    )
+    triggers = [definition for (definition,) in cur.fetchall()]
     cur.execute(f"ALTER TABLE {name} RENAME TO {old}")
     cur.execute(
         f"CREATE TABLE {name} (LIKE {old} INCLUDING DEFAULTS INCLUDING CONSTRAINTS"
@@ -124,7 +134,11 @@ def _convert(cur: Any, table: Partitioned, starts: list[datetime], unit: str) ->
     for index, definition, unique, kind, constraint, has_key in indexes:
         if kind == "p":
             columns = constraint if has_key else constraint[:-1] + f", {table.key})"
-            cur.execute(f"ALTER TABLE {name} ADD CONSTRAINT {index} {columns}")
+            if table.key_nullable:
+                columns = columns.removeprefix("PRIMARY KEY ")
+                cur.execute(f"CREATE UNIQUE INDEX {index} ON {name} {columns}")
+            else:
+                cur.execute(f"ALTER TABLE {name} ADD CONSTRAINT {index} {columns}")
         elif unique and not has_key:  # a key of the partition, not of the table
             for tag in tags:
                 cur.execute(local_index(definition, index, partition_name(name, tag), tag))
@@ -132,4 +146,6 @@ def _convert(cur: Any, table: Partitioned, starts: list[datetime], unit: str) ->
             cur.execute(f"ALTER TABLE {name} ADD CONSTRAINT {index} {constraint}")
         else:
             cur.execute(definition)
+    for definition in triggers:
+        cur.execute(definition)
     cur.execute(f"ANALYZE {name}")

@@ -123,13 +123,15 @@ def test_outbox_on_default_starts_the_run_on_the_engine_alias(engine_db: str) ->
 
 @pytest.mark.one_db("settings checks")
 def test_checks_name_a_missing_alias_and_a_missing_router() -> None:
-    with aliases.engine_on("nowhere"):
+    # PARTITION=None: not the check of PARTITION on SQLite (E042, test_partitions.py), which
+    # TASKS_PARTITION would add
+    with aliases.engine_on("nowhere", PARTITION=None):
         assert [m.id for m in check_settings()] == ["tasks_engine.E040"]
-    with aliases.engine_on("default", ADMIN_READ_DATABASE="replica"):
+    with aliases.engine_on("default", ADMIN_READ_DATABASE="replica", PARTITION=None):
         assert [m.id for m in check_settings()] == ["tasks_engine.E040"]
     with (
         aliases.alias("engine_sqlite_checked", aliases.sqlite_settings(Path("/tmp/enginedb/c.db"))),
-        aliases.engine_on("engine_sqlite_checked"),
+        aliases.engine_on("engine_sqlite_checked", PARTITION=None),
     ):
         assert [m.id for m in check_settings()] == []
         with override_settings(DATABASE_ROUTERS=[]):

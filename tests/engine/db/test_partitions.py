@@ -30,7 +30,7 @@ from tests.partitions import ALIAS, engine_database, partitioned, scalar, v7_at,
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only("partitions")]
 
-RUN, STEP, FACT = (m._meta.db_table for m in (WorkflowRun, StepAttempt, Fact))
+RUN, STEP, FACT, LEDGER = (m._meta.db_table for m in (WorkflowRun, StepAttempt, Fact, OpLedger))
 JAN, FEB, MAR = (datetime(2025, m, 10, tzinfo=UTC) for m in (1, 2, 3))
 
 
@@ -64,9 +64,8 @@ def test_migrate_converts_the_run_tables_keeping_every_row_in_its_period(plain: 
     runs = _history()
     last_step = StepAttempt.objects.order_by("-id").values_list("id", flat=True)[0]
     converted, _ = partitioned()
-    assert converted == [FACT, STEP, RUN]
-    assert all(catalog.is_partitioned(t) for t in (RUN, STEP, FACT))
-    assert not catalog.is_partitioned(OpLedger._meta.db_table)
+    assert converted == [LEDGER, FACT, STEP, RUN]
+    assert all(catalog.is_partitioned(t) for t in (RUN, STEP, FACT, LEDGER))
     for label, tag in (("jan", "p20250101"), ("feb", "p20250201"), ("mar", "p20250301")):
         pk = runs[label].pk
         assert where(RUN, "id", pk) == [f"{RUN}_{tag}"]
@@ -76,6 +75,7 @@ def test_migrate_converts_the_run_tables_keeping_every_row_in_its_period(plain: 
     assert where(STEP, "run_id", runs["legacy"].pk) == [f"{STEP}_default"]
     assert WorkflowRun.objects.get(pk=runs["child"].pk).parent_run_id == runs["jan"].pk
     assert OpLedger.objects.get().run_id == runs["feb"].pk
+    assert where(LEDGER, "run_id", runs["feb"].pk) == [f"{LEDGER}_p20250201"]
     # no foreign key between the run tables is left; the ledger keeps its run index
     assert (
         scalar(
@@ -91,6 +91,11 @@ def test_migrate_converts_the_run_tables_keeping_every_row_in_its_period(plain: 
     for tag in ("default", "p20250101"):
         assert scalar("SELECT to_regclass(%s) IS NOT NULL", [f"run_idempotency_key_unique_{tag}"])
     assert scalar("SELECT to_regclass('step_attempt_unique') IS NOT NULL")
+    # the runs' end NOTIFY (migration 0010's trigger) is the parent's, so every partition's
+    assert scalar(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = %s::regclass AND tgname = %s",
+        [RUN, "tasks_engine_run_ended"],
+    )
     assert partitioned() == ([], [])  # idempotent: nothing left to do
 
 
@@ -187,4 +192,6 @@ def test_the_leaders_upkeep_makes_a_missing_period_again(engine_part: str) -> No
     with connections[ALIAS].cursor() as cur:
         periods.detach_and_drop(bounds.suffix(following), cur)
     made = partition_upkeep.run_once()
-    assert sorted(made) == sorted(f"{t}_{bounds.suffix(following)}" for t in (RUN, STEP, FACT))
+    assert sorted(made) == sorted(
+        f"{t}_{bounds.suffix(following)}" for t in (RUN, STEP, FACT, LEDGER)
+    )

@@ -1,6 +1,6 @@
 """Retention on partitioned tables (TASKS_ENGINE["PARTITION"]): a period whose runs are all
 finished and past their status's cutoff, with no unfinished run linked to them elsewhere, goes
-whole (detached and dropped, its steps and facts with it, its ledger rows deleted); a period
+whole (detached and dropped, its steps, facts and ledger rows with it); a period
 that still holds a waiting run is kept, and its other runs go through the batched DELETE as
 they would unpartitioned."""
 
@@ -48,6 +48,7 @@ def _history() -> dict[str, Any]:
     yesterday = datetime(2025, 5, 19, tzinfo=UTC)
     runs["mar_child"] = _run(MAR, parent_run=runs["feb_parent"], finished_at=yesterday)
     OpLedgerFactory(run=runs["feb_done"])
+    OpLedgerFactory(run=runs["jan_waiting"], op_key="op:jan")
     return runs
 
 
@@ -78,7 +79,11 @@ def test_a_period_goes_whole_once_nothing_in_it_is_kept(fake_clock: FakeClock) -
         assert WorkflowRun.objects.get(pk=runs["mar_child"].pk).parent_run_id is None
         assert not StepAttempt.objects.filter(run_id=runs["feb_done"].pk).exists()
         assert not Fact.objects.filter(run_id=runs["feb_done"].pk).exists()
-        assert not OpLedger.objects.exists()
+        # February's ledger rows went with its partition, not by a DELETE
+        assert list(OpLedger.objects.values_list("op_key", flat=True)) == ["op:jan"]
+        ledger = {p.name for p in catalog.partitions(OpLedger._meta.db_table)}
+        assert f"{OpLedger._meta.db_table}_p20250201" not in ledger
+        assert f"{OpLedger._meta.db_table}_p20250101" in ledger
         assert counts["runs"] == 3  # feb_done, feb_parent (whole), jan_done (batched)
 
         # the waiting run finishes weeks later; its period goes once it too has aged

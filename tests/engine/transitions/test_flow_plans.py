@@ -164,7 +164,7 @@ def heads_walked(limit: int) -> bool:
         req, claim_mode.limited_queues(None), clock.now()
     )
     with connection.cursor() as cur:
-        cur.execute(flow_claims_pg.PLANNED)
+        cur.execute(*flow_claims_pg.planner_settings())  # and the claim floor, partitioned
         cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + lock, p1)
         [[doc]] = cur.fetchall()
     plan = (json.loads(doc) if isinstance(doc, str) else doc)[0]["Plan"]

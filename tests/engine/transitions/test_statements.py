@@ -16,9 +16,10 @@ from django.test.utils import CaptureQueriesContext
 
 import tasks_engine
 from tasks_engine import transitions
+from tasks_engine.db import partitions
 from tasks_engine.models import StepAttempt
 from tasks_engine.runtime import executor
-from tasks_engine.transitions import queue_state
+from tasks_engine.transitions import claim_floor, queue_state
 
 pytestmark = pytest.mark.django_db
 
@@ -37,8 +38,10 @@ def statements(captured: CaptureQueriesContext) -> int:
 def run_once(task: str) -> tuple[int, int, str]:
     """(claim statements, execution statements, outcome) of one pass of the next run. The
     queue snapshot (paused queues, limit overrides) is read before: once per half poll
-    interval, not per claim (transitions/queue_state.py)."""
+    interval, not per claim (transitions/queue_state.py); and so is the claim floor on
+    partitioned tables, computed at most every claim_floor.REFRESH_SECONDS."""
     queue_state.current()
+    claim_floor.floor()
     with CaptureQueriesContext(connection) as claim_q:
         [claimed] = transitions.claim_runs("w", [(task, 1)], None, 1, 30)
     with CaptureQueriesContext(connection) as exec_q:
@@ -138,7 +141,10 @@ def test_psycopg_keeps_the_conversion_of_the_longest_statements(settings: Any) -
     req = transitions.ClaimRequest("w", [("noop", 1)], None, 16, 30)
     claim, _params, _ = claim_ctes(req, tasks_engine.clock.now(), exclude=[])
     group = hot_sql.group_statement(("deferred", "starts", "completes"), True, claim, True)
-    guarded = flow_claims_pg._statements(_filters(req.pairs, None)[0], 1, True, True)
+    partitioned = partitions.unit() is not None  # TASKS_PARTITION: the floor's conditions too
+    guarded = flow_claims_pg._statements(
+        _filters(req.pairs, None)[0], 1, True, True, partitioned=partitioned
+    )
     longest = max(len(group), *map(len, guarded))
     assert 4096 < longest <= _queries.MAX_CACHED_STATEMENT_LENGTH, longest
     settings.TASKS_ENGINE = {
@@ -154,5 +160,6 @@ def test_psycopg_keeps_the_conversion_of_the_longest_statements(settings: Any) -
         after = _queries._query2pg.cache_info()
     finally:
         claim_mode.forget_keyed()
-    # The locking statement and the claim statement (the planner settings have no parameters).
-    assert (after.hits - before.hits, after.misses - before.misses) == (2, 0)
+    # The locking statement and the claim statement (the planner settings have no parameters;
+    # on partitioned tables they carry the claim floor).
+    assert (after.hits - before.hits, after.misses - before.misses) == (2 + partitioned, 0)
