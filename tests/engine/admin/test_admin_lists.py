@@ -38,7 +38,10 @@ def _fresh_cache() -> None:
 
 
 def count_queries(client: Client, path: str) -> tuple[int, bytes]:
+    # Every request from cold caches (the throughput chart's, the period ranges'), so that two
+    # counts compare what a page costs, not which cache expired between them.
     cache.clear()
+    admin_paging._ranges.clear()
     with CaptureQueriesContext(connection) as ctx:
         response = client.get(path)
     assert response.status_code == 200
@@ -65,10 +68,12 @@ def test_list_query_count_does_not_grow_with_rows(admin_client: Client) -> None:
     large, content = count_queries(admin_client, LIST)
     assert len(shown_ids(content)) == 50
     print(f"runs list: {small} queries with 20 runs, {large} with 420")
-    assert large == small
+    # Partitioned, a full page also reads the DEFAULT partition's part (admin/paging.py): one
+    # statement more, then no more however many runs.
+    assert small <= large <= small + by_id()
     # session, user, count, page, status strip, throughput (+ savepoints); partitioned, the
-    # page's DEFAULT partition part (admin/paging.py)
-    assert large <= 9 + by_id()
+    # period ranges from the catalog (cold here) and the page's DEFAULT partition part
+    assert large <= 9 + 2 * by_id()
 
 
 @pytest.mark.parametrize(
@@ -78,7 +83,7 @@ def test_filtered_list_query_count_is_bounded(admin_client: Client, query: str) 
     make_many(200)
     n, _ = count_queries(admin_client, LIST + query)
     print(f"runs list {query}: {n} queries")
-    assert n <= 9 + by_id()
+    assert n <= 9 + 2 * by_id()
 
 
 def test_run_page_query_count_does_not_grow_with_steps(admin_client: Client) -> None:
