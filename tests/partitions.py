@@ -7,13 +7,14 @@ import os
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.db import connections
 
 from tasks_engine.db.partitions.setup import turn_on
+from tasks_engine.models import WorkflowRun
 
 from . import aliases
 
@@ -69,3 +70,19 @@ def make_periods(*moments: datetime, unit: str = "month") -> None:
     for moment in moments:
         for table in TABLES:
             periods.create_period(table, bounds.period_start(moment, unit), unit)
+
+
+def finished_runs(moment: datetime, n: int) -> list[WorkflowRun]:
+    """`n` completed runs (unsaved) created at `moment`, their ids a second apart from it."""
+    return [
+        WorkflowRun(
+            id=v7_at(moment + timedelta(seconds=i)),
+            task_name="noop",
+            status="completed",
+            input={},
+            created_at=moment,
+            updated_at=moment,
+            finished_at=moment,
+        )
+        for i in range(n)
+    ]

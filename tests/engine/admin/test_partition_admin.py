@@ -24,7 +24,7 @@ from tasks_engine.admin.paging import CappedPaginator
 from tasks_engine.db.alias import atomic
 from tasks_engine.models import Fact, OpLedger, StepAttempt, WorkflowRun
 from tests.factories import FactFactory, OpLedgerFactory, StepAttemptFactory, WorkflowRunFactory
-from tests.partitions import ALIAS, engine_database, make_periods, v7_at
+from tests.partitions import ALIAS, engine_database, finished_runs, make_periods, v7_at
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only("partitions")]
 
@@ -38,29 +38,14 @@ NOW = 120  # runs of the current period: more than a page (50), more than the co
 CAP = 100
 
 
-def _finished(moment: datetime, n: int) -> list[WorkflowRun]:
-    return [
-        WorkflowRun(
-            id=v7_at(moment + timedelta(seconds=i)),
-            task_name="noop",
-            status="completed",
-            input={},
-            created_at=moment,
-            updated_at=moment,
-            finished_at=moment,
-        )
-        for i in range(n)
-    ]
-
-
 @pytest.fixture
 def history(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
     with engine_database("month"):
         make_periods(JAN, FEB, MAR)
-        rows = [r for m in (JAN, FEB, MAR) for r in _finished(m, PER_PERIOD)]
+        rows = [r for m in (JAN, FEB, MAR) for r in finished_runs(m, PER_PERIOD)]
         now = datetime.now(UTC) - timedelta(minutes=5)
-        rows += _finished(now, NOW)
-        legacy = _finished(now, 3)  # before migration 0020: version 4 ids, DEFAULT partition
+        rows += finished_runs(now, NOW)
+        legacy = finished_runs(now, 3)  # before migration 0020: version 4 ids, DEFAULT partition
         for r in legacy:
             r.id = uuid.uuid4()
         WorkflowRun.objects.bulk_create(rows + legacy)

@@ -28,7 +28,7 @@ from tasks_engine.transitions import (
 )
 from tests.engine.transitions.test_flow_control import FLOW, limit_queues
 from tests.factories import WorkflowRunFactory
-from tests.partitions import ALIAS, engine_database, make_periods, v7_at
+from tests.partitions import ALIAS, engine_database, finished_runs, make_periods, v7_at
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only("partitions")]
 
@@ -44,19 +44,7 @@ def history() -> Iterator[str]:
     """Finished runs in three old periods, and one pending run now."""
     with engine_database("month"):
         make_periods(JAN, FEB, MAR)
-        rows = [
-            WorkflowRun(
-                id=v7_at(moment + timedelta(seconds=i)),
-                task_name="noop",
-                status="completed",
-                input={},
-                created_at=moment,
-                updated_at=moment,
-                finished_at=moment,
-            )
-            for moment in (JAN, FEB, MAR)
-            for i in range(PER_PERIOD)
-        ]
+        rows = [r for moment in (JAN, FEB, MAR) for r in finished_runs(moment, PER_PERIOD)]
         WorkflowRun.objects.bulk_create(rows)
         with connections[ALIAS].cursor() as cur:
             cur.execute(f"ANALYZE {RUN}")
