@@ -189,7 +189,7 @@ def test_a_torrent_the_user_already_had_is_adopted_and_left_alone(
         torrent_files=shared.torrent.read_bytes(), save_path=str(leecher.downloads), tags="mine"
     )
     leecher.api().torrents_add_peers(peers=seeder.peer, torrent_hashes=shared.info_hash)
-    leecher.wait_complete(shared.info_hash)
+    leecher.wait_complete(shared.info_hash, peer=seeder.peer)
     library = tmp_path / "library"
     w = umt_worker(workers, seeder, leecher, library, UMT_DOWNLOAD_CHECK_SECONDS="0")
     plan = start_plan("Own Film", str(shared.torrent), retention_seconds=0)
