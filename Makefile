@@ -89,9 +89,6 @@ test-fast: $(STAMP)
 # two passes on the newest Django; the django.tasks backend's tests are left out (6.0+), and so,
 # to keep this pass near three minutes, are the PgBouncer tests (a throwaway pooler: two
 # minutes of the pass, about the pooler rather than Django) and the check of make test's passes.
-# On PostgreSQL this pass also runs on partitioned run tables (TASKS_PARTITION=month,
-# docs/DATABASES.md "Partitions"): the in-process tiers then cover both layouts, the other
-# passes the plain one, at no extra wall time.
 DJANGO52_LEFT_OUT := engine/db/test_pgbouncer.py test_suite_databases.py
 VENV52 := .venv-django52
 STAMP52 := $(VENV52)/.installed
@@ -104,8 +101,7 @@ $(STAMP52): pyproject.toml
 test-django52: $(STAMP52)
 	@if $(VENV52)/bin/python scripts/pg-reachable '$(PG_URL)'; then url='$(PG_URL)'; \
 	else url='$(SQLITE_URL)'; fi; \
-	DATABASE_URL=$$url TEST_DATABASE_SUFFIX=django52 TASKS_PARTITION=month \
-		$(VENV52)/bin/python -m pytest \
+	DATABASE_URL=$$url TEST_DATABASE_SUFFIX=django52 $(VENV52)/bin/python -m pytest \
 		-m 'not slow and not process' $(FAST_TIERS_LEFT_OUT:%=--ignore=tests/%) \
 		$(DJANGO52_LEFT_OUT:%=--ignore=tests/%) $(PYTEST_ARGS)
 
