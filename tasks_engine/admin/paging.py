@@ -154,15 +154,30 @@ def _newest_by_id(qs: QuerySet) -> bool:
 _VERSION_7 = RawSQL(f'substr("{WorkflowRun._meta.db_table}"."id"::text, 15, 1) = \'7\'', [])
 
 
-def _period_parts(qs: QuerySet, ranges: list[tuple[Any, Any]]) -> tuple[QuerySet, QuerySet]:
-    """`qs`'s runs in the period partitions and those in the DEFAULT partition: the ranges in
-    each part's conditions leave the other partitions out of its plan."""
-    inside, outside, after = Q(), Q(), None
+def default_ranges(ranges: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """The id intervals the period partitions' `ranges` (sorted, disjoint) leave to the DEFAULT
+    partition, None for an open end: a condition on either list leaves the other partitions out
+    of a plan."""
+    gaps, after = [], None
     for lo, hi in ranges:
-        inside |= Q(id__gte=lo, id__lt=hi)
-        outside |= Q(id__lt=lo) if after is None else Q(id__gte=after, id__lt=lo)
+        gaps.append((after, lo))
         after = hi
-    return qs.filter(inside), qs.filter(outside | Q(id__gte=after))
+    gaps.append((after, None))
+    return gaps
+
+
+def _id_in(intervals: list[tuple[Any, Any]]) -> Q:
+    found = Q()
+    for lo, hi in intervals:
+        found |= Q(
+            **({} if lo is None else {"id__gte": lo}), **({} if hi is None else {"id__lt": hi})
+        )
+    return found
+
+
+def _period_parts(qs: QuerySet, ranges: list[tuple[Any, Any]]) -> tuple[QuerySet, QuerySet]:
+    """`qs`'s runs in the period partitions and those in the DEFAULT partition."""
+    return qs.filter(_id_in(ranges)), qs.filter(_id_in(default_ranges(ranges)))
 
 
 class RunPaginator(CappedPaginator):

@@ -31,7 +31,7 @@ from .. import clock
 from ..db.alias import admin_read_alias
 from ..models import WorkflowRun
 from ..states import FINISHED, RunStatus
-from .paging import period_ranges
+from .paging import default_ranges, period_ranges
 
 STATUS_COUNT_CAP = 10_000
 THROUGHPUT_CACHE_SECONDS = 10
@@ -103,14 +103,19 @@ def status_counts() -> list[StatusCount]:
 
 def _period_conditions(ranges: list[tuple[Any, Any]]) -> tuple[str, str]:
     """SQL conditions on the run id: inside the period partitions' ranges, and outside them
-    (the DEFAULT partition); each leaves the other partitions out of a plan."""
-    inside, outside, after = [], [], None
-    for lo, hi in ranges:
-        inside.append(f"(id >= '{lo}' AND id < '{hi}')")
-        outside.append(f"id < '{lo}'" if after is None else f"(id >= '{after}' AND id < '{lo}')")
-        after = hi
-    outside.append(f"id >= '{after}'")
-    return " OR ".join(inside), " OR ".join(outside)
+    (the DEFAULT partition: paging.default_ranges)."""
+
+    def id_in(intervals: list[tuple[Any, Any]]) -> str:
+        return " OR ".join(
+            "("
+            + " AND ".join(
+                ([] if lo is None else [f"id >= '{lo}'"]) + ([] if hi is None else [f"id < '{hi}'"])
+            )
+            + ")"
+            for lo, hi in intervals
+        )
+
+    return id_in(ranges), id_in(default_ranges(ranges))
 
 
 def _estimates() -> dict[str, int]:
