@@ -163,14 +163,14 @@ _LOCK_KEYS = (
     "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT hashtextextended(k, 0) AS h"
     " FROM unnest(%s::text[]) AS k ORDER BY h) AS s"
 )
+_QUEUED = "x.status = 'pending' AND x.started_at IS NULL AND x.retries IS NULL"  # models.QUEUED
 _KEY_FREE = (
     f" WHERE NOT EXISTS (SELECT 1 FROM {RUN} x WHERE x.task_name = r.task_name"
     " AND x.idempotency_key = r.idempotency_key)"
     f" AND NOT EXISTS (SELECT 1 FROM {RUN} x WHERE x.queueing_key = r.queueing_key"
-    " AND x.status = 'pending' AND x.started_at IS NULL AND x.retries IS NULL)"
+    f" AND {_QUEUED})"
     f" AND NOT EXISTS (SELECT 1 FROM {RUN} x WHERE x.task_name = r.task_name"
-    " AND x.debounce_key = r.debounce_key AND x.status = 'pending' AND x.started_at IS NULL"
-    " AND x.retries IS NULL)"
+    f" AND x.debounce_key = r.debounce_key AND {_QUEUED})"
 )
 
 
