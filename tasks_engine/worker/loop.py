@@ -89,6 +89,7 @@ class Worker:
         self._slots: list[threading.Thread] = []
         self._spawning = threading.Lock()  # the claim loop and the group writer may both start
         self._signals = 0
+        self._loop_thread: int | None = None  # the claim loop's (`run`'s) thread
         self.registration = Registration(self)
         # The claim loop turns at least every poll interval, or every outage back-off.
         loop_stall = silence_seconds() + config.poll_interval + MAX_BACKOFF_SECONDS
@@ -133,6 +134,7 @@ class Worker:
 
     def run(self) -> int:
         self._install_signal_handlers()
+        self._loop_thread = threading.get_ident()
         connection_created.connect(self._configure_connection, weak=False)
         connection.close()  # reopen with the session settings below
         self.log.info(
@@ -378,11 +380,23 @@ class Worker:
 
     def _configure_connection(self, sender: Any, connection: Any, **kwargs: Any) -> None:
         """A frozen worker must not hold row locks for long: PostgreSQL ends a session that
-        sits idle inside a transaction (only an atomic step keeps one open across user code)."""
+        sits idle inside a transaction (only an atomic step keeps one open across user code).
+
+        The claim loop's session commits without waiting for the WAL flush
+        (`synchronous_commit = off`): it claims, hands runs back and notes flow control's
+        claims, and none of that is a promise to anyone. A claim the database loses in a crash
+        (at most the WAL writer's few hundred milliseconds) leaves its run queued as before it;
+        the worker that ran it then holds no lease, so its writes are fenced out and the run is
+        claimed again, as after a lost worker. Every write that promises something (a step's
+        checkpoint, a completion, an enqueue) goes on another session with a synchronous
+        commit, whose flush also carries every earlier claim in the WAL. What it saves is a
+        flush on the way from an idle worker's wake-up to the run's first step."""
         if connection.vendor == "postgresql" and not behind_transaction_pooler():
             ms = int(max(2 * self.config.lease_seconds, 10) * 1000)
             with connection.cursor() as cur:
                 cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")
+                if threading.get_ident() == self._loop_thread:
+                    cur.execute("SET synchronous_commit = off")
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
