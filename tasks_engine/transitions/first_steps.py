@@ -4,8 +4,9 @@ A fresh run (first claim, no history) of most workflows begins with the same fun
 a Django `@task` always (its one step), most workflows too. Once a run of a workflow has
 begun with function step `name`, this worker's claims on PostgreSQL insert that step's first
 attempt in the claim's own statement (`claim_prestart` in queries/postgresql.sql): the step
-start is durable when the slot receives the run, and the slot skips the start's round trip and
-its wait for a commit (`StepBase._start` takes the attempt instead of inserting one).
+start is committed when the slot receives the run (with the claim: a crash of the server may
+take both back, worker/loop.py), and the slot skips the start's round trip and its wait for a
+commit (`StepBase._start` takes the attempt instead of inserting one).
 
 A guess that turns out wrong (a run that begins with another step, a sleep, a wait, or ends
 without any step) deletes the unused attempt before anything else is written for the run, and
