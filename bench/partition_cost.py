@@ -29,6 +29,18 @@ from common import Timer, database, median, setup_django
 from engine import claim_rate, settle, use_database
 
 PLAIN, PARTITIONED = "bench_plain", "bench_part"
+# The partitioned database measured a second time with the engine's statements planned for
+# their parameters (plan_cache_mode = force_custom_plan) instead of once (force_generic_plan,
+# the engine's default): a generic plan cannot prune partitions when it is made, so on
+# PostgreSQL 15 every execution locks every partition it might read.
+CUSTOM_PLANS = "bench_part+custom"
+_custom_plans = False
+
+
+def _plan_per_execution(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if _custom_plans and connection.vendor == "postgresql":
+        with connection.cursor() as cur:
+            cur.execute("SET plan_cache_mode = force_custom_plan")
 
 
 def _months_back(n: int) -> list[datetime]:
@@ -79,8 +91,10 @@ def _switch(name: str) -> None:
 
     from tasks_engine.transitions import claim_floor
 
-    use_database(name)
-    partition = "month" if name == PARTITIONED else None
+    global _custom_plans
+    _custom_plans = name == CUSTOM_PLANS
+    use_database(PARTITIONED if _custom_plans else name)
+    partition = None if name == PLAIN else "month"
     settings.TASKS_ENGINE = {**settings.TASKS_ENGINE, "PARTITION": partition}
     claim_floor.forget()
 
@@ -112,6 +126,9 @@ def main() -> None:
             conn.execute(f'CREATE DATABASE "{PARTITIONED}"')
         setup_django(url)
         from django.core.management import call_command
+        from django.db.backends.signals import connection_created
+
+        connection_created.connect(_plan_per_execution, weak=False)
 
         moments = _months_back(a.periods)
         _history(moments, a.per_period)
@@ -127,10 +144,11 @@ def main() -> None:
         settle()
         parts = len(catalog.partitions(RUNS.table))
         rates: dict[str, dict[str, list[float]]] = {
-            kind: {PLAIN: [], PARTITIONED: []} for kind in ("enqueue", "keyed", "claim")
+            kind: {PLAIN: [], PARTITIONED: [], CUSTOM_PLANS: []}
+            for kind in ("enqueue", "keyed", "claim")
         }
         for _ in range(a.rounds):
-            for name in (PLAIN, PARTITIONED):
+            for name in (PLAIN, PARTITIONED, CUSTOM_PLANS):
                 _switch(name)
                 rates["enqueue"][name].append(_enqueue_rate(a.runs, keyed=False))
                 rates["keyed"][name].append(_enqueue_rate(a.runs, keyed=True))
@@ -146,9 +164,12 @@ def main() -> None:
         }
         for kind, by_db in rates.items():
             plain, part = median(by_db[PLAIN]), median(by_db[PARTITIONED])
+            custom = median(by_db[CUSTOM_PLANS])
             result[f"{kind}_per_s_plain"] = round(plain, 1)
             result[f"{kind}_per_s_partitioned"] = round(part, 1)
+            result[f"{kind}_per_s_partitioned_custom_plans"] = round(custom, 1)
             result[f"{kind}_ratio"] = round(part / plain, 3)
+            result[f"{kind}_ratio_custom_plans"] = round(custom / plain, 3)
         print(json.dumps(result))
 
 
